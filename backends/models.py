@@ -1,0 +1,161 @@
+"""Pools and backends: what the config file declares and what the gateway tracks about each at run time."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import msgspec
+
+from backends.breaker import Breaker
+from backends.hardware import accelerator
+
+Vendor = Literal["amd", "nvidia"]
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+_Url = Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+_EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class BackendConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One vLLM server as the config file declares it."""
+
+    url: _Url
+    models: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+    max_model_len: Annotated[int, msgspec.Meta(gt=0)]
+    name: _Name | None = None
+    api_key_env: _EnvName | None = None
+
+
+class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A group of identical backends on one kind of accelerator, priced per GPU-hour."""
+
+    name: _Name
+    vendor: Vendor
+    accelerator: Annotated[str, msgspec.Meta(min_length=1)]
+    price_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)]
+    backends: Annotated[list[BackendConfig], msgspec.Meta(min_length=1)]
+    gpus_per_backend: Annotated[int, msgspec.Meta(ge=1)] = 1
+    labels: dict[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    vendor: Vendor
+    accelerator: str
+    gpus_per_backend: int
+    price_per_gpu_hour: float
+    labels: dict[str, str]
+    memory_gb: float = 0.0
+    """GPU memory behind one backend (all its GPUs), from the accelerator's facts."""
+    prior_ttft_s: float = 0.05
+    """Time to first token to assume before any is measured."""
+    prior_tpot_s: float = 0.01
+    """Time per output token to assume before any is measured."""
+    cost_floor_per_mtok: float = 0.0
+    """USD per million tokens at the accelerator's saturated throughput: the cost before one is measured."""
+
+    @property
+    def backend_price_per_second(self) -> float:
+        """USD per second that one backend of this pool costs, busy or idle."""
+        return self.price_per_gpu_hour * self.gpus_per_backend / 3600.0
+
+
+@dataclass(slots=True)
+class EngineLoad:
+    """vLLM's engine gauges, scraped from GET /metrics in the background."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_cache_usage: float = 0.0
+    scraped_at: float | None = None
+    """Monotonic time of the last successful scrape; None if never scraped."""
+
+
+@dataclass(slots=True)
+class Observed:
+    """Exponentially weighted averages of latencies measured by the gateway (seconds; None before data)."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    weight: float = 0.2
+
+    def add(self, ttft: float | None, tpot: float | None) -> None:
+        w = self.weight
+        if ttft is not None:
+            self.ttft = ttft if self.ttft is None else self.ttft + w * (ttft - self.ttft)
+        if tpot is not None:
+            self.tpot = tpot if self.tpot is None else self.tpot + w * (tpot - self.tpot)
+
+
+@dataclass(slots=True, eq=False)
+class Backend:
+    """A backend at run time: its identity plus the live state the router reads."""
+
+    name: str
+    url: str
+    models: frozenset[str]
+    max_model_len: int
+    pool: Pool
+    api_key: str | None = field(default=None, repr=False)
+    healthy: bool = True
+    """Whether routing may send it new requests; kept by `breaker.refresh()` from the state below."""
+    health_ok: bool = True
+    """Its active health checks pass (backends/health.py)."""
+    draining: bool = False
+    """An operator drained it: no new requests, the in-flight ones finish."""
+    inflight: int = 0
+    """Requests this gateway has sent and not yet finished."""
+    measured_cost_per_mtok: float | None = None
+    """Effective USD per million tokens measured by the ledger (None until it has data); kept fresh in the
+    background so routing reads it without I/O."""
+    load: EngineLoad = field(default_factory=lambda: EngineLoad())
+    """What the backend's own /metrics said at the last scrape."""
+    observed: Observed = field(default_factory=lambda: Observed())
+    """Latency this gateway measured on its recent requests to the backend."""
+    breaker: Breaker = field(init=False, repr=False)
+    """Its circuit breaker (backends/breaker.py), fed by the request path."""
+
+    def __post_init__(self) -> None:
+        self.breaker = Breaker(self)
+
+    @property
+    def vendor(self) -> Vendor:
+        return self.pool.vendor
+
+
+def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = None) -> list[Backend]:
+    """Turn validated pool configs into run-time backends, resolving API keys from the environment."""
+    env = os.environ if environ is None else environ
+    backends: list[Backend] = []
+    for pool_config in pools:
+        kind = pool_config.accelerator.lower()
+        facts = accelerator(kind)
+        gpus = pool_config.gpus_per_backend
+        tokens_per_hour = facts.tokens_per_second * 3600 * gpus
+        pool = Pool(
+            name=pool_config.name,
+            vendor=pool_config.vendor,
+            accelerator=kind,
+            gpus_per_backend=gpus,
+            price_per_gpu_hour=pool_config.price_per_gpu_hour,
+            labels=dict(pool_config.labels),
+            memory_gb=facts.memory_gb * gpus,
+            prior_ttft_s=facts.ttft_s,
+            prior_tpot_s=facts.tpot_s,
+            cost_floor_per_mtok=pool_config.price_per_gpu_hour * gpus / tokens_per_hour * 1e6,
+        )
+        for index, cfg in enumerate(pool_config.backends):
+            backends.append(
+                Backend(
+                    name=cfg.name or f"{pool.name}-{index}",
+                    url=cfg.url.rstrip("/"),
+                    models=frozenset(cfg.models),
+                    max_model_len=cfg.max_model_len,
+                    pool=pool,
+                    api_key=env.get(cfg.api_key_env) if cfg.api_key_env else None,
+                )
+            )
+    return backends

@@ -1,0 +1,262 @@
+"""GPU and model profiles for the performance model, and the engine geometry they imply.
+
+Defaults follow ../shared/gpu-facts.md. Memory is in GiB (an "80 GB" H100 has 80 GiB of HBM3, a
+"192 GB" MI300X 192 GiB), bandwidth in TB/s and compute in dense BF16 TFLOP/s, as vendors quote them.
+
+The efficiency factors are what separates the vendors beyond the spec sheet. Each is a saturating
+curve of how much parallel work a step offers (`Curve`): the fraction of peak a kernel reaches
+grows with the batch (decode) or with the tokens in the step (GEMM rows), from `small` towards
+`large`, reaching half way at `half`. CUDA's mature kernels (FlashAttention 3, CUDA graphs) reach
+high efficiency with little work, so the H100 curves start high and saturate early; ROCm's kernels
+need many sequences in flight to saturate MI300X's 304 compute units and 8 HBM stacks, so its
+curves start lower and saturate late, at a higher ceiling of larger raw figures. H100's small-batch
+lead and MI300X's large-batch lead both come out of these curves; nothing else is vendor-specific.
+
+Every field can be overridden by name (see `OVERRIDABLE`), e.g. `bw_eff.half: 64` or
+`hbm_bandwidth_tbps: 3.0`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+class ProfileError(ValueError):
+    """A profile that does not exist, an unknown override, or a model that does not fit the GPUs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Efficiency as a saturating (Hill) curve of parallel work x.
+
+    e(x) = small + (large - small) * x^s / (x^s + half^s), with s = `steepness`: `small` with no work,
+    half way at x = half, tending to `large`. s < 1 rises early and keeps climbing slowly (a wide GPU
+    that keeps gaining from more sequences long after a narrow one has saturated).
+    """
+
+    small: float
+    large: float
+    half: float
+    steepness: float = 1.0
+
+    def __call__(self, x: float) -> float:
+        if x <= 0:
+            return self.small
+        grown = (x / self.half) ** self.steepness
+        return self.small + (self.large - self.small) * grown / (1.0 + grown)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfile:
+    name: str
+    vendor: str
+    memory_gib: float
+    hbm_bandwidth_tbps: float
+    bf16_tflops: float
+    bw_eff: Curve  # achieved fraction of HBM bandwidth, by decode batch size (sequences)
+    flops_eff: Curve  # achieved fraction of peak FLOP/s in GEMMs, by tokens in the step (GEMM rows)
+    attention_eff: float  # achieved fraction of peak FLOP/s in attention (FlashAttention 3 vs 2)
+    step_overhead_ms: float  # per engine step: scheduling, sampling, kernel launches
+    seq_overhead_us: float  # per running sequence per step: input prep, detokenization
+    non_kv_reserve_gib: float = 1.5  # per GPU: activations, graphs, allocator slack
+    tp_efficiency: float = 0.9  # fraction of linear scaling kept with tensor parallelism > 1
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    name: str
+    params_b: float  # billions of parameters
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2  # BF16
+
+    @property
+    def weights_bytes(self) -> float:
+        return self.params_b * 1e9 * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer: 2 x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def flops_per_token(self) -> float:
+        """Dense FLOPs to process one token, attention excluded (2 per parameter)."""
+        return 2.0 * self.params_b * 1e9
+
+    @property
+    def attention_flops_per_context_token(self) -> float:
+        """FLOPs one token spends per token of context it attends to (QK^T and AV, every layer)."""
+        return 4.0 * self.layers * self.hidden
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """vLLM's scheduler settings."""
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+
+
+GPUS: dict[str, GpuProfile] = {
+    "h100-sxm5": GpuProfile(
+        name="h100-sxm5",
+        vendor="nvidia",
+        memory_gib=80,
+        hbm_bandwidth_tbps=3.35,
+        bf16_tflops=989,
+        bw_eff=Curve(small=0.80, large=0.86, half=32),
+        flops_eff=Curve(small=0.30, large=0.65, half=512),
+        attention_eff=0.6,
+        step_overhead_ms=1.0,
+        seq_overhead_us=6,
+    ),
+    "h200": GpuProfile(
+        name="h200",
+        vendor="nvidia",
+        memory_gib=141,
+        hbm_bandwidth_tbps=4.8,
+        bf16_tflops=989,
+        bw_eff=Curve(small=0.80, large=0.86, half=32),
+        flops_eff=Curve(small=0.30, large=0.65, half=512),
+        attention_eff=0.6,
+        step_overhead_ms=1.0,
+        seq_overhead_us=6,
+    ),
+    "mi300x": GpuProfile(
+        name="mi300x",
+        vendor="amd",
+        memory_gib=192,
+        hbm_bandwidth_tbps=5.3,
+        bf16_tflops=1307,
+        bw_eff=Curve(small=0.40, large=0.75, half=128, steepness=0.5),
+        flops_eff=Curve(small=0.30, large=0.60, half=256),
+        attention_eff=0.35,
+        step_overhead_ms=2.0,
+        seq_overhead_us=6,
+    ),
+    "mi325x": GpuProfile(
+        name="mi325x",
+        vendor="amd",
+        memory_gib=256,
+        hbm_bandwidth_tbps=6.0,
+        bf16_tflops=1307,
+        bw_eff=Curve(small=0.40, large=0.75, half=128, steepness=0.5),
+        flops_eff=Curve(small=0.30, large=0.60, half=256),
+        attention_eff=0.35,
+        step_overhead_ms=2.0,
+        seq_overhead_us=6,
+    ),
+}
+
+MODELS: dict[str, ModelProfile] = {
+    "llama-3.1-8b": ModelProfile(
+        name="llama-3.1-8b", params_b=8.03, layers=32, hidden=4096, kv_heads=8, head_dim=128
+    ),
+    "llama-3.1-70b": ModelProfile(
+        name="llama-3.1-70b", params_b=70.6, layers=80, hidden=8192, kv_heads=8, head_dim=128
+    ),
+}
+MODEL_ALIASES = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One backend: a model served on `gpus` GPUs of one kind (tensor parallel), with its KV geometry."""
+
+    gpu: GpuProfile
+    model: ModelProfile
+    gpus: int
+    limits: EngineLimits
+
+    @property
+    def kv_budget_bytes(self) -> float:
+        usable = self.gpu.memory_gib * GIB * self.limits.gpu_memory_utilization * self.gpus
+        return usable - self.model.weights_bytes - self.gpu.non_kv_reserve_gib * GIB * self.gpus
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.limits.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return max(0, int(self.kv_budget_bytes // (self.model.kv_bytes_per_token * self.limits.block_size)))
+
+    def describe(self) -> str:
+        return f"{self.model.name} on {self.gpus}x {self.gpu.name}"
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+OVERRIDABLE: frozenset[str] = frozenset(
+    {f"gpu.{n}" for n in _field_names(GpuProfile) - {"name", "vendor", "bw_eff", "flops_eff"}}
+    | {f"gpu.{c}.{p}" for c in ("bw_eff", "flops_eff") for p in ("small", "large", "half", "steepness")}
+    | {f"model.{n}" for n in _field_names(ModelProfile) - {"name"}}
+    | {f"engine.{n}" for n in _field_names(EngineLimits)}
+)
+
+
+def _apply(obj: object, path: list[str], value: float) -> object:
+    head, *rest = path
+    current = getattr(obj, head)
+    new = _apply(current, rest, value) if rest else type(current)(value)
+    return dataclasses.replace(obj, **{head: new})  # type: ignore[type-var]
+
+
+def _canonical(key: str) -> str:
+    """Accept `hbm_bandwidth_tbps`, `bw_eff.half`, `kv_heads` or `max_num_seqs` without a section prefix."""
+    if key in OVERRIDABLE:
+        return key
+    matches = [full for full in OVERRIDABLE if full.split(".", 1)[1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    raise ProfileError(f"unknown profile override `{key}`; known: {', '.join(sorted(OVERRIDABLE))}")
+
+
+def build_hardware(
+    gpu: str, model: str, gpus: int = 1, overrides: Mapping[str, float] | None = None
+) -> Hardware:
+    """Resolve named profiles plus overrides; refuses a model whose weights leave no room for KV cache."""
+    if gpu not in GPUS:
+        raise ProfileError(f"unknown GPU profile `{gpu}`; known: {', '.join(GPUS)}")
+    model_key = MODEL_ALIASES.get(model, model)
+    if model_key not in MODELS:
+        raise ProfileError(f"unknown model profile `{model}`; known: {', '.join(MODELS)}")
+    if gpus < 1:
+        raise ProfileError("gpus must be at least 1")
+    parts: dict[str, object] = {"gpu": GPUS[gpu], "model": MODELS[model_key], "engine": EngineLimits()}
+    for key, value in (overrides or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ProfileError(f"profile override `{key}` must be a number, got {value!r}")
+        section, *path = _canonical(key).split(".")
+        parts[section] = _apply(parts[section], path, value)
+    hardware = Hardware(
+        gpu=parts["gpu"],  # type: ignore[arg-type]
+        model=parts["model"],  # type: ignore[arg-type]
+        gpus=gpus,
+        limits=parts["engine"],  # type: ignore[arg-type]
+    )
+    min_blocks = 16  # at least one 256-token request must fit, or the engine could never run anything
+    if hardware.num_blocks < min_blocks:
+        utilization = hardware.limits.gpu_memory_utilization
+        usable = hardware.gpu.memory_gib * utilization * gpus
+        raise ProfileError(
+            f"{hardware.describe()} does not fit: {hardware.model.weights_bytes / GIB:.1f} GiB of weights "
+            f"in {usable:.1f} GiB usable (memory x gpu_memory_utilization {utilization}), "
+            f"leaving no room for KV cache; use more GPUs (tensor parallelism) or a larger GPU"
+        )
+    return hardware

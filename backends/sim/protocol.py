@@ -1,0 +1,313 @@
+"""vLLM's OpenAI wire format for the simulator: request parsing, error bodies and response shapes.
+
+Errors use the shape current vLLM returns (`ErrorResponse` in vllm/entrypoints/openai/engine/protocol.py):
+`{"error": {"message": ..., "type": ..., "param": ..., "code": <http status>}}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Literal
+
+import msgspec
+
+from backends.sim.text import Generation, chat_prompt_tokens, count_tokens
+
+Kind = Literal["chat", "completion"]
+
+
+class SimError(Exception):
+    """A request the simulator refuses, answered with vLLM's error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_ or error_type(status)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}
+        }
+
+
+def error_type(status: int) -> str:
+    """vLLM-style error type from the status: 400 -> BadRequestError, 500 -> InternalServerError."""
+    try:
+        name = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    except ValueError:
+        name = "Unknown"
+    return name if name.endswith("Error") else f"{name}Error"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    kind: Kind
+    model: str
+    prompt_key: str
+    prompt_tokens: int
+    n: int
+    max_tokens: int | None
+    sampling_key: str | None  # None means greedy: output does not depend on seed or choice index
+    stream: bool
+    include_usage: bool
+
+
+def resolve_model(body: dict[str, Any], models: tuple[str, ...]) -> str:
+    model = body.get("model")
+    if model is None or model == "":
+        return models[0]
+    if not isinstance(model, str) or model not in models:
+        raise SimError(404, f"The model `{model}` does not exist.", param="model")
+    return model
+
+
+def _optional_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SimError(400, f"`{name}` must be an integer", param=name)
+    if value < minimum:
+        raise SimError(400, f"`{name}` must be at least {minimum}, got {value}.", param=name)
+    return value
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    raise SimError(400, "message content must be a string or a list of parts", param="messages")
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise SimError(400, "`messages` is required and must be a non-empty list", param="messages")
+    contents: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise SimError(400, "each message must be an object with a `role`", param="messages")
+        contents.append(_content_text(message.get("content")))
+    key = "\x1e".join(f"{m['role']}\x1f{c}" for m, c in zip(messages, contents, strict=True))
+    return key, chat_prompt_tokens(contents)
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt, count_tokens(prompt)
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return ",".join(map(str, prompt)), len(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise SimError(400, "the simulator serves one prompt per request", param="prompt")
+    raise SimError(400, "`prompt` is required: a string or a list of token ids", param="prompt")
+
+
+def parse_generation(
+    kind: Kind, body: dict[str, Any], models: tuple[str, ...], server_seed: int, max_model_len: int
+) -> GenerationRequest:
+    model = resolve_model(body, models)
+    prompt_key, prompt_tokens = _chat_prompt(body) if kind == "chat" else _completion_prompt(body)
+    max_tokens = _optional_int(body, "max_tokens", 1)
+    if kind == "chat" and body.get("max_completion_tokens") is not None:
+        max_tokens = _optional_int(body, "max_completion_tokens", 1)
+    n = _optional_int(body, "n", 1) or 1
+    seed = _optional_int(body, "seed", -(2**63))
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, int | float)
+    ):
+        raise SimError(400, "`temperature` must be a number", param="temperature")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise SimError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
+    if max_tokens is not None and max_tokens > max_model_len:
+        # vLLM checks max_tokens alone first (param "max_tokens"), then prompt + max_tokens.
+        raise SimError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. Please request "
+            f"fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+            param="max_tokens",
+        )
+    requested = max_tokens or 0
+    if prompt_tokens + requested > max_model_len or prompt_tokens >= max_model_len:
+        raise SimError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{requested} output tokens and your prompt contains {prompt_tokens} input tokens, for a total "
+            f"of {prompt_tokens + requested} tokens. Please reduce the length of the input prompt or the "
+            "number of requested output tokens.",
+        )
+    greedy = temperature is not None and temperature == 0
+    return GenerationRequest(
+        kind=kind,
+        model=model,
+        prompt_key=prompt_key,
+        prompt_tokens=prompt_tokens,
+        n=n,
+        max_tokens=max_tokens,
+        sampling_key=None if greedy else f"{server_seed}/{seed}/{temperature}",
+        stream=stream,
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
+def stream_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The usage of the final stream chunk; vLLM serialises it without null fields."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def full_response(
+    req: GenerationRequest, request_id: str, created: int, generations: list[Generation], fingerprint: str
+) -> dict[str, Any]:
+    """A non-streaming response with every key vLLM sends; the ones the simulator has no value for are null
+    as in vLLM by default (no tool calls, no reasoning, no returned token ids, no KV transfer)."""
+    choices: list[dict[str, Any]] = []
+    for index, generation in enumerate(generations):
+        choice: dict[str, Any] = {"index": index}
+        if req.kind == "chat":
+            choice["message"] = {
+                "role": "assistant",
+                "content": generation.text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "reasoning": None,
+            }
+            choice.update(
+                logprobs=None,
+                finish_reason=generation.finish_reason,
+                stop_reason=None,
+                token_ids=None,
+                routed_experts=None,
+            )
+        else:
+            choice.update(
+                text=generation.text,
+                logprobs=None,
+                finish_reason=generation.finish_reason,
+                stop_reason=None,
+                token_ids=None,
+                prompt_logprobs=None,
+                prompt_token_ids=None,
+                routed_experts=None,
+            )
+        choices.append(choice)
+    completion_tokens = sum(len(g.tokens) for g in generations)
+    response: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion" if req.kind == "chat" else "text_completion",
+        "created": created,
+        "model": req.model,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": usage(req.prompt_tokens, completion_tokens),
+    }
+    if req.kind == "chat":
+        response.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+    response.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+    return response
+
+
+def chunk_object(kind: Kind) -> str:
+    return "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+
+class StreamFrames:
+    """The SSE frames of one stream, assembled from bytes encoded once per request.
+
+    Per token only the token text is JSON-encoded; everything else is a constant fragment. The frames
+    carry the keys vLLM sends (in vLLM's order): the chat role chunk has top-level `prompt_token_ids` and
+    `prompt_text`; every token choice has `token_ids` (completions also `stop_reason` and
+    `prompt_token_ids`); the last chunk of the stream (the usage chunk, or the last token chunk without
+    `include_usage`) carries `system_fingerprint`.
+    """
+
+    __slots__ = ("_fingerprint", "_heads", "_kind")
+
+    def __init__(
+        self, kind: Kind, request_id: str, created: int, model: str, n: int, fingerprint: str
+    ) -> None:
+        head = b'data: {"id":%s,"object":%s,"created":%d,"model":%s,"choices":[{"index":' % (
+            _encode(request_id),
+            _encode(chunk_object(kind)),
+            created,
+            _encode(model),
+        )
+        self._heads = [head + str(index).encode() for index in range(n)]
+        self._kind = kind
+        self._fingerprint = b',"system_fingerprint":' + _encode(fingerprint)
+
+    def role(self, index: int) -> bytes:
+        return self._heads[index] + _ROLE_TAIL
+
+    def token(self, index: int, text: str, finish_reason: str | None, last: bool = False) -> bytes:
+        """A token of choice `index`; `finish_reason` on its last token, `last` on the stream's last chunk."""
+        chat = self._kind == "chat"
+        if finish_reason is None:
+            if chat:
+                return b"%s%s%s%s" % (self._heads[index], _CHAT_DELTA, _encode(text), _CHAT_TAIL)
+            return b"%s%s%s%s" % (self._heads[index], _TEXT, _encode(text), _TEXT_TAIL)
+        return b"%s%s%s%s%s%s%s" % (
+            self._heads[index],
+            _CHAT_DELTA if chat else _TEXT,
+            _encode(text),
+            _CHAT_FINISH if chat else _TEXT_FINISH,
+            _encode(finish_reason),
+            _CHAT_FINISH_TAIL if chat else _TEXT_FINISH_TAIL,
+            self._fingerprint + _CLOSE if last else _CLOSE,
+        )
+
+    def usage(self, request_id: str, created: int, model: str, usage_: dict[str, Any]) -> bytes:
+        chunk = {
+            "id": request_id,
+            "object": chunk_object(self._kind),
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage_,
+        }
+        return b"data: " + _encode(chunk)[:-1] + self._fingerprint + _CLOSE
+
+
+_encode = msgspec.json.encode
+_CLOSE = b"}\n\n"
+_ROLE_TAIL = (
+    b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+    b'"prompt_token_ids":null,"prompt_text":null}\n\n'
+)
+_CHAT_DELTA = b',"delta":{"content":'
+_CHAT_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+_TEXT = b',"text":'
+_CHAT_FINISH = b'},"logprobs":null,"finish_reason":'
+_TEXT_FINISH = b',"logprobs":null,"finish_reason":'
+_CHAT_FINISH_TAIL = b',"stop_reason":null,"token_ids":null}]'
+_TEXT_FINISH_TAIL = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+_TEXT_TAIL = b',"logprobs":null,"finish_reason":null' + _TEXT_FINISH_TAIL + _CLOSE

@@ -1,0 +1,469 @@
+"""A vLLM-compatible OpenAI server whose "model" is a deterministic text generator with fixed pacing.
+
+Streams follow vLLM's order. Chat: one role chunk per choice (`delta: {"role": "assistant",
+"content": ""}`), then one chunk per generated token per choice (`delta: {"content": tok}`); the
+chunk carrying a choice's last token also carries its `finish_reason` (for "stop" that token is
+the empty end-of-sequence token, so the last chunk is `delta: {"content": ""}`). Then, only with
+`stream_options.include_usage`, a chunk with `choices: []` and `usage`; then `data: [DONE]`.
+Completions streams are the same without the role chunks and with `text` instead of `delta`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from backends.sim.engine import BatchEngine, Engine, FixedEngine, Run, SimClock
+from backends.sim.faults import Faults as Faults
+from backends.sim.faults import FaultState, FaultUpdate, Listener
+from backends.sim.metrics import EngineStats
+from backends.sim.profiles import Hardware, ProfileError
+from backends.sim.protocol import (
+    GenerationRequest,
+    Kind,
+    SimError,
+    StreamFrames,
+    full_response,
+    parse_generation,
+    resolve_model,
+    stream_usage,
+)
+from backends.sim.text import Generation, count_tokens, embed, generate
+from backends.sim.timing import FixedTiming, Timing
+
+log = logging.getLogger("backends.sim")
+
+VERSION = "sim-0.1"
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_DONE = b"data: [DONE]\n\n"
+_encode = msgspec.json.encode
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """How one simulated backend behaves.
+
+    With `hardware` set the continuous-batching performance model times every request; without it
+    each request gets the fixed `ttft_ms`/`tpot_ms` (or `timing`), whatever the load. Durations are
+    simulated; `time_scale` runs the simulated clock that many times faster than real time.
+    """
+
+    models: tuple[str, ...] = ("sim-model",)
+    name: str = "sim"
+    max_model_len: int = 8192
+    ttft_ms: float = 20.0
+    tpot_ms: float = 5.0
+    seed: int = 0
+    fail_status: int | None = None
+    kv_capacity_tokens: int = 400_000  # notional KV cache size behind vllm:kv_cache_usage_perc (fixed timing)
+    timing: Timing | None = field(default=None, compare=False)  # replaces ttft_ms/tpot_ms when set
+    hardware: Hardware | None = None
+    time_scale: float = 1.0
+    faults: Faults | None = None
+
+    def resolved_timing(self) -> Timing:
+        return self.timing or FixedTiming(self.ttft_ms, self.tpot_ms)
+
+    def resolved_faults(self) -> Faults:
+        faults = self.faults or Faults()
+        if self.fail_status is not None:
+            faults = msgspec.structs.replace(faults, error_rate=1.0, error_status=self.fail_status)
+        return faults
+
+    def check(self) -> None:
+        """Refuse options a vLLM server would refuse at start (raises ProfileError)."""
+        hardware = self.hardware
+        if hardware is not None and self.max_model_len > hardware.kv_capacity_tokens:
+            raise ProfileError(
+                f"max_model_len {self.max_model_len} is larger than the KV cache of "
+                f"{hardware.describe()} ({hardware.kv_capacity_tokens} tokens); lower max_model_len "
+                "or use more GPUs"
+            )
+
+
+STATS_KEY = web.AppKey("stats", EngineStats)
+SERVER_KEY: web.AppKey[SimServer] = web.AppKey("server")
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_encode(data), status=status, content_type="application/json")
+
+
+def _error(exc: SimError) -> web.Response:
+    response = _json(exc.body(), exc.status)
+    if exc.status == 429:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = msgspec.json.decode(await request.read())
+    except msgspec.DecodeError as exc:
+        raise SimError(400, f"Invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise SimError(400, "The request body must be a JSON object")
+    return body
+
+
+class SimServer:
+    """The request handlers; one instance per app, holding the options and the engine statistics."""
+
+    def __init__(self, options: SimOptions) -> None:
+        options.check()
+        self.options = options
+        self.clock = SimClock(options.time_scale)
+        self.stats = EngineStats(model_name=options.models[0], kv_capacity_tokens=options.kv_capacity_tokens)
+        self.engine: Engine
+        if options.hardware is not None:
+            self.engine = BatchEngine(options.hardware, self.stats, self.clock)
+        else:
+            self.engine = FixedEngine(options.resolved_timing(), self.stats, self.clock)
+        self.faults = FaultState(options.resolved_faults(), options.seed, self.clock.sleep)
+        self.created = int(time.time())
+        # Like vLLM's `vllm-<version>-<config hash>`: fixed per server; on full responses and last chunks.
+        config = f"{options.models}/{options.max_model_len}/{options.seed}".encode()
+        self.fingerprint = f"vllm-{VERSION}-{zlib.crc32(config):08x}"
+
+    async def close(self, app: web.Application | None = None) -> None:
+        await self.faults.close()
+        await self.engine.close()
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return _json(self.faults.snapshot())
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        try:
+            update = msgspec.json.decode(await request.read(), type=FaultUpdate)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _error(SimError(400, f"Invalid faults: {exc}"))
+        await self.faults.update(update)
+        return _json(self.faults.snapshot())
+
+    async def info(self, request: web.Request) -> web.Response:
+        """What this backend simulates: profile, KV geometry and clock (for tests and operators)."""
+        hardware = self.options.hardware
+        data: dict[str, Any] = {"name": self.options.name, "time_scale": self.options.time_scale}
+        if hardware is None:
+            data["timing"] = "fixed"
+        else:
+            data.update(
+                timing="model",
+                gpu=hardware.gpu.name,
+                vendor=hardware.gpu.vendor,
+                gpus=hardware.gpus,
+                model_profile=hardware.model.name,
+                kv_capacity_tokens=hardware.kv_capacity_tokens,
+                num_blocks=hardware.num_blocks,
+                block_size=hardware.limits.block_size,
+                max_num_seqs=hardware.limits.max_num_seqs,
+                max_num_batched_tokens=hardware.limits.max_num_batched_tokens,
+            )
+        return _json(data)
+
+    async def _inject_faults(self) -> None:
+        """Hang, fail or delay a request as the current faults say (raises SimError to fail it)."""
+        faults = self.faults.faults
+        if faults.hang:
+            await asyncio.Event().wait()  # until the client goes away and aiohttp cancels the handler
+        status = self.faults.draw_error()
+        if status is not None:
+            raise SimError(status, f"Simulated failure of backend {self.options.name}")
+        if faults.added_latency_ms:
+            await self.clock.sleep(faults.added_latency_ms / 1000.0)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": VERSION})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.stats.render(), content_type="text/plain", charset="utf-8")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return _json({"object": "list", "data": [self._model_card(m) for m in self.options.models]})
+
+    def _model_card(self, model: str) -> dict[str, Any]:
+        permission = {
+            "id": f"modelperm-{os.urandom(16).hex()}",
+            "object": "model_permission",
+            "created": self.created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
+        return {
+            "id": model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": model,
+            "parent": None,
+            "max_model_len": self.options.max_model_len,
+            "permission": [permission],
+        }
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, "completion")
+
+    async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        options = self.options
+        try:
+            await self._inject_faults()
+            body = await _read_json(request)
+            req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
+            room = options.max_model_len - req.prompt_tokens
+            generations = [
+                generate(
+                    req.model,
+                    req.prompt_key,
+                    req.sampling_key,
+                    0 if req.sampling_key is None else index,
+                    req.max_tokens,
+                    room,
+                )
+                for index in range(req.n)
+            ]
+            run = self.engine.submit(req, generations)
+        except SimError as exc:
+            return _error(exc)
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        request_id = f"{prefix}{os.urandom(16).hex()}"
+        try:
+            if req.stream:
+                return await self._stream(request, req, request_id, generations, run)
+            return await self._complete(request, req, request_id, generations, run)
+        finally:
+            run.close()
+
+    def _die_after(self, run: Run) -> int | None:
+        die = self.faults.faults.die_after_tokens
+        return die if die is not None and die < run.steps else None
+
+    async def _complete(
+        self,
+        request: web.Request,
+        req: GenerationRequest,
+        request_id: str,
+        generations: list[Generation],
+        run: Run,
+    ) -> web.StreamResponse:
+        die = self._die_after(run)
+        if die is not None:
+            produced = 0
+            while produced < die:
+                produced = await run.advance(produced)
+            return _drop_connection(request)
+        await run.finish()
+        return _json(full_response(req, request_id, int(time.time()), generations, self.fingerprint))
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: GenerationRequest,
+        request_id: str,
+        generations: list[Generation],
+        run: Run,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        created = int(time.time())
+        frames = StreamFrames(req.kind, request_id, created, req.model, req.n, self.fingerprint)
+        # Without the usage chunk, the stream's last token chunk carries system_fingerprint.
+        last_step = run.steps - 1 if not req.include_usage else -1
+        last_index = max((i for i, g in enumerate(generations) if len(g.tokens) == run.steps), default=0)
+        die = self._die_after(run)
+        try:
+            sent = 0
+            while sent < run.steps:
+                if die is not None and sent >= die:
+                    _drop_connection(request)
+                    return response
+                produced = await run.advance(sent)
+                if die is not None:
+                    produced = min(produced, die)
+                parts: list[bytes] = []
+                for step in range(sent, produced):
+                    if step == 0 and req.kind == "chat":
+                        parts += (frames.role(i) for i in range(req.n))
+                    for index, generation in enumerate(generations):
+                        tokens = generation.tokens
+                        if step < len(tokens):
+                            if step == len(tokens) - 1:
+                                last = step == last_step and index == last_index
+                                parts.append(
+                                    frames.token(index, tokens[step], generation.finish_reason, last)
+                                )
+                            else:
+                                parts.append(frames.token(index, tokens[step], None))
+                await response.write(b"".join(parts))
+                sent = produced
+            tail = [_DONE]
+            if req.include_usage:
+                completion_tokens = sum(len(g.tokens) for g in generations)
+                usage = stream_usage(req.prompt_tokens, completion_tokens)
+                tail.insert(0, frames.usage(request_id, created, req.model, usage))
+            await response.write(b"".join(tail))
+            await response.write_eof()
+        except ConnectionResetError:
+            log.debug("client went away during %s", request_id)
+        return response
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        options = self.options
+        try:
+            await self._inject_faults()
+            body = await _read_json(request)
+            model = resolve_model(body, options.models)
+            inputs = _embedding_inputs(body.get("input"))
+            encoding = body.get("encoding_format") or "float"
+            if encoding not in ("float", "base64"):
+                raise SimError(400, "`encoding_format` must be `float` or `base64`", param="encoding_format")
+        except SimError as exc:
+            return _error(exc)
+        data: list[dict[str, Any]] = []
+        prompt_tokens = 0
+        for index, (key, tokens) in enumerate(inputs):
+            prompt_tokens += tokens
+            vector = embed(f"{model}\x1f{key}")
+            value: Any = vector
+            if encoding == "base64":
+                value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        self.stats.prompt_tokens += prompt_tokens
+        return _json(
+            {
+                "id": f"embd-{os.urandom(16).hex()}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": model,
+                "data": data,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": prompt_tokens,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
+            }
+        )
+
+
+def _embedding_inputs(value: Any) -> list[tuple[str, int]]:
+    """(hash key, token count) per input: a string, a list of strings, token ids, or lists of token ids."""
+    if isinstance(value, str):
+        return [(value, count_tokens(value))]
+    if isinstance(value, list) and value:
+        if all(type(t) is int for t in value):
+            return [(",".join(map(str, value)), len(value))]
+        if all(isinstance(item, str) for item in value):
+            return [(item, count_tokens(item)) for item in value]
+        if all(isinstance(item, list) and all(type(t) is int for t in item) for item in value):
+            return [(",".join(map(str, item)), len(item)) for item in value]
+    raise SimError(400, "`input` must be a string, a list of strings or a list of token ids", param="input")
+
+
+def _drop_connection(request: web.Request) -> web.Response:
+    """Close the client's connection abruptly, without ending the response (the `die_after_tokens` fault).
+
+    Returns a response for the handler to return, which aiohttp cannot send on the closed transport.
+    """
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    return web.Response(status=500)
+
+
+def create_app(options: SimOptions) -> web.Application:
+    server = SimServer(options)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATS_KEY] = server.stats
+    app[SERVER_KEY] = server
+    app.on_cleanup.append(server.close)
+    app.router.add_get("/sim/faults", server.get_faults)
+    app.router.add_post("/sim/faults", server.post_faults)
+    app.router.add_get("/sim/info", server.info)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/version", server.version)
+    app.router.add_get("/metrics", server.metrics)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/v1/completions", server.completions)
+    app.router.add_post("/v1/embeddings", server.embeddings)
+    return app
+
+
+@dataclass(slots=True)
+class RunningServer:
+    """A simulator listening on a socket; `close()` stops it."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.runner.app[STATS_KEY]
+
+    @property
+    def sim(self) -> SimServer:
+        return self.runner.app[SERVER_KEY]
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(
+    options: SimOptions, host: str = "127.0.0.1", port: int = 0, *, handler_cancellation: bool = True
+) -> RunningServer:
+    """Serve `create_app(options)` on host:port (0 picks a free port).
+
+    handler_cancellation makes aiohttp cancel a handler whose client disconnected, so an abandoned
+    request stops at once instead of at its next write (which also aborts it, just later).
+    """
+    access_log = log if log.isEnabledFor(logging.DEBUG) else None
+    runner = web.AppRunner(
+        create_app(options), handler_cancellation=handler_cancellation, access_log=access_log
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1]
+    sites = [site]
+
+    async def stop_listening() -> None:
+        await sites.pop().stop()
+
+    async def start_listening() -> None:
+        again = web.TCPSite(runner, host, bound)
+        await again.start()
+        sites.append(again)
+
+    sim = runner.app[SERVER_KEY]
+    sim.faults.listener = Listener(stop=stop_listening, start=start_listening)
+    if sim.faults.faults.refuse_connections_s:
+        await sim.faults.apply_refusal()
+    return RunningServer(runner=runner, host=host, port=bound)
