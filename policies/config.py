@@ -1,0 +1,229 @@
+"""The policy file an operator writes: classes of requests, and a route for each class.
+
+    name: balanced
+    classes:                       # first match wins; `default` matches everything else
+      - name: interactive
+        when: {priority: high}
+      - name: long-context
+        when: {prompt_tokens: {gt: 8000}}
+    routes:
+      interactive:
+        prefer: {vendor: nvidia}   # pools tried first
+        fallback: {vendor: amd}    # pools to spill to
+        slo: {ttft_ms: 500, tpot_ms: 50}
+        strategy: {slo-predicted: 2, least-outstanding: 1}
+      default:
+        prefer: any
+        strategy: {cheapest: 1}
+
+Validated once at load: structure by msgspec, references (routes for every class, known plugins) here,
+each error with the file and line to fix. See policies/presets/ for complete, commented examples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from gateway.yamlfile import ConfigError, decode, parse_yaml, read_text
+
+_Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+DEFAULT_CLASS = "default"
+
+
+class Threshold(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A numeric test; every bound given must hold (`{gt: 8000}`, `{gte: 2, lte: 8}`)."""
+
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+    eq: float | None = None
+
+
+class Condition(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a request must look like to be in a class; every field given must match (AND).
+
+    `any` holds alternatives (OR). Strings accept a single value or a list of values.
+    """
+
+    model: str | list[str] | None = None
+    prompt_tokens: Threshold | None = None
+    max_tokens: Threshold | None = None
+    n: Threshold | None = None
+    stream: bool | None = None
+    priority: str | list[str] | None = None
+    key: str | list[str] | None = None
+    tenant: str | list[str] | None = None
+    headers: dict[str, str] | None = None
+    any: list[Condition] | None = None
+
+
+class ClassRule(msgspec.Struct, forbid_unknown_fields=True):
+    name: _Name
+    when: Condition | None = None
+    description: str | None = None
+
+
+class PoolSelector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Pools by vendor, accelerator, name or labels; every field given must match."""
+
+    vendor: Literal["amd", "nvidia"] | None = None
+    accelerator: str | list[str] | None = None
+    pool: str | list[str] | None = None
+    labels: dict[str, str] | None = None
+
+
+Selection = Literal["any", "none"] | PoolSelector | list[PoolSelector]
+
+
+class Slo(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    ttft_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    tpot_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
+class Saturation(msgspec.Struct, forbid_unknown_fields=True):
+    """Beyond these, a backend counts as unable to take more work: it is tried only after the others."""
+
+    max_waiting: _NonNegative = 4
+    max_kv_cache_usage: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.95
+    max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+_Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class RouteTimeouts(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Seconds; each one given overrides the gateway's `gateway.timeouts` for this class."""
+
+    connect: _Seconds | None = None
+    first_byte: _Seconds | None = None
+    """To the whole answer (JSON) or the first token (stream); a backend that misses it is left for the
+    next candidate."""
+    between_chunks: _Seconds | None = None
+    total: _Seconds | None = None
+
+
+class Backpressure(msgspec.Struct, forbid_unknown_fields=True):
+    """When every candidate is saturated (see `saturation`), queue briefly, then answer 429."""
+
+    max_queued: Annotated[int, msgspec.Meta(ge=0)] = 32
+    """Requests of this class waiting at once; more are refused at once."""
+    max_wait_ms: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    retry_after_s: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """The `Retry-After` sent with the 429."""
+
+
+class Route(msgspec.Struct, forbid_unknown_fields=True):
+    prefer: Selection = "any"
+    fallback: Selection = "none"
+    slo: Slo | None = None
+    saturation: Saturation = msgspec.field(default_factory=Saturation)
+    strategy: dict[str, Annotated[float, msgspec.Meta(gt=0)]] = msgspec.field(
+        default_factory=lambda: {"least-outstanding": 1.0}
+    )
+    filters: list[str] = []
+    picker: str = "best-score"
+    timeouts: RouteTimeouts | None = None
+    backpressure: Backpressure | None = None
+    """Off unless given: requests are then sent even to saturated backends (tried last)."""
+
+
+class PluginSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """A configured plugin instance: a registered `type` with parameters, referred to by `name`."""
+
+    type: str
+    name: str | None = None
+    params: dict[str, Any] = {}
+
+
+class PolicyFile(msgspec.Struct, forbid_unknown_fields=True):
+    routes: dict[str, Route]
+    name: str = "unnamed"
+    description: str | None = None
+    classes: list[ClassRule] = []
+    plugins: list[PluginSpec] = []
+    imports: list[str] = []
+
+
+class LoadedPolicy(msgspec.Struct):
+    """A validated policy file plus where it came from, for errors found later (against the fleet)."""
+
+    source: str
+    policy: PolicyFile
+    lines: dict[tuple[Any, ...], int]
+
+    def line(self, *path: Any) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return self.lines.get(())
+
+
+def _check_references(loaded: LoadedPolicy) -> None:
+    policy, source = loaded.policy, loaded.source
+    seen: set[str] = set()
+    for i, rule in enumerate(policy.classes):
+        if rule.name in seen:
+            raise ConfigError(
+                source, loaded.line("classes", i, "name"), f"class `{rule.name}` is defined twice"
+            )
+        if rule.name == DEFAULT_CLASS:
+            raise ConfigError(
+                source,
+                loaded.line("classes", i, "name"),
+                "`default` is the class of requests no rule matches; it takes no rule",
+                hint="give this class another name, or delete the rule",
+            )
+        seen.add(rule.name)
+        if rule.when is None:
+            raise ConfigError(
+                source,
+                loaded.line("classes", i),
+                f"class `{rule.name}` has no `when`",
+                hint="add `when: {...}`",
+            )
+        if rule.name not in policy.routes:
+            raise ConfigError(
+                source,
+                loaded.line("classes", i, "name"),
+                f"class `{rule.name}` has no route",
+                hint=f"add `{rule.name}:` under `routes:`",
+            )
+    if DEFAULT_CLASS not in policy.routes:
+        raise ConfigError(
+            source,
+            loaded.line("routes"),
+            "`routes` has no `default`",
+            hint="add a `default:` route for the rest",
+        )
+    for name in policy.routes:
+        if name != DEFAULT_CLASS and name not in seen:
+            raise ConfigError(
+                source,
+                loaded.line("routes", name),
+                f"route `{name}` is for a class that is not defined",
+                hint=f"add a class named `{name}` under `classes:`, or fix the spelling",
+            )
+
+
+def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
+    """Parse and check a policy's structure and references; plugin names are checked by the engine."""
+    data, lines = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ConfigError(source, lines.get((), 1), "a policy file is a mapping with `classes` and `routes`")
+    routes = data.get("routes")
+    if isinstance(routes, dict):
+        for name, route in routes.items():  # one by one, so an error names the route's line
+            decode(route, lines, Route, source, prefix=("routes", name))
+    loaded = LoadedPolicy(source=source, policy=decode(data, lines, PolicyFile, source), lines=lines)
+    _check_references(loaded)
+    return loaded
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    return parse_policy(read_text(path, "policy file"), str(path))

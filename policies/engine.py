@@ -1,0 +1,334 @@
+"""The policy engine: one scheduling cycle per request (classify, filter, score, pick; see framework.py).
+
+Everything that does not depend on the request is resolved when the policy is loaded: class rules become
+predicates, each route's pools become a backend → tier map, plugin names become instances. What is left
+per request is a loop over the backends serving the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from backends.models import Backend
+from gateway.request.classify import RequestProfile
+from gateway.yamlfile import ConfigError
+from policies import registry
+from policies.classes import Predicate, compile_condition
+from policies.config import DEFAULT_CLASS, LoadedPolicy, Route
+from policies.filters import ContextFits, Healthy
+from policies.framework import Decision, Filter, Picker, Ranked, RouteContext, Scorer
+from policies.predict import predicted_tpot, predicted_ttft, saturation_reason, slo_miss_reason
+from policies.selectors import selects
+
+_TIER_NAMES = ("preferred", "fallback")
+
+
+@dataclass(slots=True)
+class CompiledRoute:
+    name: str
+    label: str
+    config: Route
+    tiers: dict[Backend, int]
+    filters: list[Filter]
+    """All filters, the always-on `healthy` and `context-fits` first (these two are inlined when routing)."""
+    extra_filters: list[Filter]
+    scorers: list[tuple[Scorer, float]]
+    picker: Picker
+    predicts: bool
+    """Whether latency predictions are needed (an SLO, or a scorer that reads them)."""
+    ttft_limit: float
+    tpot_limit: float
+    """The SLO in seconds (infinite when the route sets none)."""
+    members: dict[int, tuple[Sequence[Backend], list[Backend]]] = field(default_factory=dict)
+    """Per list of backends serving a model (the catalog's, reused for every request): those in this
+    route's pools, computed once. Keyed by identity; the list itself is kept to make the key safe."""
+
+
+class PolicyEngine:
+    """A loaded policy bound to the gateway's backends; implements `policies.framework.Router`."""
+
+    def __init__(self, loaded: LoadedPolicy, backends: Sequence[Backend]) -> None:
+        self.loaded = loaded
+        self.name = loaded.policy.name
+        self.warnings: list[str] = []
+        self.decisions = 0
+        self.decision_ns = 0
+        self._import_plugins()
+        self._plugins = self._build_plugins()
+        self._rules: list[tuple[str, Predicate]] = [
+            (rule.name, compile_condition(rule.when))
+            for rule in loaded.policy.classes
+            if rule.when is not None
+        ]
+        self._routes = {
+            name: self._compile_route(name, route, backends) for name, route in loaded.policy.routes.items()
+        }
+
+    # --- loading -------------------------------------------------------------------------------------
+
+    def _import_plugins(self) -> None:
+        for i, module in enumerate(self.loaded.policy.imports):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # a plugin module may fail in any way while importing
+                raise ConfigError(
+                    self.loaded.source, self.loaded.line("imports", i), f"cannot import `{module}`: {exc}"
+                ) from None
+
+    def _build_plugins(self) -> dict[str, Any]:
+        """Every registered plugin that works with default parameters, under its type name, plus the
+        policy's configured instances."""
+        plugins: dict[str, Any] = {}
+        self._kinds: dict[str, str] = {}
+        for type_name in registry.registered():
+            entry = registry.lookup(type_name)
+            if entry is None:
+                continue
+            try:
+                plugins[type_name] = registry.create(type_name, {})
+            except msgspec.ValidationError:
+                continue  # needs parameters: only usable through a `plugins:` entry
+            self._kinds[type_name] = entry.kind
+        for i, spec in enumerate(self.loaded.policy.plugins):
+            entry = registry.lookup(spec.type)
+            if entry is None:
+                known = ", ".join(registry.registered())
+                raise ConfigError(
+                    self.loaded.source,
+                    self.loaded.line("plugins", i, "type"),
+                    f"unknown plugin type `{spec.type}`",
+                    hint=f"one of: {known}",
+                )
+            try:
+                plugin = registry.create(spec.type, spec.params)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(
+                    self.loaded.source,
+                    self.loaded.line("plugins", i, "params"),
+                    f"bad params for `{spec.type}`: {exc}",
+                ) from None
+            plugins[spec.name or spec.type] = plugin
+            self._kinds[spec.name or spec.type] = entry.kind
+        return plugins
+
+    def _plugin(self, name: str, kind: str, *path: Any) -> Any:
+        if self._kinds.get(name) != kind:
+            known = ", ".join(sorted(n for n, k in self._kinds.items() if k == kind))
+            raise ConfigError(
+                self.loaded.source,
+                self.loaded.line(*path),
+                f"unknown {kind} `{name}`",
+                hint=f"one of: {known}",
+            )
+        return self._plugins[name]
+
+    def _compile_route(self, name: str, route: Route, backends: Sequence[Backend]) -> CompiledRoute:
+        tiers: dict[Backend, int] = {}
+        for backend in backends:
+            if selects(route.prefer, backend.pool):
+                tiers[backend] = 0
+            elif selects(route.fallback, backend.pool):
+                tiers[backend] = 1
+        if backends and not tiers:
+            where = f"{self.loaded.source}:{self.loaded.line('routes', name)}"
+            self.warnings.append(f"{where}: route `{name}` selects no configured pool")
+        extra: list[Filter] = [
+            self._plugin(f, "filter", "routes", name, "filters", i) for i, f in enumerate(route.filters)
+        ]
+        filters: list[Filter] = [Healthy(), ContextFits(), *extra]
+        scorers = [
+            (self._plugin(s, "scorer", "routes", name, "strategy", s), weight)
+            for s, weight in route.strategy.items()
+        ]
+        total = sum(weight for _, weight in scorers) or 1.0
+        scorers = [(scorer, weight / total) for scorer, weight in scorers]
+        picker = self._plugin(route.picker, "picker", "routes", name, "picker")
+        predicts = route.slo is not None or any(getattr(s, "reads_predictions", False) for s, _ in scorers)
+        slo = route.slo
+        ttft_limit = slo.ttft_ms / 1000 if slo is not None and slo.ttft_ms is not None else float("inf")
+        tpot_limit = slo.tpot_ms / 1000 if slo is not None and slo.tpot_ms is not None else float("inf")
+        label = f"{self.name}/{name}"
+        return CompiledRoute(
+            name, label, route, tiers, filters, extra, scorers, picker, predicts, ttft_limit, tpot_limit
+        )
+
+    # --- routing -------------------------------------------------------------------------------------
+
+    def classify(self, profile: RequestProfile) -> tuple[str, str]:
+        """The class and what decided it: `header`, `rule N`, or `default`."""
+        explicit = profile.explicit_class
+        if explicit is not None and explicit in self._routes:
+            return explicit, "header"
+        for index, (name, predicate) in enumerate(self._rules):
+            if predicate(profile):
+                return name, f"rule {index + 1}"
+        return DEFAULT_CLASS, "default"
+
+    def choose(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision:
+        started = time.perf_counter_ns()
+        decision = self._decide(profile, serving, None)
+        self.decision_ns += time.perf_counter_ns() - started
+        self.decisions += 1
+        return decision
+
+    def explain(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision:
+        started = time.perf_counter_ns()
+        explanation: dict[str, Any] = {}
+        decision = self._decide(profile, serving, explanation)
+        explanation["decision_us"] = round((time.perf_counter_ns() - started) / 1000, 1)
+        decision.explanation = explanation
+        return decision
+
+    def _decide(
+        self, profile: RequestProfile, serving: Sequence[Backend], explain: dict[str, Any] | None
+    ) -> Decision:
+        cls, matched_by = self.classify(profile)
+        profile.request_class = cls
+        route = self._routes[cls]
+        ctx = RouteContext(profile, cls, route.config, route.tiers)
+        tiers = route.tiers
+        need = profile.context_needed
+        extra_filters = route.extra_filters
+        limits = route.config.saturation
+        max_waiting, max_kv, max_inflight = limits.max_waiting, limits.max_kv_cache_usage, limits.max_inflight
+        predicts, ttft_limit, tpot_limit = route.predicts, route.ttft_limit, route.tpot_limit
+        in_route = route.members.get(id(serving))
+        if in_route is None or in_route[0] is not serving:
+            in_route = (serving, [b for b in serving if b in tiers])
+            route.members[id(serving)] = in_route
+        kept = [b for b in in_route[1] if b.healthy and b.max_model_len >= need]
+        if extra_filters:
+            kept = [b for b in kept if all(f.keep(ctx, b) is None for f in extra_filters)]
+        kept_tiers = [tiers[b] for b in kept]
+        # Whether each can take more work: not saturated, and (below) not predicted to miss the SLO.
+        able = [
+            b.load.waiting <= max_waiting
+            and b.load.kv_cache_usage <= max_kv
+            and (max_inflight is None or b.inflight < max_inflight)
+            for b in kept
+        ]
+        if predicts:
+            ttfts = [
+                (b.observed.ttft if b.observed.ttft is not None else b.pool.prior_ttft_s)
+                * (1.0 + b.load.waiting * 0.5)
+                for b in kept
+            ]
+            tpots = [b.observed.tpot if b.observed.tpot is not None else b.pool.prior_tpot_s for b in kept]
+            able = [
+                ok and ttft <= ttft_limit and tpot <= tpot_limit
+                for ok, ttft, tpot in zip(able, ttfts, tpots, strict=True)
+            ]
+            ctx.predicted_ttft = ttfts
+            ctx.predicted_tpot = tpots
+        if explain is not None:
+            explain.update(
+                policy=self.name,
+                request_class=cls,
+                matched_by=matched_by,
+                route=_without_nulls(msgspec.to_builtins(route.config)),
+                dropped=[{"backend": b.name, "reason": why} for b, why in self._dropped(ctx, route, serving)],
+            )
+        if not kept:
+            return self._nothing_fits(ctx, route, serving)
+        totals: list[float] | None = None
+        per_plugin: dict[str, Sequence[float]] = {}
+        for scorer, weight in route.scorers:
+            scores = scorer.score(ctx, kept)
+            if not getattr(scorer, "scores_in_unit_range", False):
+                scores = [0.0 if s < 0 else 1.0 if s > 1 else s for s in scores]
+            if explain is not None:
+                per_plugin[scorer.name] = scores
+            if totals is None:
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        if totals is None:
+            totals = [0.0] * len(kept)
+        order = route.picker.order(ctx, kept, kept_tiers, totals, able)
+        if explain is not None:
+            explain["candidates"] = [
+                _describe(
+                    Ranked(kept[i], kept_tiers[i], totals[i], able[i], _why_not(kept[i], route.config)),
+                    per_plugin,
+                    i,
+                )
+                for i in order
+            ]
+            explain["choice"] = kept[order[0]].name
+        return Decision([kept[i] for i in order], route.label, request_class=cls)
+
+    def _dropped(
+        self, ctx: RouteContext, route: CompiledRoute, serving: Sequence[Backend]
+    ) -> list[tuple[Backend, str]]:
+        """Why each backend serving the model is not a candidate (for explanations and errors; not hot)."""
+        dropped = []
+        for backend in serving:
+            if backend not in route.tiers:
+                dropped.append((backend, f"its pool `{backend.pool.name}` is not in route `{route.name}`"))
+                continue
+            for f in route.filters:
+                reason = f.keep(ctx, backend)
+                if reason is not None:
+                    dropped.append((backend, reason))
+                    break
+        return dropped
+
+    def _nothing_fits(self, ctx: RouteContext, route: CompiledRoute, serving: Sequence[Backend]) -> Decision:
+        profile = ctx.profile
+        in_route = [b for b in serving if b in route.tiers]
+        cls = route.name
+        if not in_route:
+            why = f"no pool of route `{cls}` serves this model"
+            return Decision([], route.label, request_class=cls, why_none=why)
+        too_short = [b for b in in_route if b.max_model_len < profile.context_needed]
+        if len(too_short) == len(in_route):
+            longest = max(b.max_model_len for b in in_route)
+            why = (
+                f"the request needs about {profile.context_needed} tokens of context (estimated prompt plus "
+                f"max_tokens) but the longest any backend of route `{cls}` serves is {longest}"
+            )
+            return Decision([], route.label, request_class=cls, why_none=why, rejected_for_context=True)
+        reasons = sorted({why for _, why in self._dropped(ctx, route, serving)})
+        why = f"all {len(in_route)} backends of route `{cls}` are unavailable ({'; '.join(reasons)})"
+        return Decision([], route.label, request_class=cls, why_none=why)
+
+    @property
+    def mean_decision_us(self) -> float:
+        return self.decision_ns / self.decisions / 1000 if self.decisions else 0.0
+
+
+def _why_not(backend: Backend, route: Route) -> str | None:
+    return saturation_reason(backend, route) or slo_miss_reason(backend, route)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None and v != []}
+    return value
+
+
+def _describe(r: Ranked, per_plugin: dict[str, Sequence[float]], index: int) -> dict[str, Any]:
+    b = r.backend
+    return {
+        "backend": b.name,
+        "pool": b.pool.name,
+        "vendor": b.pool.vendor,
+        "accelerator": b.pool.accelerator,
+        "tier": _TIER_NAMES[min(r.tier, 1)],
+        "scores": {name: round(scores[index], 4) for name, scores in per_plugin.items()},
+        "total": round(r.score, 4),
+        "can_take_more": r.can_take_more,
+        "why_not": r.why_not,
+        "inflight": b.inflight,
+        "waiting": b.load.waiting,
+        "running": b.load.running,
+        "kv_cache_usage": b.load.kv_cache_usage,
+        "predicted_ttft_ms": round(predicted_ttft(b) * 1000, 2),
+        "predicted_tpot_ms": round(predicted_tpot(b) * 1000, 3),
+    }

@@ -1,0 +1,105 @@
+"""What a routing policy is made of, and what it answers.
+
+One scheduling cycle per request (policies/engine.py):
+
+    classify  the request's class: the first matching rule of the policy file, else `default`
+    filter    keep the backends of the class's route that can serve it (each Filter drops some)
+    score     every Scorer rates every remaining backend in 0..1; the route's weights combine them
+    pick      the Picker orders them: first choice, then the fallbacks to try
+
+Plugins are synchronous and pure: they read the snapshot of backend state already on each `Backend`
+(in-flight requests, scraped engine load, observed latency, measured cost) and do no I/O. The engine, not
+the plugin, measures how long routing takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from backends.models import Backend
+    from gateway.request.classify import RequestProfile
+    from policies.config import Route
+
+
+@dataclass(slots=True)
+class RouteContext:
+    """Everything a plugin may read about the request being routed."""
+
+    profile: RequestProfile
+    request_class: str
+    route: Route
+    tiers: dict[Backend, int]
+    """0 for a backend in a preferred pool, 1 for a fallback pool."""
+    predicted_ttft: list[float] | None = None
+    """Predicted seconds to first token per candidate (policies/predict.py), when the route needs them."""
+    predicted_tpot: list[float] | None = None
+
+
+class Filter(Protocol):
+    """Drops backends that must not get the request; says why, for explanations."""
+
+    name: str
+
+    def keep(self, ctx: RouteContext, backend: Backend) -> str | None:
+        """None to keep the backend, else the reason it is dropped."""
+        ...
+
+
+class Scorer(Protocol):
+    """Rates candidates in 0..1 (1 best); sees all of them, so it may compare them with each other.
+
+    The engine clamps scores into 0..1 before weighting, unless the scorer declares
+    `scores_in_unit_range = True` (the built-ins do: their formulas cannot leave it).
+    """
+
+    name: str
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> Sequence[float]: ...
+
+
+@dataclass(slots=True)
+class Ranked:
+    """One candidate as an explanation shows it."""
+
+    backend: Backend
+    tier: int
+    score: float
+    can_take_more: bool
+    """False when the backend is saturated or predicted to miss the route's SLO: tried after the others."""
+    why_not: str | None = None
+
+
+class Picker(Protocol):
+    """Orders the candidates; the lists are parallel to `candidates`. Returns indices, best first."""
+
+    name: str
+
+    def order(
+        self,
+        ctx: RouteContext,
+        candidates: Sequence[Backend],
+        tiers: Sequence[int],
+        scores: Sequence[float],
+        can_take_more: Sequence[bool],
+    ) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class Decision:
+    candidates: list[Backend]
+    """Backends to try, best first; empty when nothing fits."""
+    route: str
+    request_class: str = "default"
+    why_none: str | None = None
+    """When `candidates` is empty: why, in words a client can act on."""
+    rejected_for_context: bool = False
+    explanation: dict[str, Any] | None = field(default=None, repr=False)
+
+
+class Router(Protocol):
+    name: str
+
+    def choose(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision: ...

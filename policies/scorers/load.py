@@ -1,0 +1,42 @@
+"""Scorers for how busy a backend is: outstanding work and KV-cache headroom."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backends.models import Backend
+from policies.framework import RouteContext
+
+
+def outstanding(backend: Backend) -> float:
+    """Requests ahead of a new one: this gateway's in flight, or the engine's own count if larger
+    (it includes other gateway replicas' requests)."""
+    load = backend.load
+    return max(float(backend.inflight), load.running + load.waiting)
+
+
+class LeastOutstanding:
+    """Fewest requests ahead scores 1; a backend with k more scores (1 + least) / (1 + k + least)."""
+
+    name = "least-outstanding"
+    scores_in_unit_range = True
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
+        work = [max(b.inflight, b.load.running + b.load.waiting) for b in candidates]
+        least = min(work)
+        return [(1.0 + least) / (1.0 + w) for w in work]
+
+
+class KvHeadroom:
+    """Free KV cache in absolute terms: (1 - usage) x the accelerator memory behind the backend,
+    relative to the roomiest candidate. An MI300X at 50% has more room than an H100 at 20%."""
+
+    name = "kv-headroom"
+    scores_in_unit_range = True
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
+        room = [(1.0 - min(1.0, b.load.kv_cache_usage)) * b.pool.memory_gb for b in candidates]
+        most = max(room)
+        if most <= 0:
+            return [0.0] * len(room)
+        return [r / most for r in room]
