@@ -1,0 +1,161 @@
+"""Build the gateway app: one plugin wires everything, so `create_app` stays a few lines."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from litestar import Litestar, Request, Response
+from litestar.config.app import AppConfig
+from litestar.exceptions import HTTPException
+from litestar.handlers import ASGIRouteHandler
+from litestar.plugins import InitPluginProtocol
+
+from backends.catalog import Catalog
+from gateway.admin_costs import costs_handler
+from gateway.admin_policy import policy_handlers
+from gateway.errors import GatewayError, body_too_large
+from gateway.fastpath import FastPath
+from gateway.ledger.factory import build_ledger
+from gateway.ledger.records import Ledger
+from gateway.lifespan import lifespan
+from gateway.ops import backend_handlers, metrics_handler, ops_handlers
+from gateway.request.forward import Upstream
+from gateway.request.pipeline import Pipeline
+from gateway.routes import new_request_id, openai_handlers, valid_request_id
+from gateway.settings import Settings, load_settings
+from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
+from policies.engine import PolicyEngine
+from policies.framework import Router
+from policies.least_inflight import LeastInflight
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+log = logging.getLogger("switchyard")
+
+CONFIG_ENV = "SWITCHYARD_CONFIG"
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+}
+
+
+def _request_id(request: Request[Any, Any, Any]) -> str:
+    given = request.headers.get("x-request-id")
+    return given if given and valid_request_id(given) else new_request_id()
+
+
+def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    headers = {"x-request-id": _request_id(request), **exc.headers}
+    return Response(exc.to_json(), status_code=exc.status, media_type="application/json", headers=headers)
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    """Litestar's own errors (unknown route, wrong method, body over the limit) in OpenAI's shape."""
+    if exc.status_code == 413:
+        limit = request.route_handler.resolve_request_max_body_size() or 0
+        return _gateway_error(request, body_too_large(limit))
+    status = exc.status_code
+    kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    message = exc.detail if status < 500 else "Internal gateway error."
+    if status == 404:
+        message = f"Unknown path `{request.url.path}`."
+    return _gateway_error(request, GatewayError(status, message, kind))
+
+
+def _unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return _gateway_error(request, GatewayError(500, "Internal gateway error.", "server_error"))
+
+
+def default_router(settings: Settings) -> Router:
+    """The configured policy; settings built in code without one get the built-in least-inflight."""
+    if settings.policy is None:
+        return LeastInflight()
+    return PolicyEngine(settings.policy, settings.backends)
+
+
+def wire_telemetry(
+    settings: Settings, pipeline: Pipeline, tracer_provider: TracerProvider | None = None
+) -> Telemetry:
+    """Metrics, access log and tracing as `settings.telemetry` says; what is off is left out entirely."""
+    options = settings.telemetry
+    metrics = None
+    if options.metrics:
+        metrics = Metrics(
+            pipeline.catalog.backends,
+            pipeline.ledger,
+            router=lambda: pipeline.router,
+            queued=lambda: pipeline.queued,
+        )
+    access = options.access_log
+    access_log = AccessLog.open(access.destination, access.include_prompts) if access.enabled else None
+    telemetry = Telemetry(metrics, access_log)
+    if metrics is not None or access_log is not None:
+        pipeline.telemetry = telemetry
+        pipeline.recorded = telemetry.recorded
+    pipeline.tracing = build_tracing(options.tracing, tracer_provider)
+    return telemetry
+
+
+class SwitchyardPlugin(InitPluginProtocol):
+    """Everything the gateway adds to a Litestar app: routes, lifespan, error shapes, limits."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router | None = None,
+        ledger: Ledger | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        self.settings = settings
+        catalog = Catalog(settings.backends)
+        for backend in catalog.backends:
+            backend.breaker.options = settings.server.breaker
+        server = settings.server
+        upstream = Upstream(server.timeouts, server.max_connections_per_backend, server.retries)
+        ledger = ledger or build_ledger(settings.ledger, catalog.backends)
+        self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
+        self.telemetry = wire_telemetry(settings, pipeline, tracer_provider)
+
+    def on_app_init(self, app_config: AppConfig) -> AppConfig:
+        pipeline = self.pipeline
+        forwarding = openai_handlers(pipeline, pipeline.catalog, self.settings.server.max_body_bytes)
+        app_config.route_handlers.extend(forwarding)
+        self.fast_routes = {
+            path: handler.fn
+            for handler in forwarding
+            if isinstance(handler, ASGIRouteHandler)
+            for path in handler.paths
+        }
+        app_config.route_handlers.extend(ops_handlers(pipeline.catalog, pipeline.ledger))
+        app_config.route_handlers.extend(backend_handlers(pipeline))
+        app_config.route_handlers.extend(policy_handlers(pipeline))
+        app_config.route_handlers.append(costs_handler(pipeline.ledger))
+        if self.telemetry.metrics is not None:
+            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics))
+        app_config.lifespan.append(lifespan(self.settings, pipeline))
+        app_config.exception_handlers.update(
+            {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected_error}
+        )
+        app_config.openapi_config = None
+        return app_config
+
+
+def asgi_entry(app: Litestar) -> FastPath:
+    """What the server runs: the app, with the forwarding endpoints dispatched ahead of Litestar."""
+    plugin = app.plugins.get(SwitchyardPlugin)
+    return FastPath(app, plugin.fast_routes)
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    """The gateway app; without settings, reads the file named by $SWITCHYARD_CONFIG (now, not at import)."""
+    if settings is None:
+        settings = load_settings(os.environ[CONFIG_ENV])
+    return Litestar(plugins=[SwitchyardPlugin(settings)])

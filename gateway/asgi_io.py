@@ -1,0 +1,126 @@
+"""Reading requests and writing replies in raw ASGI, for the `/v1` endpoints on the hot path.
+
+The forwarding endpoints are Litestar ASGI route handlers rather than regular ones: a regular handler's
+parameter resolution, response objects and middleware cost about as much CPU as the forwarding itself, and
+the gateway adds every microsecond of it to every request (see the README's design notes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from gateway.errors import GatewayError, body_too_large
+
+_CONTENT_TYPE = b"content-type"
+_CONTENT_LENGTH = b"content-length"
+_JSON = b"application/json"
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request was read."""
+
+
+async def read_body(scope: Any, receive: Any, limit: int) -> bytes:
+    """The request body, refused with 413 past `limit` (by Content-Length first, then by bytes read)."""
+    for name, value in scope["headers"]:
+        if name == _CONTENT_LENGTH:
+            if value.isdigit() and int(value) > limit:
+                raise body_too_large(limit)
+            break
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise body_too_large(limit)
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _header_list(headers: dict[str, str], content_type: bytes) -> list[tuple[bytes, bytes]]:
+    out = [(_CONTENT_TYPE, content_type)]
+    out.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items())
+    return out
+
+
+async def send_body(
+    send: Any, status: int, headers: dict[str, str], body: bytes, content_type: bytes
+) -> None:
+    header_list = _header_list(headers, content_type)
+    header_list.append((_CONTENT_LENGTH, str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": header_list})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
+    headers = {"x-request-id": request_id, **error.headers}
+    await send_body(send, error.status, headers, error.to_json(), _JSON)
+
+
+class _DisconnectWatch:
+    """Cancels the streaming task when the client goes away, so the backend request is cancelled too.
+
+    ASGI servers swallow writes to a closed connection; only `receive()` says the client left.
+    """
+
+    __slots__ = ("_task", "_watcher", "gone")
+
+    def __init__(self, receive: Any) -> None:
+        self._task = asyncio.current_task()
+        self.gone = False
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.gone = True
+                if self._task is not None:
+                    self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        self._watcher.cancel()
+
+
+async def send_stream(
+    send: Any, receive: Any, headers: dict[str, str], content_type: str, stream: Any
+) -> None:
+    """Send server-sent events as they come; `stream` is a RelayedStream (async iterable with `end()`)."""
+    watch = _DisconnectWatch(receive)
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _header_list(headers, content_type.encode("latin-1")),
+            }
+        )
+        async for chunk in stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+    finally:
+        watch.stop()
+        with contextlib.suppress(Exception):
+            stream.end()

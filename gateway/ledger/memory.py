@@ -1,0 +1,126 @@
+"""The in-memory ledger: the demo's store and the reference the Redis store must agree with."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from backends.models import Backend
+from gateway.ledger.base import LedgerBase
+from gateway.ledger.costs import METRICS, Counters, bucket_of, merge, record_values
+from gateway.ledger.records import DIMENSIONS, Dimension, Totals, UsageRecord
+from gateway.settings import LedgerOptions
+
+
+class InMemoryLedger(LedgerBase):
+    """One process's ledger; per-bucket counters are pruned after `retention`, totals are kept.
+
+    `record()` only checks the request id and queues the record: the counters are brought up to date when
+    they are read and on every paid-time tick, off the request path.
+    """
+
+    kind = "memory"
+
+    def __init__(
+        self,
+        keep_recent: int = 1000,
+        options: LedgerOptions | None = None,
+        backends: Sequence[Backend] = (),
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(options, backends, **({"clock": clock} if clock else {}), keep_recent=keep_recent)
+        # Counters per combination of (backend, pool, vendor, model, key), rolled up by dimension on read.
+        self._buckets: dict[int, dict[tuple[str, ...], list[int]]] = {}
+        self._combo_totals: dict[tuple[str, ...], Totals] = {}
+        self._paid: dict[int, dict[str, int]] = {}
+        self._seen: set[str] = set()
+        self._seen_order: deque[str] = deque()
+        self._keep_ids = max(keep_recent, 100_000)
+        self._pending: list[UsageRecord] = []
+
+    def record(self, record: UsageRecord) -> None:
+        """Add one request's usage; a request id already recorded is ignored (idempotent)."""
+        if record.request_id in self._seen:
+            return
+        self._seen.add(record.request_id)
+        self._seen_order.append(record.request_id)
+        if len(self._seen_order) > self._keep_ids:
+            self._seen.discard(self._seen_order.popleft())
+        self._recent.append(record)
+        self._pending.append(record)
+        if len(self._pending) >= 10_000:  # the ticker normally drains it first; keep it bounded regardless
+            self._drain()
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for record in pending:
+            self._aggregate(record)
+
+    def _aggregate(self, record: UsageRecord) -> None:
+        start = bucket_of(record.finished_at, self.options.bucket_seconds)
+        bucket = self._buckets.get(start)
+        if bucket is None:
+            bucket = self._buckets[start] = {}
+        combo = (record.backend, record.pool, record.vendor, record.model, record.key)
+        values = record_values(
+            record.prompt_tokens,
+            record.completion_tokens,
+            record.busy_s,
+            record.cost_usd,
+            record.status >= 400,
+            record.usage_source == "estimated",
+        )
+        counters = bucket.get(combo)
+        if counters is None:
+            bucket[combo] = list(values)
+        else:
+            for i, value in enumerate(values):
+                counters[i] += value
+        totals = self._combo_totals.get(combo)
+        if totals is None:
+            totals = self._combo_totals[combo] = Totals()
+        totals.add(record)
+
+    def totals(self, by: Dimension) -> dict[str, Totals]:
+        self._drain()
+        index = DIMENSIONS.index(by)
+        out: dict[str, Totals] = {}
+        for combo, totals in self._combo_totals.items():
+            rolled = out.get(combo[index])
+            if rolled is None:
+                out[combo[index]] = replace(totals)
+            else:
+                rolled.merge(totals)
+        return out
+
+    async def read_totals(self, by: Dimension) -> dict[str, Totals]:
+        return self.totals(by)
+
+    async def _window(self, by: Dimension, buckets: list[int]) -> tuple[dict[str, Counters], dict[str, int]]:
+        self._drain()
+        counters: dict[str, Counters] = {}
+        paid: dict[str, int] = {}
+        index = DIMENSIONS.index(by)
+        for start in buckets:
+            for combo, values in self._buckets.get(start, {}).items():
+                for metric, value in zip(METRICS, values, strict=True):
+                    merge(counters, combo[index], metric, value)
+            for name, ms in self._paid.get(start, {}).items():
+                paid[name] = paid.get(name, 0) + ms
+        return counters, paid
+
+    async def _claim_paid(self, claims: dict[int, int], backends: list[str]) -> None:
+        self._drain()
+        for start, ms in claims.items():
+            stored = self._paid.setdefault(start, {})
+            for name in backends:
+                if ms > stored.get(name, 0):
+                    stored[name] = ms
+        oldest = bucket_of(self._clock() - self.options.retention, self.options.bucket_seconds)
+        for table in (self._buckets, self._paid):
+            for start in [s for s in table if s < oldest]:
+                del table[start]
+
+    def stats(self) -> dict[str, int | str | None]:
+        return {**super().stats(), "buffered": 0, "dropped": 0, "flush_errors": 0}

@@ -1,0 +1,99 @@
+"""What the ledger stores about one request, and the totals it keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from gateway.ledger.costs import CostRow
+
+UsageSource = Literal["backend", "estimated"]
+Dimension = Literal["backend", "pool", "vendor", "model", "key"]
+DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor", "model", "key")
+
+
+@dataclass(slots=True)
+class UsageRecord:
+    request_id: str
+    endpoint: str
+    model: str
+    backend: str
+    pool: str
+    vendor: str
+    accelerator: str
+    key: str
+    request_class: str
+    route: str
+    stream: bool
+    status: int
+    prompt_tokens: int
+    completion_tokens: int
+    usage_source: UsageSource
+    """`backend` when the backend reported usage; `estimated` when a stream ended before it could."""
+    ttft_s: float | None
+    duration_s: float
+    cost_usd: float
+    finished_at: float
+    busy_s: float = 0.0
+    """The request's share of its backend's time: duration / requests in flight when it was sent."""
+
+
+@dataclass(slots=True)
+class Totals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    errors: int = 0
+    estimated: int = 0
+
+    def add(self, record: UsageRecord) -> None:
+        self.requests += 1
+        self.prompt_tokens += record.prompt_tokens
+        self.completion_tokens += record.completion_tokens
+        self.cost_usd += record.cost_usd
+        if record.status >= 400:
+            self.errors += 1
+        if record.usage_source == "estimated":
+            self.estimated += 1
+
+    def merge(self, other: Totals) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cost_usd += other.cost_usd
+        self.errors += other.errors
+        self.estimated += other.estimated
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Ledger(Protocol):
+    """Where usage goes. `record` never blocks and never raises into the request path."""
+
+    def record(self, record: UsageRecord) -> None: ...
+
+    def measured_cost(self, backend: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """USD for these tokens at the backend's measured cost (None until the ledger has measured it)."""
+        ...
+
+    def recent(self, limit: int) -> list[UsageRecord]: ...
+
+    def stats(self) -> dict[str, int | str | None]:
+        """Buffer and flush counters (records waiting, dropped on overflow, flush errors)."""
+        ...
+
+    async def read_totals(self, by: Dimension) -> dict[str, Totals]: ...
+
+    async def costs(self, by: Dimension, window: str) -> list[CostRow]: ...
+
+    async def flush(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None:
+        """Stop the background tasks; flushes what is still buffered."""
+        ...

@@ -1,0 +1,78 @@
+"""What lives as long as the app: the upstream connection pool, the health checker and the ledger.
+
+Shutdown (SIGTERM or Ctrl-C): uvicorn stops accepting connections and waits up to
+`gateway.shutdown_grace` seconds for in-flight requests (streams included) to finish; only then does the
+code after `yield` run, which stops the background tasks and flushes the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from litestar import Litestar
+
+from backends.health import HealthChecker
+from backends.scraper import MetricsScraper
+from gateway.policy_reload import PolicyWatcher
+from gateway.request.pipeline import Pipeline
+from gateway.settings import Settings
+
+log = logging.getLogger("switchyard")
+
+
+def lifespan(settings: Settings, pipeline: Pipeline):
+    @asynccontextmanager
+    async def run(app: Litestar) -> AsyncIterator[None]:
+        await pipeline.upstream.start()
+        health = settings.server.health
+        checker = HealthChecker(
+            pipeline.upstream.session,
+            pipeline.catalog.backends,
+            plans={pool.name: health.plan(pool.name) for pool in settings.pools},
+            default=health.plan(),
+        )
+        await checker.start()
+        scraper = MetricsScraper(
+            pipeline.upstream.session,
+            pipeline.catalog.backends,
+            interval=settings.server.scrape.interval,
+            timeout=settings.server.scrape.timeout,
+        )
+        await scraper.start()
+        watcher = None
+        if settings.policy is not None:
+            path = Path(settings.policy.source)
+            watcher = PolicyWatcher(path, pipeline, pipeline.catalog, settings.policy_options.reload_interval)
+            watcher.start()
+            app.state.policy_watcher = watcher
+        await pipeline.ledger.start()
+        healthy = sum(b.healthy for b in pipeline.catalog.backends)
+        log.info(
+            "switchyard ready: %d pools, %d backends (%d healthy), models %s",
+            len(settings.pools),
+            len(pipeline.catalog.backends),
+            healthy,
+            ", ".join(pipeline.catalog.models()),
+        )
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                await watcher.stop()
+            await scraper.stop()
+            await checker.stop()
+            for backend in pipeline.catalog.backends:
+                backend.breaker.close()
+            await pipeline.settle_pending()  # streams cut short, still asking their backend for a count
+            await pipeline.upstream.close()
+            await pipeline.ledger.close()  # flushes what is still buffered
+            if pipeline.telemetry is not None:
+                pipeline.telemetry.close()  # the access log's last lines
+            if pipeline.tracing is not None:
+                pipeline.tracing.shutdown()  # exports the last spans
+            log.info("switchyard stopped; ledger flushed")
+
+    return run

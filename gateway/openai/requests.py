@@ -1,0 +1,52 @@
+"""The parts of OpenAI request bodies the gateway reads. Every other field passes through untouched."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+_PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[Any] | None = None
+
+
+class ChatCompletionRequest(msgspec.Struct):
+    model: str
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: _PositiveInt | None = None
+    max_completion_tokens: _PositiveInt | None = None
+    n: _PositiveInt | None = 1
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+
+
+class CompletionRequest(msgspec.Struct):
+    model: str
+    prompt: str | list[Any]
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: _PositiveInt | None = None
+    n: _PositiveInt | None = 1
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+
+
+class EmbeddingRequest(msgspec.Struct):
+    model: str
+    input: str | list[Any]
+    user: str | None = None
+
+
+chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)

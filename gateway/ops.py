@@ -1,0 +1,135 @@
+"""Operational endpoints: liveness, readiness, the usage the ledger has recorded, and backend state
+(list, drain, undrain)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+from litestar import Response, get, post
+from litestar.handlers import HTTPRouteHandler
+
+from backends.catalog import Catalog
+from backends.models import Backend
+from gateway.errors import GatewayError, invalid_request
+from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
+from gateway.request.pipeline import Pipeline
+from gateway.telemetry.metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger("switchyard")
+
+
+def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
+    @get("/health", name="health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/ready", name="ready")
+    async def ready() -> Response[dict[str, Any]]:
+        healthy = [b.name for b in catalog.backends if b.healthy]
+        body = {
+            "status": "ready" if healthy else "not ready",
+            "backends_healthy": len(healthy),
+            "backends_total": len(catalog.backends),
+            "ledger": ledger.stats(),
+        }
+        return Response(body, status_code=200 if healthy else 503)
+
+    @get("/admin/v1/usage", name="usage")
+    async def usage(by: str = "backend") -> dict[str, Any]:
+        if by not in DIMENSIONS:
+            raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
+        dimension: Dimension = by  # type: ignore[assignment]
+        totals = await ledger.read_totals(dimension)
+        return {
+            "by": dimension,
+            "data": [
+                {"name": name, **asdict(t), "total_tokens": t.total_tokens}
+                for name, t in sorted(totals.items())
+            ],
+        }
+
+    @get("/admin/v1/requests", name="recent-requests")
+    async def recent_requests(limit: int = 100) -> dict[str, Any]:
+        if not 1 <= limit <= 1000:
+            raise invalid_request("`limit` must be between 1 and 1000.", param="limit")
+        return {"data": [asdict(record) for record in ledger.recent(limit)]}
+
+    return [health, ready, usage, recent_requests]
+
+
+def backend_state(backend: Backend) -> dict[str, Any]:
+    breaker = backend.breaker
+    load = backend.load
+    return {
+        "name": backend.name,
+        "pool": backend.pool.name,
+        "vendor": backend.pool.vendor,
+        "url": backend.url,
+        "routable": backend.healthy,
+        "healthy": backend.health_ok,
+        "breaker": breaker.state,
+        "breaker_failures": breaker.failures,
+        "breaker_opened": breaker.opened,
+        "paused_s": round(max(0.0, breaker.paused_until - time.monotonic()), 3),
+        "draining": backend.draining,
+        "inflight": backend.inflight,
+        "load": {"running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage},
+    }
+
+
+def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
+    """`GET /admin/v1/backends`; `POST /admin/v1/backends/{name}/drain` and `/undrain`."""
+    by_name = {b.name: b for b in pipeline.catalog.backends}
+
+    def find(name: str) -> Backend:
+        backend = by_name.get(name)
+        if backend is None:
+            known = ", ".join(sorted(by_name))
+            raise GatewayError(404, f"No backend `{name}` (known: {known}).", "invalid_request_error")
+        return backend
+
+    @get("/admin/v1/backends", name="backends")
+    async def backends() -> dict[str, Any]:
+        upstream = pipeline.upstream
+        return {
+            "data": [backend_state(b) for b in pipeline.catalog.backends],
+            "retry_budget": upstream.budget.stats(),
+            "queues": {
+                name: {"waiting": len(q), "served": q.served, "refused": q.refused}
+                for name, q in sorted(pipeline.queues.items())
+            },
+        }
+
+    @post("/admin/v1/backends/{name:str}/drain", name="drain", status_code=200)
+    async def drain(name: str) -> dict[str, Any]:
+        """No new requests; those in flight finish. Lasts until undrained (or the gateway restarts)."""
+        backend = find(name)
+        if not backend.draining:
+            log.warning("backend %s drained by an operator (%d in flight)", name, backend.inflight)
+        backend.draining = True
+        backend.breaker.refresh()
+        return backend_state(backend)
+
+    @post("/admin/v1/backends/{name:str}/undrain", name="undrain", status_code=200)
+    async def undrain(name: str) -> dict[str, Any]:
+        backend = find(name)
+        if backend.draining:
+            log.warning("backend %s undrained by an operator", name)
+        backend.draining = False
+        backend.breaker.refresh()
+        return backend_state(backend)
+
+    return [backends, drain, undrain]
+
+
+def metrics_handler(metrics: Metrics) -> HTTPRouteHandler:
+    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py)."""
+
+    @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
+    async def prometheus() -> Response[bytes]:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return prometheus

@@ -1,0 +1,103 @@
+"""Step 2: describe the request in the terms routing and accounting use (size, caller, priority, session).
+
+Which class a request belongs to is the routing policy's decision (policies/engine.py); this step only
+gathers the facts its rules read, cheaply, before anything is forwarded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from gateway.request.parse import ParsedRequest
+
+if TYPE_CHECKING:
+    from gateway.telemetry.tracing import RequestTrace
+
+CHARS_PER_TOKEN = 4
+"""Fast prompt-size estimate; backends count exactly and still enforce their own limits."""
+
+DEFAULT_CLASS = "default"
+
+
+@dataclass(slots=True)
+class Caller:
+    """What the HTTP layer read about the client besides the body."""
+
+    request_id: str
+    authorization: str | None
+    forwarded: dict[str, str]
+    """Headers sent on to the backend (request id, trace context)."""
+    priority: str | None = None
+    """`x-switchyard-priority`."""
+    explicit_class: str | None = None
+    """`x-switchyard-class`: the class the client asks for (used when the policy defines it)."""
+    tenant: str | None = None
+    """`x-switchyard-tenant`."""
+    session: str | None = None
+    """`x-session-id`: requests of one session prefer one backend (its prefix cache is warm)."""
+    headers: list[tuple[bytes, bytes]] | None = None
+    """All request headers as received, for policy rules on arbitrary headers."""
+    trace: RequestTrace | None = None
+    """The request's spans, when tracing is on (gateway/telemetry/tracing.py)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestProfile:
+    model: str
+    prompt_tokens_estimate: int
+    context_needed: int
+    """Estimated prompt tokens plus the tokens the request may generate: what `max_model_len` must hold."""
+    stream: bool = False
+    key_id: str = "anonymous"
+    """A short, irreversible id of the caller's API key, for attribution; never the key itself."""
+    max_tokens: int | None = None
+    n: int = 1
+    priority: str | None = None
+    tenant: str | None = None
+    session: str | None = None
+    explicit_class: str | None = None
+    parsed: ParsedRequest | None = None
+    headers: list[tuple[bytes, bytes]] | None = None
+    request_class: str = DEFAULT_CLASS
+    """Set by the routing policy once it has matched a class."""
+
+    def prompt_prefix(self, chars: int) -> str:
+        return self.parsed.prompt_prefix(chars) if self.parsed is not None else ""
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower().encode("latin-1")
+        for key, value in self.headers or ():
+            if key == wanted:
+                return value.decode("latin-1")
+        return None
+
+
+@lru_cache(maxsize=4096)
+def key_id(authorization: str | None) -> str:
+    if not authorization:
+        return "anonymous"
+    scheme, _, credentials = authorization.strip().partition(" ")
+    token = credentials.strip() if scheme.lower() == "bearer" else authorization.strip()
+    return "key-" + hashlib.sha256(token.encode()).hexdigest()[:12] if token else "anonymous"
+
+
+def classify(parsed: ParsedRequest, caller: Caller) -> RequestProfile:
+    prompt_tokens = -(-parsed.prompt_chars // CHARS_PER_TOKEN)
+    return RequestProfile(
+        model=parsed.model,
+        prompt_tokens_estimate=prompt_tokens,
+        context_needed=prompt_tokens + (parsed.max_tokens or 1),
+        max_tokens=parsed.max_tokens,
+        n=parsed.n,
+        stream=parsed.stream,
+        key_id=key_id(caller.authorization),
+        priority=caller.priority or parsed.priority,
+        tenant=caller.tenant,
+        session=caller.session or parsed.user,
+        explicit_class=caller.explicit_class,
+        parsed=parsed,
+        headers=caller.headers,
+    )

@@ -1,0 +1,28 @@
+"""Run the gateway app under uvicorn (uvloop + httptools, no access log: the hot path logs nothing)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from gateway.app import asgi_entry, create_app
+from gateway.settings import Settings
+
+
+def server_config(settings: Settings, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    return uvicorn.Config(
+        asgi_entry(create_app(settings)),
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, round(settings.server.shutdown_grace)),
+    )
+
+
+def run_server(settings: Settings, host: str, port: int, log_level: str = "info") -> None:
+    uvicorn.Server(server_config(settings, host, port, log_level)).run()

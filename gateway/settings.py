@@ -1,0 +1,257 @@
+"""The gateway's one config file: server options plus the pools it routes to. Read when the app is created."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from backends.breaker import BreakerOptions
+from backends.health import CheckPlan
+from backends.models import Backend, PoolConfig, build_backends
+from gateway.yamlfile import ConfigError, decode, parse_yaml, read_text
+from policies import presets
+from policies.config import LoadedPolicy, load_policy
+from policies.engine import PolicyEngine
+
+_Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Upstream timeouts: connecting, waiting for the first byte (a stream's first token), the longest gap
+    between chunks, and (optional) the whole request. A route of the policy may override each."""
+
+    connect: _Seconds = 3.0
+    first_byte: _Seconds = 120.0
+    between_chunks: _Seconds = 60.0
+    total: _Seconds | None = None
+
+
+class PoolHealth(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """One pool's health-check overrides; what is not given comes from `gateway.health`."""
+
+    interval: _Seconds | None = None
+    timeout: _Seconds | None = None
+    unhealthy_after: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    healthy_after: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class HealthChecks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    interval: _Seconds = 5.0
+    timeout: _Seconds = 2.0
+    unhealthy_after: Annotated[int, msgspec.Meta(ge=1)] = 2
+    """Failed checks in a row that take a backend out of routing."""
+    healthy_after: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """Passing checks in a row that put it back."""
+    pools: dict[str, PoolHealth] = {}
+    """Per-pool overrides, by pool name."""
+
+    def plan(self, pool: str | None = None) -> CheckPlan:
+        o = self.pools.get(pool) if pool is not None else None
+        return CheckPlan(
+            interval=(o and o.interval) or self.interval,
+            timeout=(o and o.timeout) or self.timeout,
+            unhealthy_after=(o and o.unhealthy_after) or self.unhealthy_after,
+            healthy_after=(o and o.healthy_after) or self.healthy_after,
+        )
+
+
+class Retries(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Retrying a request on another backend before its first byte reaches the client."""
+
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=10)] = 3
+    """Backends one request may be sent to (1 = never retry)."""
+    budget_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
+    """Gateway-wide: retries may add at most this fraction of requests (token bucket)..."""
+    budget_burst: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    """...plus a burst of this many, so a quiet gateway still retries."""
+    backoff_ms: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    """Base of the exponential backoff before a retry; the wait is uniform in [0, base x 2^(n-1)]."""
+    backoff_max_ms: Annotated[float, msgspec.Meta(ge=0)] = 250.0
+
+
+class Scrape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Reading each backend's vLLM /metrics (queue, running batch, KV-cache usage) for routing."""
+
+    interval: _Seconds = 1.0
+    timeout: _Seconds = 1.0
+
+
+class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    file: Annotated[str, msgspec.Meta(min_length=1)] = "balanced"
+    """A preset's name (balanced, latency-first, capacity-first, cheapest) or a policy file's path,
+    relative to this config file."""
+    reload_interval: _Seconds = 1.0
+    """How often the policy file is checked for changes; a valid change applies to new requests."""
+
+
+class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
+    max_connections_per_backend: Annotated[int, msgspec.Meta(ge=1)] = 256
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    health: HealthChecks = msgspec.field(default_factory=HealthChecks)
+    breaker: BreakerOptions = msgspec.field(default_factory=BreakerOptions)
+    retries: Retries = msgspec.field(default_factory=Retries)
+    scrape: Scrape = msgspec.field(default_factory=Scrape)
+    shutdown_grace: _Seconds = 30.0
+    """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
+
+
+class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where usage and cost go (see gateway/ledger/__init__.py for the Redis key layout and cost rules)."""
+
+    store: Literal["auto", "redis", "memory", "none"] = "auto"
+    """`auto`: Redis when `redis_url` is set, else in memory; `none` records nothing (benchmarks only)."""
+    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(rediss?|unix)://")] | None = None
+    key_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = "switchyard"
+    bucket_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60
+    retention: _Seconds = 48 * 3600.0
+    dedupe_ttl: _Seconds = 3600.0
+    """How long a request id is remembered, so a retry or a re-sent batch is never counted twice."""
+    buffer_max: Annotated[int, msgspec.Meta(ge=1)] = 200_000
+    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 500
+    flush_interval: _Seconds = 0.2
+    paid_interval: _Seconds = 1.0
+    refresh_interval: _Seconds = 5.0
+    redis_timeout: _Seconds = 2.0
+    output_token_weight: Annotated[float, msgspec.Meta(gt=0)] = 4.0
+    """One output token costs this many input tokens' worth of GPU time (decode vs prefill)."""
+
+
+class Tracing(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """OpenTelemetry traces: one span per request, children per step (gateway/telemetry/tracing.py)."""
+
+    enabled: bool = False
+    exporter: Literal["otlp", "none"] = "otlp"
+    """`none` builds every span and drops it (benchmarks: the cost of tracing without a collector)."""
+    endpoint: Annotated[str, msgspec.Meta(pattern=r"^https?://")] = "http://127.0.0.1:4318/v1/traces"
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    """`grpc` needs `opentelemetry-exporter-otlp-proto-grpc` installed (and an endpoint like :4317)."""
+    headers: dict[str, str] = {}
+    service_name: Annotated[str, msgspec.Meta(min_length=1)] = "switchyard"
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
+    """Of requests without an incoming sampled `traceparent` (an incoming one's decision is kept)."""
+
+
+class AccessLog(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One JSON line per request (gateway/telemetry/logs.py)."""
+
+    enabled: bool = True
+    destination: Annotated[str, msgspec.Meta(min_length=1)] = "stdout"
+    """`stdout`, `stderr` or a file path (appended to)."""
+    include_prompts: bool = False
+    """Also log the request body. Off by default: prompts are user data."""
+
+
+class TelemetryOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    metrics: bool = True
+    """`GET /metrics` in Prometheus text format."""
+    tracing: Tracing = msgspec.field(default_factory=Tracing)
+    access_log: AccessLog = msgspec.field(default_factory=AccessLog)
+
+
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pools: Annotated[list[PoolConfig], msgspec.Meta(min_length=1)]
+    policy: PolicyOptions = msgspec.field(default_factory=PolicyOptions)
+    gateway: ServerOptions = msgspec.field(default_factory=ServerOptions)
+    ledger: LedgerOptions = msgspec.field(default_factory=LedgerOptions)
+    telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    """Validated settings plus the run-time backends they describe."""
+
+    source: str
+    server: ServerOptions
+    pools: list[PoolConfig]
+    backends: list[Backend]
+    ledger: LedgerOptions = msgspec.field(default_factory=LedgerOptions)
+    policy_options: PolicyOptions = msgspec.field(default_factory=PolicyOptions)
+    policy: LoadedPolicy | None = None
+    """The routing policy, validated against these backends; None only for settings built in code."""
+    telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({model for backend in self.backends for model in backend.models})
+
+
+def _check_semantics(config: ConfigFile, lines: dict[tuple[Any, ...], int], source: str) -> None:
+    seen_pools: set[str] = set()
+    seen_backends: dict[str, tuple[Any, ...]] = {}
+    for p, pool in enumerate(config.pools):
+        if pool.name in seen_pools:
+            raise ConfigError(
+                source, lines.get(("pools", p, "name")), f"pool name `{pool.name}` is used twice"
+            )
+        seen_pools.add(pool.name)
+        for b, backend in enumerate(pool.backends):
+            path = ("pools", p, "backends", b)
+            name = backend.name or f"{pool.name}-{b}"
+            if name in seen_backends:
+                line = lines.get((*path, "name"), lines.get(path))
+                raise ConfigError(source, line, f"backend name `{name}` is used twice")
+            seen_backends[name] = path
+            if backend.api_key_env and backend.api_key_env not in os.environ:
+                raise ConfigError(
+                    source,
+                    lines.get((*path, "api_key_env")),
+                    f"environment variable `{backend.api_key_env}` is not set",
+                    hint="export it before starting the gateway, or remove api_key_env",
+                )
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and validate the config file; raises ConfigError naming the file and line."""
+    return settings_from_text(read_text(path, "config file"), str(path))
+
+
+def policy_path(options: PolicyOptions, config_source: str) -> Path:
+    folder = Path(config_source).parent if not config_source.startswith("<") else Path.cwd()
+    return presets.resolve(options.file, folder)
+
+
+def _load_policy(
+    config: ConfigFile, backends: list[Backend], lines: dict[tuple[Any, ...], int], source: str
+) -> LoadedPolicy:
+    path = policy_path(config.policy, source)
+    if not path.is_file():
+        known = ", ".join(presets.preset_names())
+        raise ConfigError(
+            source,
+            lines.get(("policy", "file")),
+            f"policy `{config.policy.file}` is neither a preset nor a file ({path})",
+            hint=f"presets: {known}",
+        )
+    loaded = load_policy(path)
+    PolicyEngine(loaded, backends)  # checks plugin names and parameters against this fleet
+    return loaded
+
+
+def settings_from_text(text: str, source: str = "<config>") -> Settings:
+    data, lines = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ConfigError(source, lines.get((), 1), "the config file must be a mapping with a `pools` list")
+    config = decode(data, lines, ConfigFile, source)
+    _check_semantics(config, lines, source)
+    for pool_name in config.gateway.health.pools:
+        if pool_name not in {p.name for p in config.pools}:
+            line = lines.get(("gateway", "health", "pools", pool_name))
+            raise ConfigError(source, line, f"gateway.health.pools names an unknown pool `{pool_name}`")
+    if config.ledger.store == "redis" and not config.ledger.redis_url:
+        raise ConfigError(source, lines.get(("ledger", "store")), "ledger.store is redis but no redis_url")
+    backends = build_backends(config.pools)
+    return Settings(
+        source=source,
+        server=config.gateway,
+        pools=config.pools,
+        backends=backends,
+        ledger=config.ledger,
+        policy_options=config.policy,
+        policy=_load_policy(config, backends, lines, source),
+        telemetry=config.telemetry,
+    )

@@ -1,0 +1,151 @@
+"""The access log: one JSON line per request, with its request id, and no prompt or completion text.
+
+A line is one msgspec encode of a Struct (about a microsecond); lines are buffered and written together by
+a timer every `FLUSH_S` (or when `MAX_BUFFERED` are waiting), so the request path makes no system call.
+What is still buffered is written at shutdown. Prompts are logged only when an operator sets
+`telemetry.access_log.include_prompts` (the request body as sent, under `request_body`).
+
+The log is the `switchyard.access` logger's to silence: below INFO (`switchyard serve --log-level
+warning`) it writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from typing import IO
+
+import msgspec
+
+from gateway.ledger.records import UsageRecord
+
+FLUSH_S = 0.2
+MAX_BUFFERED = 512
+LOGGER = "switchyard.access"
+
+
+class AccessLine(msgspec.Struct, omit_defaults=True):
+    ts: float
+    request_id: str
+    endpoint: str
+    status: int
+    model: str = ""
+    stream: bool = False
+    backend: str = ""
+    pool: str = ""
+    vendor: str = ""
+    request_class: str = msgspec.field(default="", name="class")
+    route: str = ""
+    key: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_source: str = ""
+    cost_usd: float = 0.0
+    ttft_s: float | None = None
+    duration_s: float | None = None
+    error_code: str | None = None
+    error: str | None = None
+    request_body: str | None = None
+    level: str = "info"
+    logger: str = LOGGER
+
+
+class AccessLog:
+    __slots__ = ("_buffer", "_encode", "_handle", "_loop", "_out", "include_prompts")
+
+    def __init__(self, out: IO[bytes], include_prompts: bool = False) -> None:
+        self._out = out
+        self.include_prompts = include_prompts
+        self._buffer: list[bytes] = []
+        self._encode = msgspec.json.Encoder().encode
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def open(cls, destination: str, include_prompts: bool = False) -> AccessLog | None:
+        """The configured log, or None when the `switchyard.access` logger is below INFO."""
+        if not logging.getLogger(LOGGER).isEnabledFor(logging.INFO):
+            return None
+        if destination == "stdout":
+            out: IO[bytes] = sys.stdout.buffer
+        elif destination == "stderr":
+            out = sys.stderr.buffer
+        else:
+            out = open(destination, "ab")  # noqa: SIM115 - lives as long as the app; closed in close()
+        return cls(out, include_prompts)
+
+    def record(self, record: UsageRecord, body: bytes | None = None) -> None:
+        self._write(
+            AccessLine(
+                ts=round(record.finished_at, 6),
+                request_id=record.request_id,
+                endpoint=record.endpoint,
+                status=record.status,
+                model=record.model,
+                stream=record.stream,
+                backend=record.backend,
+                pool=record.pool,
+                vendor=record.vendor,
+                request_class=record.request_class,
+                route=record.route,
+                key=record.key,
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                usage_source=record.usage_source,
+                cost_usd=record.cost_usd,
+                ttft_s=record.ttft_s,
+                duration_s=record.duration_s,
+                request_body=body.decode("utf-8", "replace") if body is not None else None,
+            )
+        )
+
+    def error(
+        self, request_id: str, endpoint: str, status: int, code: str | None, message: str, body: bytes | None
+    ) -> None:
+        self._write(
+            AccessLine(
+                ts=round(time.time(), 6),
+                request_id=request_id,
+                endpoint=endpoint,
+                status=status,
+                error_code=code,
+                error=message,
+                level="warning" if status >= 500 else "info",
+                request_body=body.decode("utf-8", "replace") if body is not None else None,
+            )
+        )
+
+    def _write(self, line: AccessLine) -> None:
+        buffer = self._buffer
+        buffer.append(self._encode(line))
+        if len(buffer) >= MAX_BUFFERED:
+            self.flush()
+        elif self._handle is None:
+            loop = self._loop
+            if loop is None:
+                try:
+                    loop = self._loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    self.flush()
+                    return
+            self._handle = loop.call_later(FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if not self._buffer:
+            return
+        lines, self._buffer = self._buffer, []
+        try:
+            self._out.write(b"\n".join(lines) + b"\n")
+            self._out.flush()
+        except (OSError, ValueError):
+            pass  # a closed or full stdout must not break requests
+
+    def close(self) -> None:
+        self.flush()
+        if self._out not in (sys.stdout.buffer, sys.stderr.buffer):
+            self._out.close()
