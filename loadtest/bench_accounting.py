@@ -1,0 +1,216 @@
+"""What accounting costs: gateway requests/s with the Redis ledger, the in-memory ledger, and none.
+
+One run: one simulated backend with zero token delays and wrk (64 connections) share the second CPU;
+three gateways, identical but for `ledger.store` (redis | memory | none), are pinned to the first CPU
+and loaded one at a time, in alternating rounds so drift on a shared machine hits all three. Reports
+requests/s and gateway CPU µs per request per mode (medians over rounds), and the throughput ratio
+against `none` (the median of each round's ratio, so drift between rounds cancels).
+The Redis mode uses the Redis at --redis-url (loopback only) under a private key prefix, deleted after.
+
+Usage: python -m loadtest.bench_accounting [--duration 5] [--rounds 3] [--connections 64]
+       [--redis-url redis://127.0.0.1:6379/0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+
+from gateway.ledger.keys import Keys
+from loadtest._bench_util import (
+    ProcessGroup,
+    assert_loopback,
+    free_port,
+    healthy,
+    http_post,
+    install_interrupt_handlers,
+    pick_cpus,
+    python_argv,
+    session_cpu_seconds,
+    start_zero_delay_backend,
+    wait_until,
+    which,
+)
+
+MODEL = "bench-model"
+MODES = ("redis", "memory", "none")
+_BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Why is decode bandwidth bound?"}],
+        "max_tokens": 16,
+    }
+)
+_WRK_SCRIPT = (
+    'wrk.method = "POST"\n'
+    f"wrk.body = {json.dumps(_BODY)}\n"
+    'wrk.headers["Content-Type"] = "application/json"\n'
+    'wrk.headers["Authorization"] = "Bearer bench-key"\n'
+)
+
+
+def _gateway_config(port: int, backend_url: str, mode: str, redis_url: str, prefix: str) -> dict[str, Any]:
+    ledger: dict[str, Any] = {"store": mode, "key_prefix": prefix}
+    if mode == "redis":
+        ledger["redis_url"] = redis_url
+    return {
+        "gateway": {"port": port},
+        "ledger": ledger,
+        "pools": [
+            {
+                "name": "bench",
+                "vendor": "nvidia",
+                "accelerator": "h100",
+                "price_per_gpu_hour": 2.9,
+                "backends": [{"url": backend_url, "models": [MODEL], "max_model_len": 8192}],
+            }
+        ],
+    }
+
+
+def _wrk(wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int) -> float:
+    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(script), url]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=duration + 30,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        check=True,
+    ).stdout
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if match is None or errors is not None:
+        raise RuntimeError(f"wrk failed or saw errors:\n{out}")
+    return float(match.group(1))
+
+
+def run(duration: float, rounds: int, connections: int, redis_url: str) -> dict[str, Any]:
+    wrk = which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is not installed (apt-get install wrk)")
+    if not redis_url.startswith("redis://127.0.0.1:"):
+        raise SystemExit("only a loopback Redis is allowed")
+    proxy_cpu, load_cpu = pick_cpus()
+    prefix = f"bench-{uuid.uuid4().hex[:10]}"
+    samples: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="bench-accounting-") as tmp:
+        work = Path(tmp)
+        script = work / "post.lua"
+        script.write_text(_WRK_SCRIPT)
+        group = ProcessGroup(work)
+        try:
+            backend_url = start_zero_delay_backend(group, MODEL, load_cpu)
+            gateways: dict[str, tuple[str, int]] = {}
+            for mode in MODES:
+                port = free_port()
+                path = work / f"gateway-{mode}.yaml"
+                path.write_text(yaml.safe_dump(_gateway_config(port, backend_url, mode, redis_url, prefix)))
+                child = group.start(
+                    f"gateway-{mode}",
+                    python_argv("gateway.cli", "serve", "--config", str(path), "--log-level", "warning"),
+                    cpu=proxy_cpu,
+                )
+                url = f"http://127.0.0.1:{port}"
+                assert_loopback(url)
+                wait_until(lambda u=url: healthy(u), timeout=30, what=url, child=child)
+                status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
+                if status != 200:
+                    raise RuntimeError(f"{mode} gateway answered {status}: {body[:300]!r}")
+                gateways[mode] = (url, child.pid)
+            for url, _ in gateways.values():  # warm up
+                _wrk(wrk, url + "/v1/chat/completions", script, connections, 1, load_cpu)
+            for r in range(rounds):
+                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
+                for mode in order:
+                    url, pid = gateways[mode]
+                    cpu_before = session_cpu_seconds(pid)
+                    rps = _wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)
+                    cpu = session_cpu_seconds(pid) - cpu_before
+                    samples[mode].append((rps, cpu / max(1.0, rps * duration) * 1e6))
+            time.sleep(0.5)  # let the Redis gateway flush its last batch
+            ledger = json.loads(_get(gateways["redis"][0] + "/ready"))["ledger"]
+        finally:
+            group.close()
+            _delete_prefix(redis_url, prefix)
+    summary = {
+        mode: {
+            "rps": statistics.median(s[0] for s in samples[mode]),
+            "cpu_us_per_req": statistics.median(s[1] for s in samples[mode]),
+            "rounds": [round(s[0]) for s in samples[mode]],
+        }
+        for mode in MODES
+    }
+    for mode in MODES:  # paired: each round's modes ran back to back, so drift cancels in the ratio
+        pairs = zip(samples[mode], samples["none"], strict=True)
+        summary[mode]["vs_none"] = statistics.median(m[0] / n[0] for m, n in pairs)
+    summary["redis_ledger_stats"] = ledger
+    return summary
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5) as r:
+        return str(r.read().decode())
+
+
+def _delete_prefix(redis_url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=Keys(prefix).pattern, count=5000):
+        batch.append(key)
+        if len(batch) >= 5000:
+            client.delete(*batch)
+            batch.clear()
+    if batch:
+        client.delete(*batch)
+    client.close()
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [f"{'ledger':<8} {'req/s':>8} {'vs none':>8} {'CPU µs/req':>11}  req/s per round"]
+    for mode in MODES:
+        s = summary[mode]
+        lines.append(
+            f"{mode:<8} {s['rps']:>8.0f} {s['vs_none']:>8.3f} {s['cpu_us_per_req']:>11.0f}  {s['rounds']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per mode and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 20 or not 1 <= args.connections <= 512:
+        parser.error("--duration 1..120, --rounds 1..20, --connections 1..512")
+    install_interrupt_handlers()
+    summary = run(args.duration, args.rounds, args.connections, args.redis_url)
+    print(format_table(summary))
+    print("redis ledger:", summary["redis_ledger_stats"])
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
