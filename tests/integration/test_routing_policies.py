@@ -1,0 +1,186 @@
+"""Each shipped policy preset routing real SDK traffic on a simulated H100 + MI300X fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from backends.sim.fleet import Fleet
+from backends.sim.fleet_spec import parse_fleet_spec
+from policies.presets import PRESETS_DIR
+from tests.support import free_port, running_gateway
+
+MODEL = "llama-3.1-8b"
+FLEET = f"""
+model: {MODEL}
+groups:
+  - {{pool: h100, vendor: nvidia, accelerator: h100, count: 2, price_per_gpu_hour: 2.90,
+      ttft_ms: 5, tpot_ms: 1, max_model_len: 8192}}
+  - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 2, price_per_gpu_hour: 1.75,
+      ttft_ms: 5, tpot_ms: 1, max_model_len: 32768}}
+"""
+SHORT = [{"role": "user", "content": "What is a KV cache?"}]
+LONG = [{"role": "user", "content": "Summarise this document. " + "lorem ipsum dolor sit amet " * 1100}]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with Fleet(parse_fleet_spec(FLEET, "<routing fleet>"), log_dir=tmp_path_factory.mktemp("fleet")) as f:
+        yield f
+
+
+def config(fleet: Fleet, policy: str, dead_vendor: str | None = None) -> dict[str, Any]:
+    data = fleet.gateway_config(health={"interval": 0.3, "timeout": 0.3}, scrape={"interval": 0.2})
+    data["policy"] = {"file": policy, "reload_interval": 0.2}
+    if dead_vendor is not None:
+        for pool in data["pools"]:
+            if pool["vendor"] == dead_vendor:
+                for backend in pool["backends"]:
+                    backend["url"] = f"http://127.0.0.1:{free_port()}"
+    return data
+
+
+def sdk(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="sk-routing", max_retries=0)
+
+
+def routed(base_url: str, messages: list[dict[str, str]], **kwargs: Any) -> tuple[str, str, str]:
+    """(vendor, pool, class) of one request."""
+    raw = sdk(base_url).chat.completions.with_raw_response.create(model=MODEL, messages=messages, **kwargs)
+    if kwargs.get("stream"):
+        list(raw.parse())
+    else:
+        raw.parse()
+    h = raw.headers
+    return h["x-switchyard-vendor"], h["x-switchyard-pool"], h["x-switchyard-class"]
+
+
+def test_balanced_routes_each_class_where_its_preset_says(fleet: Fleet, tmp_path: Path) -> None:
+    with running_gateway(config(fleet, "balanced"), tmp_path) as base:
+        for _ in range(4):
+            assert routed(base, SHORT, stream=True, max_tokens=8) == ("nvidia", "h100", "interactive")
+        assert routed(base, SHORT, max_tokens=8, extra_headers={"x-switchyard-priority": "high"})[::2] == (
+            "nvidia",
+            "interactive",
+        )
+        assert routed(base, LONG, max_tokens=16) == ("amd", "mi300x", "long-context")
+        assert routed(base, SHORT, max_tokens=8, n=3) == ("amd", "mi300x", "batch")
+        assert routed(base, SHORT, max_tokens=8, metadata={"priority": "batch"}) == ("amd", "mi300x", "batch")
+        # default class: the cheapest backend that meets the SLO; MI300X costs less per token here.
+        assert routed(base, SHORT, max_tokens=8) == ("amd", "mi300x", "default")
+        # a client may name its class
+        assert (
+            routed(base, SHORT, max_tokens=8, extra_headers={"x-switchyard-class": "interactive"})[0]
+            == "nvidia"
+        )
+
+
+def test_latency_first_spills_to_mi300x_when_h100s_are_down(fleet: Fleet, tmp_path: Path) -> None:
+    with running_gateway(config(fleet, "latency-first"), tmp_path / "up") as base:
+        assert routed(base, SHORT, max_tokens=8)[0] == "nvidia"
+    with running_gateway(config(fleet, "latency-first", dead_vendor="nvidia"), tmp_path / "down") as base:
+        assert routed(base, SHORT, max_tokens=8) == ("amd", "mi300x", "interactive")
+
+
+def test_latency_first_spills_when_h100s_cannot_meet_the_slo(tmp_path: Path) -> None:
+    slow_h100 = FLEET.replace(
+        "ttft_ms: 5, tpot_ms: 1, max_model_len: 8192", "ttft_ms: 1200, tpot_ms: 1, max_model_len: 8192"
+    )
+    spec = parse_fleet_spec(slow_h100, "<slow h100>")
+    with (
+        Fleet(spec, log_dir=tmp_path) as slow,
+        running_gateway(config(slow, "latency-first"), tmp_path) as base,
+    ):
+        if True:
+            first = [routed(base, SHORT, stream=True, max_tokens=4)[0] for _ in range(2)]
+            assert first == ["nvidia", "nvidia"], "before any measurement the H100 prior wins"
+            later = [routed(base, SHORT, stream=True, max_tokens=4)[0] for _ in range(4)]
+            assert later == ["amd"] * 4, "measured TTFT of 1.2 s misses the 800 ms SLO: spill to MI300X"
+            explain = httpx.post(
+                base + "/admin/v1/explain",
+                json={"model": MODEL, "messages": SHORT, "stream": True, "max_tokens": 4},
+            ).json()
+            notes = {c["backend"]: c["why_not"] for c in explain["explanation"]["candidates"]}
+            assert "SLO" in (notes["h100-0"] or "") and "SLO" in (notes["h100-1"] or "")
+
+
+def test_capacity_first_sends_long_and_batch_work_to_mi300x(fleet: Fleet, tmp_path: Path) -> None:
+    with running_gateway(config(fleet, "capacity-first"), tmp_path) as base:
+        assert routed(base, LONG, max_tokens=16) == ("amd", "mi300x", "long-context")
+        assert routed(base, SHORT, max_tokens=8, n=2) == ("amd", "mi300x", "batch")
+        assert routed(base, SHORT, max_tokens=3000) == ("amd", "mi300x", "batch")
+        pools = {routed(base, SHORT, max_tokens=4)[1] for _ in range(8)}
+        assert pools == {"h100", "mi300x"}, "the rest spreads over every pool"
+
+
+def test_cheapest_prefers_the_lower_cost_per_token_and_falls_back(fleet: Fleet, tmp_path: Path) -> None:
+    with running_gateway(config(fleet, "cheapest"), tmp_path / "up") as base:
+        assert {routed(base, SHORT, max_tokens=4)[0] for _ in range(4)} == {"amd"}
+    with running_gateway(config(fleet, "cheapest", dead_vendor="amd"), tmp_path / "down") as base:
+        assert routed(base, SHORT, max_tokens=4)[0] == "nvidia"
+
+
+def test_refusals_say_why(fleet: Fleet, tmp_path: Path) -> None:
+    huge = [{"role": "user", "content": "x " * 80_000}]
+    with running_gateway(config(fleet, "balanced"), tmp_path) as base:
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk(base).chat.completions.create(model=MODEL, messages=huge, max_tokens=10)
+        assert caught.value.code == "context_length_exceeded"
+        assert "32768" in caught.value.message
+    only_nvidia = tmp_path / "nvidia-only.yaml"
+    only_nvidia.write_text("routes:\n  default:\n    prefer: {vendor: nvidia}\n")
+    with running_gateway(config(fleet, str(only_nvidia), dead_vendor="nvidia"), tmp_path / "dead") as base:
+        with pytest.raises(openai.InternalServerError) as caught_503:
+            sdk(base).chat.completions.create(model=MODEL, messages=SHORT, max_tokens=4)
+        assert caught_503.value.status_code == 503
+        assert "failed its health check" in caught_503.value.message
+
+
+def test_hot_reload_applies_valid_changes_and_keeps_the_last_good_policy(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    shutil.copy(PRESETS_DIR / "cheapest.yaml", policy)
+    with running_gateway(config(fleet, str(policy)), tmp_path) as base:
+        assert routed(base, SHORT, max_tokens=4)[0] == "amd"
+
+        async def in_flight() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+            streams = [
+                await client.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=400, stream=True)
+                for _ in range(4)
+            ]
+            # Change the policy while the four streams are still generating.
+            policy.write_text("name: nvidia-only\nroutes:\n  default:\n    prefer: {vendor: nvidia}\n")
+            texts = []
+            for stream in streams:
+                texts.append("".join([c.choices[0].delta.content or "" async for c in stream if c.choices]))
+            await client.close()
+            return texts
+
+        texts = asyncio.run(in_flight())
+        assert all(len(t.split()) > 100 for t in texts), "in-flight streams finished whole"
+        deadline = time.monotonic() + 5
+        while httpx.get(base + "/admin/v1/policy").json()["name"] != "nvidia-only":
+            assert time.monotonic() < deadline, "the valid change was not applied"
+            time.sleep(0.1)
+        assert {routed(base, SHORT, max_tokens=4)[0] for _ in range(3)} == {"nvidia"}
+
+        policy.write_text("name: broken\nroutes:\n  default:\n    prefer: {vendor: intel}\n")
+        deadline = time.monotonic() + 5
+        while (state := httpx.get(base + "/admin/v1/policy").json())["rejected_reloads"] < 1:
+            assert time.monotonic() < deadline, "the invalid change was not noticed"
+            time.sleep(0.1)
+        assert state["name"] == "nvidia-only"
+        assert "policy.yaml:4" in state["last_reload_error"]
+        assert routed(base, SHORT, max_tokens=4)[0] == "nvidia"
+        log = (tmp_path / "gateway.log").read_text()
+        assert "policy change refused" in log

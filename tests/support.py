@@ -1,0 +1,150 @@
+"""Helpers shared by the test suites: free ports, a gateway subprocess, a recording backend."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_gateway(
+    config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Start `switchyard serve` on a free port with `config`; yields its base URL."""
+    port = free_port()
+    config = {**config, "gateway": {**config.get("gateway", {}), "port": port}}
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log = (workdir / "gateway.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"gateway exited early:\n{(workdir / 'gateway.log').read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start within 30 s")
+            time.sleep(0.05)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+class RecordingBackend:
+    """A minimal vLLM stand-in that records every request it receives and answers a fixed completion."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._reply(200, b"{}")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                outer.requests.append((self.path, dict(self.headers), body))
+                answer = {
+                    "id": "chatcmpl-rec",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": outer.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "ok"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                }
+                self._reply(200, json.dumps(answer).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> RecordingBackend:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def sim_metrics(url: str) -> dict[str, float]:
+    """Parse a backend's Prometheus text into {series: value} (labels kept in the key)."""
+    values: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def metric(values: dict[str, float], name: str, **labels: str) -> float:
+    """Sum the series of `name` whose labels include `labels`."""
+    total = 0.0
+    for series, value in values.items():
+        base = series.split("{", 1)[0]
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += value
+    return total

@@ -1,0 +1,379 @@
+"""Upstream against a real in-process aiohttp server on 127.0.0.1: fall-through, timeouts, stream failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from backends.models import Backend, Pool
+from gateway.errors import GatewayError
+from gateway.request.forward import OpenStream, Upstream
+from gateway.request.parse import ParsedRequest, parse
+from gateway.request.sse import SseRelay
+from gateway.settings import Timeouts
+from tests.support import free_port
+
+POOL = Pool(
+    name="p", vendor="nvidia", accelerator="h100", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={}
+)
+TIMEOUTS = Timeouts(connect=1.0, first_byte=0.2, between_chunks=0.15)
+
+ANSWER = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+def _event(content: str) -> bytes:
+    data = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+USAGE_EVENT = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+SEEN = web.AppKey("seen", list)
+
+
+async def _handler(request: web.Request) -> web.StreamResponse:
+    """What the fake vLLM does is chosen by the request's `scenario` field (forwarded byte-for-byte)."""
+    body = await request.json()
+    request.app[SEEN].append((request.path, request.headers.copy(), body))
+    scenario = body.get("scenario", "ok")
+    if scenario == "ok":
+        return web.json_response(ANSWER)
+    if scenario == "slow":
+        await asyncio.sleep(2)
+        return web.json_response(ANSWER)
+    if scenario == "503":
+        return web.Response(status=503, text="Service Unavailable")
+    if scenario == "400":
+        return web.json_response(
+            {"error": {"message": "context too long", "type": "BadRequestError", "param": None, "code": 400}},
+            status=400,
+        )
+    if scenario == "not_sse":
+        return web.json_response(ANSWER)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if scenario == "stream_slow_first":
+        await asyncio.sleep(2)
+    await response.write(_event("Hel"))
+    if scenario == "stream_ok":
+        await asyncio.sleep(0.01)
+        await response.write(_event("lo") + USAGE_EVENT)
+        await response.write(DONE)
+    elif scenario == "stream_stall":
+        await asyncio.sleep(0.05)
+        await response.write(_event("lo"))
+        await asyncio.sleep(2)
+        await response.write(DONE)
+    elif scenario == "stream_drop":
+        await asyncio.sleep(0.05)
+        await response.write(_event("lo"))
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+    await response.write_eof()
+    return response
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, web.Application]]:
+    app = web.Application()
+    app[SEEN] = []
+    app.router.add_post("/v1/chat/completions", _handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    client = Upstream(TIMEOUTS, max_connections_per_backend=8)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def _backend(name: str, url: str, api_key: str | None = None) -> Backend:
+    return Backend(
+        name=name, url=url, models=frozenset({"m"}), max_model_len=4096, pool=POOL, api_key=api_key
+    )
+
+
+def _closed() -> Backend:
+    return _backend("closed", f"http://127.0.0.1:{free_port()}")
+
+
+def _request(scenario: str, stream: bool = False) -> ParsedRequest:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "scenario": scenario,
+        "stream": stream,
+    }
+    return parse("chat", json.dumps(body).encode())
+
+
+async def _drain(upstream: Upstream, opened: OpenStream, sse: SseRelay, ends: list[float]) -> bytes:
+    return b"".join([chunk async for chunk in upstream.relay(opened, sse, ends.append)])
+
+
+# --- non-streaming --------------------------------------------------------------------------------------
+
+
+async def test_complete_ok_forwards_body_and_headers(server, upstream: Upstream):
+    url, app = server
+    backend = _backend("good", url, api_key="sk-upstream")
+    parsed = _request("ok")
+    answer = await upstream.complete([backend], parsed, {"x-request-id": "req-1"})
+    assert answer.status == 200
+    assert json.loads(answer.body) == ANSWER
+    assert answer.backend is backend
+    assert answer.concurrency == 1
+    assert answer.content_type.startswith("application/json")
+    assert answer.first_byte_at >= answer.started_at
+    assert backend.inflight == 1  # the caller decrements
+    path, headers, body = app[SEEN][0]
+    assert path == "/v1/chat/completions"
+    assert headers["Authorization"] == "Bearer sk-upstream"
+    assert headers["x-request-id"] == "req-1"
+    assert body["scenario"] == "ok"
+
+
+async def test_refused_candidate_falls_through_to_the_next(server, upstream: Upstream):
+    url, app = server
+    closed, good = _closed(), _backend("good", url)
+    answer = await upstream.complete([closed, good], _request("ok"), {})
+    assert answer.backend is good
+    assert answer.status == 200
+    assert closed.healthy is False
+    assert closed.inflight == 0
+    assert good.healthy is True
+    assert good.inflight == 1
+    assert len(app[SEEN]) == 1
+
+
+async def test_all_candidates_refused_is_502(upstream: Upstream):
+    first, second = _closed(), _backend("closed2", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(GatewayError) as info:
+        await upstream.complete([first, second], _request("ok"), {})
+    assert info.value.status == 502
+    assert info.value.body.code == "upstream_failed"
+    assert "closed2" in info.value.body.message
+    assert (first.inflight, second.inflight, first.healthy, second.healthy) == (0, 0, False, False)
+
+
+async def test_first_byte_timeout_is_504_and_inflight_consistent(server, upstream: Upstream):
+    url, _ = server
+    slow = _backend("slow", url)
+    with pytest.raises(GatewayError) as info:
+        await upstream.complete([slow], _request("slow"), {})
+    assert info.value.status == 504
+    assert info.value.body.code == "upstream_timeout"
+    assert "`slow`" in info.value.body.message
+    assert "0.2 s" in info.value.body.message
+    assert slow.inflight == 0
+    assert slow.healthy is True  # slow is not refused
+
+
+async def test_first_byte_timeout_names_the_backend_that_timed_out(server, upstream: Upstream):
+    url, _ = server
+    closed, slow = _closed(), _backend("slow", url)
+    with pytest.raises(GatewayError) as info:
+        await upstream.complete([closed, slow], _request("slow"), {})
+    assert info.value.status == 504
+    assert (closed.inflight, slow.inflight) == (0, 0)
+    assert "`slow`" in info.value.body.message  # got "Backend `closed` did not send an answer ..."
+
+
+async def test_complete_returns_upstream_error_status(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    answer = await upstream.complete([backend], _request("400"), {})
+    assert answer.status == 400
+    assert b"context too long" in answer.body
+
+
+# --- streaming: opening ---------------------------------------------------------------------------------
+
+
+async def test_stream_relays_and_finishes_once(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    parsed = _request("stream_ok", stream=True)
+    opened = await upstream.open_stream([backend], parsed, {})
+    assert opened.backend is backend and backend.inflight == 1
+    assert opened.first_chunk.startswith(b"data: ")
+    sse = SseRelay(keep_usage_chunk=False)
+    ends: list[float] = []
+    out = await _drain(upstream, opened, sse, ends)
+    assert out == _event("Hel") + _event("lo") + DONE
+    assert sse.usage is not None and sse.usage.completion_tokens == 2
+    assert sse.failed is None
+    assert len(ends) == 1
+
+
+async def test_stream_refused_first_candidate_falls_through(server, upstream: Upstream):
+    url, _ = server
+    closed, good = _closed(), _backend("good", url)
+    opened = await upstream.open_stream([closed, good], _request("stream_ok", stream=True), {})
+    assert opened.backend is good
+    assert (closed.healthy, closed.inflight, good.inflight) == (False, 0, 1)
+    ends: list[float] = []
+    await _drain(upstream, opened, SseRelay(keep_usage_chunk=True), ends)
+    assert len(ends) == 1
+
+
+async def test_stream_first_byte_timeout(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    with pytest.raises(GatewayError) as info:
+        await upstream.open_stream([backend], _request("stream_slow_first", stream=True), {})
+    assert info.value.status == 504
+    assert info.value.body.code == "upstream_timeout"
+    assert "first chunk" in info.value.body.message
+    assert backend.inflight == 0
+
+
+async def test_stream_non_event_stream_content_type_is_502(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    with pytest.raises(GatewayError) as info:
+        await upstream.open_stream([backend], _request("not_sse", stream=True), {})
+    assert info.value.status == 502
+    assert info.value.body.code == "upstream_failed"
+    assert "application/json" in info.value.body.message
+    assert backend.inflight == 0
+
+
+async def test_stream_503_is_502_naming_the_backend(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("gpu-7", url)
+    with pytest.raises(GatewayError) as info:
+        await upstream.open_stream([backend], _request("503", stream=True), {})
+    assert info.value.status == 502
+    assert info.value.body.code == "upstream_failed"
+    assert "`gpu-7`" in info.value.body.message
+    assert "HTTP 503" in info.value.body.message
+    assert backend.inflight == 0
+
+
+async def test_stream_400_passes_through_with_its_message(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    with pytest.raises(GatewayError) as info:
+        await upstream.open_stream([backend], _request("400", stream=True), {})
+    assert info.value.status == 400
+    assert info.value.body.message == "context too long"
+    assert info.value.body.type == "BadRequestError"
+    assert backend.inflight == 0
+
+
+# --- streaming: failures after the first chunk ----------------------------------------------------------
+
+
+def _last_event(out: bytes) -> dict:
+    events = [e for e in out.split(b"\n\n") if e]
+    return json.loads(events[-1].removeprefix(b"data: "))
+
+
+async def test_stream_stall_ends_with_timeout_event(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    opened = await upstream.open_stream([backend], _request("stream_stall", stream=True), {})
+    sse = SseRelay(keep_usage_chunk=False)
+    ends: list[float] = []
+    out = await asyncio.wait_for(_drain(upstream, opened, sse, ends), timeout=3)
+    assert out.startswith(_event("Hel") + _event("lo"))
+    assert out.endswith(b"\n\n")
+    error = _last_event(out)["error"]
+    assert error["code"] == "upstream_timeout"
+    assert "0.15 s" in error["message"]
+    assert sse.failed is not None and sse.failed.status == 504
+    assert len(ends) == 1
+    assert DONE not in out
+
+
+async def test_stream_connection_drop_ends_with_failed_event(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    opened = await upstream.open_stream([backend], _request("stream_drop", stream=True), {})
+    sse = SseRelay(keep_usage_chunk=False)
+    ends: list[float] = []
+    out = await asyncio.wait_for(_drain(upstream, opened, sse, ends), timeout=3)
+    assert out.startswith(_event("Hel"))
+    error = _last_event(out)["error"]
+    assert error["code"] == "upstream_failed"
+    assert "`b`" in error["message"]
+    assert sse.failed is not None and sse.failed.status == 502
+    assert len(ends) == 1
+
+
+async def test_client_disconnect_mid_stream_finishes_once(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    opened = await upstream.open_stream([backend], _request("stream_stall", stream=True), {})
+    ends: list[float] = []
+    stream = upstream.relay(opened, SseRelay(keep_usage_chunk=False), ends.append)
+    events = aiter(stream)
+    assert await anext(events) == _event("Hel")
+    await events.aclose()  # the HTTP layer stops iterating
+    assert len(ends) == 1
+    await stream.aclose()  # ... and ends the stream again in its own `finally`
+    stream.end()
+    assert len(ends) == 1
+    assert opened.response.closed
+
+
+async def test_finish_runs_even_if_the_stream_is_never_iterated(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    opened = await upstream.open_stream([backend], _request("stream_ok", stream=True), {})
+    ends: list[float] = []
+    stream = upstream.relay(opened, SseRelay(keep_usage_chunk=False), ends.append)
+    await stream.aclose()  # the client went away before the response started
+    assert len(ends) == 1
+    assert opened.response.closed
+
+
+async def test_slow_client_does_not_count_as_an_upstream_stall(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    opened = await upstream.open_stream([backend], _request("stream_ok", stream=True), {})
+    sse = SseRelay(keep_usage_chunk=True)
+    ends: list[float] = []
+    out = b""
+    async for chunk in upstream.relay(opened, sse, ends.append):
+        if not out:
+            await asyncio.sleep(TIMEOUTS.between_chunks * 1.5)  # the client is slow to take the next chunk
+        out += chunk
+    assert out == _event("Hel") + _event("lo") + USAGE_EVENT + DONE
+    assert sse.failed is None
+    assert len(ends) == 1
