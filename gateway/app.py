@@ -62,6 +62,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         limit = request.route_handler.resolve_request_max_body_size() or 0
         return _gateway_error(request, body_too_large(limit))
     status = exc.status_code
+    if status >= 500:
+        log.error("%s on %s: %s", status, request.url.path, exc.detail, exc_info=exc)
     kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     message = exc.detail if status < 500 else "Internal gateway error."
     if status == 404:

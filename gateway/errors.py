@@ -92,6 +92,17 @@ def no_backend(model: str, why: str) -> GatewayError:
     )
 
 
+def ledger_unavailable(why: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The usage ledger cannot be read right now ({why}); requests are still served and their usage "
+        "is buffered. Retry shortly.",
+        "server_error",
+        code="ledger_unavailable",
+        headers={"retry-after": "1"},
+    )
+
+
 def upstream_failed(backend: str, why: str) -> GatewayError:
     return GatewayError(502, f"Backend `{backend}` failed: {why}.", "upstream_error", code="upstream_failed")
 

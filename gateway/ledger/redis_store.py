@@ -20,8 +20,14 @@ from itertools import islice
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.models import Backend
+from gateway.errors import ledger_unavailable
 from gateway.ledger.base import LedgerBase
 from gateway.ledger.costs import PAID, Counters, merge
 from gateway.ledger.keys import Keys
@@ -54,6 +60,10 @@ class RedisLedger(LedgerBase):
                 decode_responses=True,
                 socket_connect_timeout=options.redis_timeout,
                 socket_timeout=options.redis_timeout,
+                # A pooled connection that outlived a Redis restart fails once; one quick retry on a
+                # fresh connection hides that. Writes may be retried: each request id counts once.
+                retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 2),
+                retry_on_error=[RedisConnectionError, RedisTimeoutError],
             )
         self.client = client
         self.keys = Keys(options.key_prefix)
@@ -179,11 +189,14 @@ class RedisLedger(LedgerBase):
 
     async def _window(self, by: Dimension, buckets: list[int]) -> tuple[dict[str, Counters], dict[str, int]]:
         dims: tuple[str, ...] = (by,) if by == "backend" else (by, "backend")
-        async with self.client.pipeline(transaction=False) as pipe:
-            for start in buckets:
-                for dim in dims:
-                    pipe.hgetall(self.keys.bucket(start, dim))
-            replies = await pipe.execute()
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for start in buckets:
+                    for dim in dims:
+                        pipe.hgetall(self.keys.bucket(start, dim))
+                replies = await pipe.execute()
+        except RedisError as exc:
+            raise ledger_unavailable(f"Redis: {exc}") from exc
         counters: dict[str, Counters] = {}
         paid: dict[str, int] = {}
         for i, reply in enumerate(replies):
@@ -197,7 +210,10 @@ class RedisLedger(LedgerBase):
         return counters, paid
 
     async def read_totals(self, by: Dimension) -> dict[str, Totals]:
-        raw: dict[str, str] = await self.client.hgetall(self.keys.totals(by))
+        try:
+            raw: dict[str, str] = await self.client.hgetall(self.keys.totals(by))
+        except RedisError as exc:
+            raise ledger_unavailable(f"Redis: {exc}") from exc
         counters: dict[str, Counters] = {}
         for field, value in raw.items():
             metric, _, name = field.partition("|")

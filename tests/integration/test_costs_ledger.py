@@ -109,7 +109,9 @@ def wait_for_totals(base_url: str, sent: Sent, timeout: float = 15.0) -> dict[st
     expected = {key_id(k): v for k, v in sent.by_key().items()}
     deadline = time.monotonic() + timeout
     while True:
-        rows = httpx.get(base_url + "/admin/v1/usage?by=key").json()["data"]
+        reply = httpx.get(base_url + "/admin/v1/usage?by=key")
+        assert reply.status_code == 200, reply.text
+        rows = reply.json()["data"]
         got = {r["name"]: (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows}
         if got == expected:
             return {r["name"]: r for r in rows}
@@ -280,6 +282,7 @@ def test_zero_tokens_lost_across_a_redis_restart(fleet: Fleet, tmp_path: Path) -
             kill()
             time.sleep(1.2)
             during = httpx.get(gateway + "/ready").json()["ledger"]
+            unreadable = httpx.get(gateway + "/admin/v1/usage?by=key")
             restart()
             time.sleep(0.6)
             stop.set()
@@ -287,6 +290,9 @@ def test_zero_tokens_lost_across_a_redis_restart(fleet: Fleet, tmp_path: Path) -
                 t.join(timeout=15)
             assert not failures, failures  # accounting never fails a client request
             assert during["flush_errors"] >= 1 and during["buffered"] > 0
+            assert unreadable.status_code == 503, unreadable.text
+            assert unreadable.json()["error"]["code"] == "ledger_unavailable"
+            # the first read after the restart already succeeds: stale pooled connections are retried
             wait_for_totals(gateway, sent)
             assert len(sent.usage) > 20
             assert httpx.get(gateway + "/ready").json()["ledger"]["dropped"] == 0

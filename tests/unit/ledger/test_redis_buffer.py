@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from gateway.errors import GatewayError
 from gateway.ledger.redis_store import RedisLedger
 from gateway.settings import LedgerOptions
 from tests.support import free_port
@@ -29,6 +30,18 @@ async def test_records_wait_in_the_buffer_while_redis_is_down() -> None:
     stats = ledger.stats()
     assert (stats["buffered"], stats["dropped"], stats["flush_errors"]) == (50, 0, 1)
     assert stats["last_error"]
+    await ledger.client.aclose()
+
+
+async def test_reads_while_redis_is_down_are_a_503_in_openai_shape() -> None:
+    ledger = _unreachable()
+    with pytest.raises(GatewayError) as totals:
+        await ledger.read_totals("key")
+    with pytest.raises(GatewayError) as costs:
+        await ledger.costs("backend", "15m")
+    for error in (totals.value, costs.value):
+        assert error.status == 503 and error.body.code == "ledger_unavailable"
+        assert error.headers == {"retry-after": "1"}
     await ledger.client.aclose()
 
 
