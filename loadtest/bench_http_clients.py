@@ -1,10 +1,12 @@
-"""httpx.AsyncClient vs aiohttp.ClientSession as the forwarding client of a bare Litestar proxy.
+"""httpx.AsyncClient vs aiohttp.ClientSession vs Switchyard's own backend client as the forwarding client
+of a bare Litestar proxy.
 
 What it measures
     One bare Litestar proxy (``POST /v1/chat/completions``: read the body bytes, forward them upstream,
-    return upstream's status and bytes) is run twice, as two server processes: once forwarding with one
+    return upstream's status and bytes) is run as three server processes: once forwarding with one
     shared ``httpx.AsyncClient`` (pooled keep-alive, limits = ``--connections``), once with one shared
-    ``aiohttp.ClientSession`` (``TCPConnector(limit=--connections)``, keep-alive).  For each it measures
+    ``aiohttp.ClientSession`` (``TCPConnector(limit=--connections)``, keep-alive), once with the gateway's
+    ``BackendClient`` (gateway/request/backend_http.py, the same pool size).  For each it measures
 
     * ``json``   - non-streaming: ~200-token request, upstream answers a fixed chat.completion with usage;
     * ``stream`` - the same request with ``"stream": true``: upstream answers 64 ``chat.completion.chunk``
@@ -31,9 +33,9 @@ How to read the output
     most stable figure; it is what the gateway pays per request for the client library plus framework.
     ``proxy CPU%``: share of its core the proxy used; well under 100 means it was not the bottleneck
     (the load side or other processes on the machine were), so its req/s understates it.
-    ``aiohttp/httpx``: ratio of the two rows; > 1 for req/s means aiohttp is faster, < 1 for latency and
-    CPU means aiohttp is cheaper.  Figures move 10-40 % between runs on a shared VM: compare rows of one
-    run, and use ``--reps N`` (median of N alternating rounds) when the difference is small.
+    ``aiohttp/httpx``, ``switchyard/httpx``: ratios against the httpx row; > 1 for req/s means faster,
+    < 1 for latency and CPU means cheaper.  Figures move 10-40 % between runs on a shared VM: compare rows
+    of one run, and use ``--reps N`` (median of N alternating rounds) when the difference is small.
 
 Usage: ``python -m loadtest.bench_http_clients [--duration 10] [--connections 64]
 [--server uvicorn|granian] [--json out.json]`` (``make bench-clients ARGS="..."``).
@@ -70,7 +72,7 @@ from loadtest._bench_util import (
 )
 
 MODULE = "loadtest.bench_http_clients"
-CLIENTS = ("httpx", "aiohttp")
+CLIENTS = ("httpx", "aiohttp", "switchyard")
 MODES = ("json", "stream")
 CHAT_PATH = "/v1/chat/completions"
 RESULT_MARK = "BENCHJSON "
@@ -275,11 +277,58 @@ class AiohttpForwarder:
         return resp.status, resp.headers.get("Content-Type", "text/event-stream"), relay()
 
 
+class SwitchyardForwarder:
+    """The gateway's own backend client (gateway/request/backend_http.py), pool sized for ``connections``."""
+
+    def __init__(self, connections: int) -> None:
+        self._connections = connections
+        self._client: Any = None
+
+    async def start(self) -> None:
+        from gateway.request.backend_http import BackendClient
+
+        self._client = BackendClient(limit_per_backend=self._connections, keepalive=60.0)
+
+    async def close(self) -> None:
+        self._client.close()
+
+    def _split(self, url: str) -> tuple[str, str]:
+        base, _, path = url.partition(CHAT_PATH)
+        return base, CHAT_PATH + path
+
+    async def fetch(self, url: str, body: bytes) -> tuple[int, str, bytes]:
+        base, path = self._split(url)
+        resp = await self._client.post(base, path, _SWITCHYARD_HEADERS, body, 30.0)
+        data = await resp.read()
+        resp.release()
+        return resp.status, resp.headers.get("content-type", "application/json"), data
+
+    async def open_stream(self, url: str, body: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        base, path = self._split(url)
+        resp = await self._client.post(base, path, _SWITCHYARD_HEADERS, body, 30.0)
+
+        async def relay() -> AsyncIterator[bytes]:
+            completed = False
+            try:
+                while piece := await resp.readany():
+                    yield piece
+                completed = True
+            finally:
+                resp.release() if completed else resp.close()
+
+        return resp.status, resp.headers.get("content-type", "text/event-stream"), relay()
+
+
+_SWITCHYARD_HEADERS = b"Content-Type: application/json\r\n"
+
+
 def make_forwarder(client: str, connections: int) -> Forwarder:
     if client == "httpx":
         return HttpxForwarder(connections)
     if client == "aiohttp":
         return AiohttpForwarder(connections)
+    if client == "switchyard":
+        return SwitchyardForwarder(connections)
     raise ValueError(f"unknown client {client!r}")
 
 
@@ -720,14 +769,18 @@ def _summarise(
     load_cpu: int,
 ) -> dict[str, Any]:
     results = {c: {m: asdict(_median_phase(p)) for m, p in modes.items()} for c, modes in runs.items()}
-    ratios: dict[str, dict[str, float]] = {}
-    if "httpx" in results and "aiohttp" in results:
-        for mode in config.modes:
-            base, other = results["httpx"][mode], results["aiohttp"][mode]
-            ratios[mode] = {
-                key: (other[key] / base[key]) if base[key] else float("nan")
-                for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")
-            }
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    if "httpx" in results:
+        for client in results:
+            if client == "httpx":
+                continue
+            ratios[client] = {}
+            for mode in config.modes:
+                base, other = results["httpx"][mode], results[client][mode]
+                ratios[client][mode] = {
+                    key: (other[key] / base[key]) if base[key] else float("nan")
+                    for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")
+                }
     return {
         "config": asdict(config),
         "environment": {
@@ -739,7 +792,7 @@ def _summarise(
             "python": sys.version.split()[0],
         },
         "results": results,
-        "ratios_aiohttp_over_httpx": ratios,
+        "ratios_over_httpx": ratios,
         "all_reps": {c: {m: [asdict(p) for p in ps] for m, ps in modes.items()} for c, modes in runs.items()},
     }
 
@@ -787,12 +840,13 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{mode:7} {client:14} {r['rps']:9.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
                 f"{r['cpu_us_per_req']:11.0f} {r['proxy_cpu_pct']:10.0f} {r['errors']:7d}"
             )
-        ratio = report["ratios_aiohttp_over_httpx"].get(mode)
-        if ratio:
-            lines.append(
-                f"{mode:7} {'aiohttp/httpx':14} {ratio['rps']:9.2f} {ratio['p50_ms']:8.2f} "
-                f"{ratio['p99_ms']:8.2f} {ratio['cpu_us_per_req']:11.2f}"
-            )
+        for client, by_mode in report["ratios_over_httpx"].items():
+            ratio = by_mode.get(mode)
+            if ratio:
+                lines.append(
+                    f"{mode:7} {client + '/httpx':14} {ratio['rps']:9.2f} {ratio['p50_ms']:8.2f} "
+                    f"{ratio['p99_ms']:8.2f} {ratio['cpu_us_per_req']:11.2f}"
+                )
     return "\n".join(lines)
 
 
@@ -816,7 +870,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None]:
     p.add_argument("--warmup", type=float, default=3.0, help="discarded warm-up seconds (0 = none)")
     p.add_argument("--connections", type=int, default=64, help="concurrent client connections")
     p.add_argument("--server", choices=("uvicorn", "granian"), default="uvicorn")
-    p.add_argument("--clients", type=_csv(CLIENTS), default=CLIENTS, help="default: httpx,aiohttp")
+    p.add_argument("--clients", type=_csv(CLIENTS), default=CLIENTS, help="default: httpx,aiohttp,switchyard")
     p.add_argument("--modes", type=_csv(MODES), default=MODES, help="default: json,stream")
     p.add_argument("--reps", type=int, default=1, help="alternating rounds; the table shows medians")
     p.add_argument("--upstream", choices=("auto", "nginx", "aiohttp"), default="auto")

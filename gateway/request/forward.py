@@ -1,8 +1,9 @@
 """Step 4: send the request to a backend and bring its answer back.
 
-aiohttp, not httpx, carries this hop: on one core it forwards several times more requests per second
-(`make bench-clients`; figures in the README's design notes). One `ClientSession` with pooled keep-alive
-connections lives as long as the app.
+The hop itself is gateway/request/backend_http.py: pooled keep-alive HTTP/1.1 connections, parsed by
+httptools, as cheap per request as we could make it (`make bench-clients`; figures in the README's design
+notes). One aiohttp `ClientSession` lives beside it for the calls off the request path (health checks,
+`/metrics` scrapes, `/tokenize`).
 
 Timeouts (per class, gateway/request/limits.py): `connect` bounds opening a connection; `first_byte`
 bounds one attempt's wait for the whole answer (non-streaming) or the first chunk (streaming);
@@ -34,6 +35,13 @@ from gateway.errors import (
     normalise_upstream_error,
     upstream_failed,
     upstream_timeout,
+)
+from gateway.request.backend_http import (
+    BackendClient,
+    ConnectFailed,
+    ConnectTimeout,
+    Response,
+    UpstreamError,
 )
 from gateway.request.limits import RETRY_STATUSES, Limits, RetryBudget, resolve_limits, retry_after_seconds
 from gateway.request.parse import UPSTREAM_PATHS, ParsedRequest
@@ -69,7 +77,7 @@ class OpenStream:
 
     backend: Backend
     concurrency: int
-    response: aiohttp.ClientResponse
+    response: Response
     first_chunk: bytes
     started_at: float
     first_byte_at: float
@@ -97,7 +105,7 @@ class _GapWatchdog:
 
     def __init__(
         self,
-        response: aiohttp.ClientResponse,
+        response: Response,
         limit: float,
         loop: asyncio.AbstractEventLoop,
         deadline: float | None = None,
@@ -177,7 +185,8 @@ class Upstream:
         """The limits of a request whose class sets none of its own."""
         self.budget = RetryBudget(retries)
         self._session: aiohttp.ClientSession | None = None
-        self._base_headers: dict[str, dict[str, str]] = {}
+        self._client = BackendClient(max_connections_per_backend, _KEEPALIVE_SECONDS)
+        self._base_headers: dict[str, bytes] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -231,20 +240,22 @@ class Upstream:
         return count if isinstance(count, int) and count >= 0 else None
 
     async def close(self) -> None:
+        self._client.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    def _headers(self, backend: Backend, forwarded: dict[str, str]) -> dict[str, str]:
+    def _headers(self, backend: Backend, forwarded: dict[str, str]) -> bytes:
+        """The request's header lines for `backend` (Host and Content-Length are the client's)."""
         base = self._base_headers.get(backend.name)
         if base is None:
-            base = {"Content-Type": "application/json"}
+            lines = "Content-Type: application/json\r\n"
             if backend.api_key:
-                base["Authorization"] = f"Bearer {backend.api_key}"
-            self._base_headers[backend.name] = base
-        headers = base.copy()
-        headers.update(forwarded)
-        return headers
+                lines += f"Authorization: Bearer {backend.api_key}\r\n"
+            base = self._base_headers[backend.name] = lines.encode("latin-1")
+        if not forwarded:
+            return base
+        return base + "".join([f"{k}: {v}\r\n" for k, v in forwarded.items()]).encode("latin-1")
 
     async def _exchange(
         self,
@@ -254,7 +265,7 @@ class Upstream:
         limits: Limits,
         attempt: _Attempt,
         trace: RequestTrace | None = None,
-    ) -> tuple[aiohttp.ClientResponse, bytes, float, int, int]:
+    ) -> tuple[Response, bytes, float, int, int]:
         """Send to the candidates in order until one gives an answer worth passing on.
 
         Returns (response, body or first chunk, started, concurrency, attempts). `attempt` holds the
@@ -263,6 +274,7 @@ class Upstream:
         With a `trace`, each attempt is a span whose context the backend receives (`traceparent`).
         """
         loop = asyncio.get_running_loop()
+        client = self._client
         url_path = UPSTREAM_PATHS[parsed.endpoint]
         stream = parsed.stream
         budget = self.budget
@@ -290,35 +302,35 @@ class Upstream:
                     break
             started = loop.time()
             attempt.hold(backend)
-            response: aiohttp.ClientResponse | None = None
-            headers = self._headers(backend, forwarded)
-            span = trace.attempt(backend, tries, headers) if trace is not None else None
+            response: Response | None = None
+            if trace is not None:
+                sent = dict(forwarded)
+                span = trace.attempt(backend, tries, sent)
+            else:
+                sent, span = forwarded, None
             try:
                 async with asyncio.timeout(wait):
-                    response = await self.session.post(
-                        backend.url + url_path,
-                        data=parsed.body,
-                        headers=headers,
-                        timeout=limits.connect,
+                    response = await client.post(
+                        backend.url, url_path, self._headers(backend, sent), parsed.body, limits.connect
                     )
                     status = response.status
                     if status < 300 and stream:
                         if response.content_type != "text/event-stream":
                             why = f"it answered a stream request with {response.content_type}, not events"
                             raise upstream_failed(backend.name, why)
-                        payload = await response.content.readany()
+                        payload = await response.readany()
                     else:
                         payload = await response.read()
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            except (ConnectFailed, ConnectTimeout) as exc:
                 attempt.release()
-                refused = isinstance(exc, aiohttp.ClientConnectorError)
-                why = f"connection to {backend.url} failed ({exc.__class__.__name__})"
+                refused = isinstance(exc, ConnectFailed)
+                why = f"connection to {backend.url} failed ({exc.__class__.__name__}: {exc})"
                 breaker.failure(why, at_once=refused)
                 error = upstream_failed(backend.name, why)
                 if span is not None:
                     _end_span(span, None, f"{exc.__class__.__name__}: {why}")
                 continue
-            except aiohttp.ClientError as exc:
+            except UpstreamError as exc:
                 _close(response)
                 attempt.release()
                 why = f"{exc.__class__.__name__}: {exc}"
@@ -347,7 +359,7 @@ class Upstream:
             if status in RETRY_STATUSES:
                 response.release()
                 attempt.release()
-                retry_after = response.headers.get("Retry-After")
+                retry_after = response.headers.get("retry-after")
                 if retry_after is not None:
                     breaker.pause(retry_after_seconds(retry_after))
                 if status == 429:
@@ -391,7 +403,7 @@ class Upstream:
             concurrency=concurrency,
             status=response.status,
             body=body,
-            content_type=response.headers.get("Content-Type", "application/json"),
+            content_type=response.headers.get("content-type", "application/json"),
             started_at=started,
             first_byte_at=asyncio.get_running_loop().time(),
             attempts=tries,
@@ -433,7 +445,7 @@ def _end_span(span: object, status: int | None, error: str | None = None) -> Non
     RequestTrace.attempt_done(span, status, error)
 
 
-def _close(response: aiohttp.ClientResponse | None) -> None:
+def _close(response: Response | None) -> None:
     if response is not None:
         response.close()
 
@@ -484,12 +496,12 @@ class RelayedStream:
             out = sse.feed(stream.first_chunk)
             if out:
                 yield out
-            content = stream.response.content
+            read = stream.response.readany
             while True:
                 watchdog.waiting_since = loop.time()
                 try:
-                    data = await content.readany()
-                except aiohttp.ClientError as exc:
+                    data = await read()
+                except UpstreamError as exc:
                     name = stream.backend.name
                     if watchdog.past_total:
                         error = upstream_timeout(name, 0, "the whole answer within its total timeout")

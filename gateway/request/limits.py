@@ -14,8 +14,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import aiohttp
-
 from gateway.settings import Retries, Timeouts
 from policies.config import Backpressure, Route, Saturation
 
@@ -25,7 +23,7 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    connect: aiohttp.ClientTimeout
+    connect: float
     first_byte: float
     between_chunks: float
     total: float | None
@@ -38,7 +36,7 @@ def resolve_limits(timeouts: Timeouts, retries: Retries, route: Route | None = N
     o = route.timeouts if route is not None else None
     connect = (o and o.connect) or timeouts.connect
     return Limits(
-        connect=aiohttp.ClientTimeout(total=None, sock_connect=connect),
+        connect=connect,
         first_byte=(o and o.first_byte) or timeouts.first_byte,
         between_chunks=(o and o.between_chunks) or timeouts.between_chunks,
         total=(o and o.total) or timeouts.total,

@@ -30,7 +30,7 @@ def test_payloads_are_valid_answers() -> None:
 def test_parse_args_defaults_and_limits() -> None:
     config, json_path = bench.parse_args([])
     assert (config.duration, config.connections, config.server) == (10.0, 64, "uvicorn")
-    assert config.clients == ("httpx", "aiohttp") and json_path is None
+    assert config.clients == ("httpx", "aiohttp", "switchyard") and json_path is None
     with pytest.raises(SystemExit):
         bench.parse_args(["--duration", "0"])
 
@@ -60,8 +60,11 @@ def test_tiny_run_with_fallbacks(tmp_path) -> None:
             assert phase["requests"] > 0 and phase["errors"] == 0, phase
             for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req"):
                 assert phase[key] > 0, (client, mode, key, phase)
-    for ratios in report["ratios_aiohttp_over_httpx"].values():
-        assert all(math.isfinite(v) and v > 0 for v in ratios.values())
+    assert set(report["ratios_over_httpx"]) == {"aiohttp", "switchyard"}
+    for by_mode in report["ratios_over_httpx"].values():
+        for ratios in by_mode.values():
+            assert all(math.isfinite(v) and v > 0 for v in ratios.values())
     table = bench.format_table(report)
-    assert "aiohttp/httpx" in table and "upstream=aiohttp loadgen=aiohttp" in table
+    assert "aiohttp/httpx" in table and "switchyard/httpx" in table
+    assert "upstream=aiohttp loadgen=aiohttp" in table
     (tmp_path / "out.json").write_text(json.dumps(report))  # the report is JSON-serialisable
