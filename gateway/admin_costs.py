@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromQuery
 
 from gateway.errors import invalid_request
 from gateway.ledger.costs import WINDOWS, format_cost_table
@@ -19,7 +20,9 @@ from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 
 def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
     @get("/admin/v1/costs", name="costs")
-    async def costs(by: str = "backend", window: str = "15m", format: str = "json") -> Response[Any]:
+    async def costs(
+        by: FromQuery[str] = "backend", window: FromQuery[str] = "15m", format: FromQuery[str] = "json"
+    ) -> Response[Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
         if window not in WINDOWS:

@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromQuery
 
 from gateway.errors import invalid_request, model_not_found
 from gateway.request.classify import classify
@@ -36,7 +37,7 @@ def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         return body
 
     @post("/admin/v1/explain", name="explain", status_code=200)
-    async def explain(request: Request[Any, Any, Any], endpoint: str = "chat") -> dict[str, Any]:
+    async def explain(request: Request[Any, Any, Any], endpoint: FromQuery[str] = "chat") -> dict[str, Any]:
         """Route the posted OpenAI request body without sending it: class, candidates, scores, choice."""
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")

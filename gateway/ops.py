@@ -10,6 +10,7 @@ from typing import Any
 
 from litestar import Response, get, post
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, FromQuery
 
 from backends.catalog import Catalog
 from backends.models import Backend
@@ -38,7 +39,7 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         return Response(body, status_code=200 if healthy else 503)
 
     @get("/admin/v1/usage", name="usage")
-    async def usage(by: str = "backend") -> dict[str, Any]:
+    async def usage(by: FromQuery[str] = "backend") -> dict[str, Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
         dimension: Dimension = by  # type: ignore[assignment]
@@ -52,7 +53,7 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         }
 
     @get("/admin/v1/requests", name="recent-requests")
-    async def recent_requests(limit: int = 100) -> dict[str, Any]:
+    async def recent_requests(limit: FromQuery[int] = 100) -> dict[str, Any]:
         if not 1 <= limit <= 1000:
             raise invalid_request("`limit` must be between 1 and 1000.", param="limit")
         return {"data": [asdict(record) for record in ledger.recent(limit)]}
@@ -104,7 +105,7 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         }
 
     @post("/admin/v1/backends/{name:str}/drain", name="drain", status_code=200)
-    async def drain(name: str) -> dict[str, Any]:
+    async def drain(name: FromPath[str]) -> dict[str, Any]:
         """No new requests; those in flight finish. Lasts until undrained (or the gateway restarts)."""
         backend = find(name)
         if not backend.draining:
@@ -114,7 +115,7 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         return backend_state(backend)
 
     @post("/admin/v1/backends/{name:str}/undrain", name="undrain", status_code=200)
-    async def undrain(name: str) -> dict[str, Any]:
+    async def undrain(name: FromPath[str]) -> dict[str, Any]:
         backend = find(name)
         if backend.draining:
             log.warning("backend %s undrained by an operator", name)
