@@ -823,7 +823,7 @@ def format_table(report: dict[str, Any]) -> str:
     env = report["environment"]
     cfg = report["config"]
     head = (
-        f"{'mode':7} {'client':14} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'mode':7} {'client':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'CPU us/req':>11} {'proxy CPU%':>10} {'errors':>7}"
     )
     lines = [
@@ -837,14 +837,14 @@ def format_table(report: dict[str, Any]) -> str:
         for client in cfg["clients"]:
             r = report["results"][client][mode]
             lines.append(
-                f"{mode:7} {client:14} {r['rps']:9.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+                f"{mode:7} {client:16} {r['rps']:9.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
                 f"{r['cpu_us_per_req']:11.0f} {r['proxy_cpu_pct']:10.0f} {r['errors']:7d}"
             )
         for client, by_mode in report["ratios_over_httpx"].items():
             ratio = by_mode.get(mode)
             if ratio:
                 lines.append(
-                    f"{mode:7} {client + '/httpx':14} {ratio['rps']:9.2f} {ratio['p50_ms']:8.2f} "
+                    f"{mode:7} {client + '/httpx':16} {ratio['rps']:9.2f} {ratio['p50_ms']:8.2f} "
                     f"{ratio['p99_ms']:8.2f} {ratio['cpu_us_per_req']:11.2f}"
                 )
     return "\n".join(lines)
