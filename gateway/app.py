@@ -31,7 +31,7 @@ from policies.framework import Router
 from policies.least_inflight import LeastInflight
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("switchyard")
 
@@ -84,10 +84,14 @@ def default_router(settings: Settings) -> Router:
 
 
 def wire_telemetry(
-    settings: Settings, pipeline: Pipeline, tracer_provider: TracerProvider | None = None
+    settings: Settings, pipeline: Pipeline, span_exporter: SpanExporter | None = None
 ) -> Telemetry:
-    """Metrics, access log and tracing as `settings.telemetry` says; what is off is left out entirely."""
+    """Metrics, access log and tracing as `settings.telemetry` says; what is off is left out entirely.
+
+    `span_exporter` (tests) turns tracing on and exports in-process instead of through the child.
+    """
     options = settings.telemetry
+    pipeline.tracing = build_tracing(options.tracing, span_exporter)
     metrics = None
     if options.metrics:
         metrics = Metrics(
@@ -95,6 +99,7 @@ def wire_telemetry(
             pipeline.ledger,
             router=lambda: pipeline.router,
             queued=lambda: pipeline.queued,
+            spans=lambda: pipeline.tracing.shipper.stats() if pipeline.tracing is not None else None,
         )
     access = options.access_log
     access_log = AccessLog.open(access.destination, access.include_prompts) if access.enabled else None
@@ -102,7 +107,6 @@ def wire_telemetry(
     if metrics is not None or access_log is not None:
         pipeline.telemetry = telemetry
         pipeline.recorded = telemetry.recorded
-    pipeline.tracing = build_tracing(options.tracing, tracer_provider)
     return telemetry
 
 
@@ -114,7 +118,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         settings: Settings,
         router: Router | None = None,
         ledger: Ledger | None = None,
-        tracer_provider: TracerProvider | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> None:
         self.settings = settings
         catalog = Catalog(settings.backends)
@@ -124,7 +128,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         upstream = Upstream(server.timeouts, server.max_connections_per_backend, server.retries)
         ledger = ledger or build_ledger(settings.ledger, catalog.backends)
         self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
-        self.telemetry = wire_telemetry(settings, pipeline, tracer_provider)
+        self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         pipeline = self.pipeline

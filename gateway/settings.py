@@ -127,7 +127,8 @@ class Tracing(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     enabled: bool = False
     exporter: Literal["otlp", "none"] = "otlp"
-    """`none` builds every span and drops it (benchmarks: the cost of tracing without a collector)."""
+    """`none` builds every span and drops it (benchmarks: the cost of tracing without a collector).
+    Either way spans are built and exported by a child process, off the gateway's event loop."""
     endpoint: Annotated[str, msgspec.Meta(pattern=r"^https?://")] = "http://127.0.0.1:4318/v1/traces"
     protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
     """`grpc` needs `opentelemetry-exporter-otlp-proto-grpc` installed (and an endpoint like :4317)."""
@@ -135,6 +136,8 @@ class Tracing(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     service_name: Annotated[str, msgspec.Meta(min_length=1)] = "switchyard"
     sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
     """Of requests without an incoming sampled `traceparent` (an incoming one's decision is kept)."""
+    max_queue: Annotated[int, msgspec.Meta(ge=1)] = 20_000
+    """Finished traces waiting to be shipped; past it new ones are dropped and counted."""
 
 
 class AccessLog(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

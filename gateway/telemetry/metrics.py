@@ -90,8 +90,10 @@ class Metrics:
         ledger: Ledger | None = None,
         router: Callable[[], object] | None = None,
         queued: Callable[[], int] | None = None,
+        spans: Callable[[], dict[str, int] | None] | None = None,
     ) -> None:
         self._backends = list(backends)
+        self._spans = spans
         self._by_backend = {b.name: (b, _BackendCells()) for b in self._backends}
         self._series: dict[tuple[str, str, str, str, str], _Series] = {}
         self._errors: dict[tuple[str, int, str], int] = {}
@@ -248,6 +250,30 @@ class Metrics:
             ):
                 head(name, "counter", f"Ledger {key.replace('_', ' ')}.")
                 add(f"{name} {stats.get(key) or 0}")
+        spans = self._spans() if self._spans is not None else None
+        if spans is not None:
+            for key, name, kind, text in (
+                (
+                    "exported",
+                    "switchyard_trace_spans_exported_total",
+                    "counter",
+                    "Spans handed to the exporter.",
+                ),
+                (
+                    "dropped",
+                    "switchyard_trace_spans_dropped_total",
+                    "counter",
+                    "Spans dropped (queue full or exporter gone).",
+                ),
+                (
+                    "queued",
+                    "switchyard_trace_traces_queued",
+                    "gauge",
+                    "Finished traces waiting to be shipped.",
+                ),
+            ):
+                head(name, kind, text)
+                add(f"{name} {spans[key]}")
         head("switchyard_start_time_seconds", "gauge", "Unix time the gateway started.")
         add(f"switchyard_start_time_seconds {self.started:.3f}")
 

@@ -9,27 +9,47 @@
 
 An incoming W3C `traceparent` (and `tracestate`) makes the request span its child, sampled as the caller
 decided; each attempt sends the backend its own span's context, so vLLM's spans hang under the attempt.
+Without one, `sample_ratio` decides, exactly as the SDK's `ParentBased(TraceIdRatioBased(ratio))`.
 
-Nothing here runs when tracing is off: the pipeline checks one attribute and takes the untraced path, so
-no span object, context or timestamp is made. Spans get explicit start and end times instead of being
-made current, so no context variable is touched on the request path either. The SDK's
-`BatchSpanProcessor` exports in a background thread.
+The request path makes no SDK object. A request's spans are tuples in a list, and the finished trace is
+appended to a `SpanShipper`'s batch; a background thread sends batches to the span-export child process
+(gateway/telemetry/span_export.py), which builds the SDK spans and runs the OTLP exporter on another core
+(or, with an exporter object passed in, builds and exports them in the thread: tests). An unsampled
+request records nothing and still passes its context (flags 00) to the backend. With tracing off,
+nothing here runs: the pipeline checks one attribute.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import logging
-from typing import TYPE_CHECKING, Any
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from random import getrandbits
+from time import time_ns
+from typing import IO, TYPE_CHECKING, Any
 
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.span import TraceState
+import msgspec
+
+from gateway.telemetry.span_export import (
+    CLIENT,
+    INTERNAL,
+    SERVER,
+    TraceRecord,
+    frame,
+    to_readable_spans,
+)
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
     from backends.models import Backend
     from gateway.ledger.records import UsageRecord
     from gateway.request.classify import Caller, RequestProfile
@@ -41,22 +61,21 @@ log = logging.getLogger("switchyard.telemetry")
 OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 """`gen_ai.operation.name` per endpoint (OpenTelemetry GenAI semantic conventions)."""
 
-_SERVER, _CLIENT, _INTERNAL = SpanKind.SERVER, SpanKind.CLIENT, SpanKind.INTERNAL
-_ERROR = StatusCode.ERROR
+_MASK64 = (1 << 64) - 1
+_OK, _ERROR = 0, 2  # status codes in records: unset, error (see span_export.STATUSES)
 
 
-class DropSpans(SpanExporter):
-    """An exporter that drops everything: the cost of tracing without a collector (benchmarks)."""
+class Parent(msgspec.Struct, frozen=True):
+    """The caller's span, from a W3C `traceparent` (`00-<trace>-<span>-<flags>`)."""
 
-    def export(self, spans: Any) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
+    trace_id: int
+    span_id: int
+    sampled: bool
+    tracestate: str | None = None
 
-    def shutdown(self) -> None:
-        return None
 
-
-def parent_context(forwarded: dict[str, str]) -> Any:
-    """The caller's trace context from a W3C `traceparent` (`00-<trace>-<span>-<flags>`), or None."""
+def parent_context(forwarded: dict[str, str]) -> Parent | None:
+    """The caller's trace context, or None when there is none or it is malformed."""
     header = forwarded.get("traceparent")
     if header is None:
         return None
@@ -69,107 +88,171 @@ def parent_context(forwarded: dict[str, str]) -> Any:
         return None
     if not trace_id or not span_id:
         return None
-    state = forwarded.get("tracestate")
-    context = SpanContext(
-        trace_id,
-        span_id,
-        is_remote=True,
-        trace_flags=TraceFlags(flags & 1),
-        trace_state=TraceState.from_header([state]) if state else None,
-    )
-    return trace.set_span_in_context(NonRecordingSpan(context))
+    return Parent(trace_id, span_id, bool(flags & 1), forwarded.get("tracestate"))
 
 
 class Tracing:
-    """The tracer requests use; owns the provider (flushed and shut down with the app)."""
+    """Starts request traces and owns where finished ones go."""
 
-    def __init__(self, provider: TracerProvider, own_provider: bool = True) -> None:
-        self.provider = provider
-        self.tracer = provider.get_tracer("switchyard")
-        self._own = own_provider
+    __slots__ = ("_bound", "shipper")
 
-    def start(self, endpoint: str, caller: Caller) -> RequestTrace:
-        return RequestTrace(self.tracer, endpoint, caller)
+    def __init__(self, shipper: SpanShipper, sample_ratio: float = 1.0) -> None:
+        self.shipper = shipper
+        self._bound = round(sample_ratio * (1 << 64))
+        """TraceIdRatioBased: sampled when the trace id's low 64 bits are below this."""
+
+    def start(self, endpoint: str, caller: Caller) -> RequestTrace | UnsampledTrace:
+        parent = parent_context(caller.forwarded) if "traceparent" in caller.forwarded else None
+        if parent is not None:
+            trace_id, sampled = parent.trace_id, parent.sampled
+        else:
+            trace_id = getrandbits(128) or 1
+            sampled = (trace_id & _MASK64) < self._bound
+        if not sampled:
+            return UnsampledTrace(trace_id, parent.tracestate if parent is not None else None)
+        return RequestTrace(self.shipper, trace_id, parent, endpoint, caller.request_id)
+
+    def force_flush(self, timeout: float = 5.0) -> bool:
+        return self.shipper.flush(timeout)
 
     def shutdown(self) -> None:
-        if self._own:
-            self.provider.shutdown()
-        else:
-            self.provider.force_flush()
+        self.shipper.close()
 
 
-def build_tracing(options: TracingOptions, provider: TracerProvider | None = None) -> Tracing | None:
-    """Tracing as configured (None when off); `provider` replaces the configured one (tests)."""
-    if provider is not None:
-        return Tracing(provider, own_provider=False)
-    if not options.enabled:
+def build_tracing(options: TracingOptions, exporter: SpanExporter | None = None) -> Tracing | None:
+    """Tracing as configured (None when off); `exporter` exports in-process instead of a child (tests)."""
+    if exporter is not None:
+        shipper: SpanShipper = InProcessShipper(exporter, options.service_name, options.max_queue)
+    elif not options.enabled:
         return None
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": options.service_name}),
-        sampler=ParentBased(TraceIdRatioBased(options.sample_ratio)),
-    )
-    provider.add_span_processor(BatchSpanProcessor(_exporter(options)))
-    return Tracing(provider)
+    else:
+        shipper = ChildProcessShipper(_child_settings(options), options.max_queue)
+    shipper.start()
+    return Tracing(shipper, options.sample_ratio if exporter is None or options.enabled else 1.0)
 
 
-def _exporter(options: TracingOptions) -> SpanExporter:
-    if options.exporter == "none":
-        return DropSpans()
-    if options.protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-        except ImportError as exc:
-            raise RuntimeError(
-                "telemetry.tracing.protocol is grpc: pip install opentelemetry-exporter-otlp-proto-grpc"
-            ) from exc
-        return Grpc(endpoint=options.endpoint, headers=dict(options.headers) or None)  # type: ignore[no-any-return]
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+def _child_settings(options: TracingOptions) -> dict[str, Any]:
+    return {
+        "exporter": options.exporter,
+        "protocol": options.protocol,
+        "endpoint": options.endpoint,
+        "headers": dict(options.headers),
+        "service_name": options.service_name,
+    }
 
-    return OTLPSpanExporter(endpoint=options.endpoint, headers=dict(options.headers) or None)
+
+class UnsampledTrace:
+    """A request the sampler left out: nothing is recorded, the context still reaches the backend."""
+
+    __slots__ = ("_prefix", "_tracestate")
+
+    def __init__(self, trace_id: int, tracestate: str | None) -> None:
+        self._prefix = f"00-{trace_id:032x}-"
+        self._tracestate = tracestate
+
+    def classified(self, profile: RequestProfile, start_ns: int, end_ns: int) -> None:
+        return None
+
+    def routed(self, decision: Decision, start_ns: int, end_ns: int) -> None:
+        return None
+
+    def attempt(self, backend: Backend, number: int, headers: dict[str, str]) -> None:
+        headers["traceparent"] = f"{self._prefix}{getrandbits(64) or 1:016x}-00"
+        if self._tracestate:
+            headers["tracestate"] = self._tracestate
+
+    def finish(self, record: UsageRecord, account_start_ns: int, account_end_ns: int, attempts: int) -> None:
+        return None
+
+    def fail(self, status: int, code: str | None, message: str) -> None:
+        return None
+
+
+class AttemptSpan:
+    """One upstream attempt, open until `RequestTrace.attempt_done`."""
+
+    __slots__ = ("attributes", "span_id", "start_ns", "trace")
+
+    def __init__(self, trace: RequestTrace, span_id: int, attributes: dict[str, Any]) -> None:
+        self.trace = trace
+        self.span_id = span_id
+        self.attributes = attributes
+        self.start_ns = time_ns()
 
 
 class RequestTrace:
-    """The spans of one request; made only when tracing is on."""
+    """The spans of one sampled request, as plain tuples until the request ends."""
 
-    __slots__ = ("_context", "_ended", "_operation", "_tracer", "root")
+    __slots__ = (
+        "_ended",
+        "_name",
+        "_operation",
+        "_parent",
+        "_shipper",
+        "_trace_id",
+        "attributes",
+        "root_id",
+        "spans",
+        "start_ns",
+    )
 
-    def __init__(self, tracer: trace.Tracer, endpoint: str, caller: Caller) -> None:
-        self._tracer = tracer
+    def __init__(
+        self,
+        shipper: SpanShipper,
+        trace_id: int,
+        parent: Parent | None,
+        endpoint: str,
+        request_id: str,
+    ) -> None:
+        self._shipper = shipper
+        self._trace_id = trace_id
+        self._parent = parent
         self._operation = operation = OPERATIONS.get(endpoint, endpoint)
-        self.root = tracer.start_span(
-            operation,
-            context=parent_context(caller.forwarded),
-            kind=_SERVER,
-            attributes={
-                "gen_ai.operation.name": operation,
-                "gen_ai.provider.name": "vllm",
-                "switchyard.request_id": caller.request_id,
-            },
-        )
-        self._context = trace.set_span_in_context(self.root)
+        self._name = operation
         self._ended = False
+        self.root_id = getrandbits(64) or 1
+        self.start_ns = time_ns()
+        self.spans: list[tuple[Any, ...]] = []
+        self.attributes: dict[str, Any] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": "vllm",
+            "switchyard.request_id": request_id,
+        }
 
     def step(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None) -> None:
-        span = self._tracer.start_span(
-            name, context=self._context, kind=_INTERNAL, attributes=attributes, start_time=start_ns
+        self.spans.append(
+            (
+                getrandbits(64) or 1,
+                self.root_id,
+                name,
+                INTERNAL,
+                start_ns,
+                end_ns,
+                attributes or {},
+                _OK,
+                None,
+            )
         )
-        span.end(end_time=end_ns)
 
     def classified(self, profile: RequestProfile, start_ns: int, end_ns: int) -> None:
-        root = self.root
-        root.update_name(f"{self._operation} {profile.model}")
-        root.set_attribute("gen_ai.request.model", profile.model)
+        self._name = f"{self._operation} {profile.model}"
+        attributes = self.attributes
+        attributes["gen_ai.request.model"] = profile.model
         if profile.max_tokens is not None:
-            root.set_attribute("gen_ai.request.max_tokens", profile.max_tokens)
+            attributes["gen_ai.request.max_tokens"] = profile.max_tokens
         if profile.n != 1:
-            root.set_attribute("gen_ai.request.choice.count", profile.n)
-        root.set_attribute("switchyard.stream", profile.stream)
-        estimate = {"switchyard.prompt_tokens_estimate": profile.prompt_tokens_estimate}
-        self.step("classify", start_ns, end_ns, estimate)
+            attributes["gen_ai.request.choice.count"] = profile.n
+        attributes["switchyard.stream"] = profile.stream
+        self.step(
+            "classify",
+            start_ns,
+            end_ns,
+            {"switchyard.prompt_tokens_estimate": profile.prompt_tokens_estimate},
+        )
 
     def routed(self, decision: Decision, start_ns: int, end_ns: int) -> None:
-        self.root.set_attribute("switchyard.class", decision.request_class)
-        self.root.set_attribute("switchyard.route", decision.route)
+        self.attributes["switchyard.class"] = decision.request_class
+        self.attributes["switchyard.route"] = decision.route
         self.step(
             "route",
             start_ns,
@@ -183,13 +266,12 @@ class RequestTrace:
 
     # --- upstream attempts (gateway/request/forward.py) ------------------------------------------------
 
-    def attempt(self, backend: Backend, number: int, headers: dict[str, str]) -> Any:
+    def attempt(self, backend: Backend, number: int, headers: dict[str, str]) -> AttemptSpan:
         """A client span for one attempt; `headers` (to the backend) get its trace context."""
-        span = self._tracer.start_span(
-            "upstream",
-            context=self._context,
-            kind=_CLIENT,
-            attributes={
+        span = AttemptSpan(
+            self,
+            getrandbits(64) or 1,
+            {
                 "switchyard.attempt": number,
                 "switchyard.backend": backend.name,
                 "switchyard.pool": backend.pool.name,
@@ -197,22 +279,36 @@ class RequestTrace:
                 "server.address": backend.url,
             },
         )
-        ctx = span.get_span_context()
-        if ctx.is_valid:
-            headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-            if ctx.trace_state:
-                headers["tracestate"] = ctx.trace_state.to_header()
+        headers["traceparent"] = f"00-{self._trace_id:032x}-{span.span_id:016x}-01"
+        parent = self._parent
+        if parent is not None and parent.tracestate:
+            headers["tracestate"] = parent.tracestate
         return span
 
     @staticmethod
-    def attempt_done(span: Any, status: int | None, error: str | None = None) -> None:
+    def attempt_done(span: AttemptSpan, status: int | None, error: str | None = None) -> None:
+        attributes = span.attributes
+        code, message = _OK, None
         if status is not None:
-            span.set_attribute("http.response.status_code", status)
+            attributes["http.response.status_code"] = status
         if error is not None or (status is not None and status >= 400):
-            span.set_status(Status(_ERROR, error or f"HTTP {status}"))
+            code, message = _ERROR, error or f"HTTP {status}"
             if error is not None:
-                span.set_attribute("error.type", error.split(":", 1)[0])
-        span.end()
+                attributes["error.type"] = error.split(":", 1)[0]
+        trace = span.trace
+        trace.spans.append(
+            (
+                span.span_id,
+                trace.root_id,
+                "upstream",
+                CLIENT,
+                span.start_ns,
+                time_ns(),
+                attributes,
+                code,
+                message,
+            )
+        )
 
     # --- the end ---------------------------------------------------------------------------------------
 
@@ -220,42 +316,361 @@ class RequestTrace:
         """The request was accounted: its usage and cost go on the request span, which ends."""
         if self._ended:
             return
-        self._ended = True
         self.step(
             "account",
             account_start_ns,
             account_end_ns,
             {"switchyard.usage_source": record.usage_source, "switchyard.cost_usd": record.cost_usd},
         )
-        root = self.root
-        root.set_attributes(
-            {
-                "gen_ai.response.model": record.model,
-                "gen_ai.usage.input_tokens": record.prompt_tokens,
-                "gen_ai.usage.output_tokens": record.completion_tokens,
-                "http.response.status_code": record.status,
-                "switchyard.vendor": record.vendor,
-                "switchyard.pool": record.pool,
-                "switchyard.backend": record.backend,
-                "switchyard.accelerator": record.accelerator,
-                "switchyard.cost_usd": record.cost_usd,
-                "switchyard.attempts": attempts,
-            }
-        )
+        attributes = self.attributes
+        attributes["gen_ai.response.model"] = record.model
+        attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
+        attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
+        attributes["http.response.status_code"] = record.status
+        attributes["switchyard.vendor"] = record.vendor
+        attributes["switchyard.pool"] = record.pool
+        attributes["switchyard.backend"] = record.backend
+        attributes["switchyard.accelerator"] = record.accelerator
+        attributes["switchyard.cost_usd"] = record.cost_usd
+        attributes["switchyard.attempts"] = attempts
         if record.ttft_s is not None and record.stream:
-            root.set_attribute("switchyard.ttft_s", record.ttft_s)
+            attributes["switchyard.ttft_s"] = record.ttft_s
         if record.status >= 400:
-            root.set_status(Status(_ERROR, f"HTTP {record.status}"))
-        root.end()
+            self._end(_ERROR, f"HTTP {record.status}")
+        else:
+            self._end(_OK, None)
 
     def fail(self, status: int, code: str | None, message: str) -> None:
         """The request ended in an error of the gateway's (no backend answer to account)."""
         if self._ended:
             return
-        self._ended = True
-        root = self.root
-        root.set_attribute("http.response.status_code", status)
+        self.attributes["http.response.status_code"] = status
         if code:
-            root.set_attribute("error.type", code)
-        root.set_status(Status(_ERROR, message))
-        root.end()
+            self.attributes["error.type"] = code
+        self._end(_ERROR, message)
+
+    def _end(self, status: int, message: str | None) -> None:
+        self._ended = True
+        parent = self._parent
+        parent_id = parent.span_id if parent is not None else 0
+        root = (
+            self.root_id,
+            parent_id,
+            self._name,
+            SERVER,
+            self.start_ns,
+            time_ns(),
+            self.attributes,
+            status,
+            message,
+        )
+        self.spans.insert(0, root)
+        trace_id = self._trace_id
+        self._shipper.submit(
+            (
+                trace_id >> 64,
+                trace_id & _MASK64,
+                parent_id,
+                parent is not None,
+                parent.tracestate if parent is not None else None,
+                self.spans,
+            )
+        )
+
+
+# --- where finished traces go -------------------------------------------------------------------------
+
+
+class SpanShipper:
+    """Collects finished traces; a daemon thread hands them on in batches every `interval` seconds.
+
+    `submit` runs on the event loop and only appends to a list (bounded by `max_queue` traces: beyond it
+    traces are dropped and counted, never waited for).
+    """
+
+    interval = 0.2
+    batch_wake = 512
+
+    def __init__(self, max_queue: int) -> None:
+        self.max_queue = max_queue
+        self._pending: deque[TraceRecord] = deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.submitted_spans = 0
+        self.exported_spans = 0
+        self.dropped_spans = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="switchyard-spans", daemon=True)
+        self._thread.start()
+
+    def submit(self, record: TraceRecord) -> None:
+        pending = self._pending
+        if len(pending) >= self.max_queue:
+            self.dropped_spans += len(record[5])
+            return
+        pending.append(record)
+        self.submitted_spans += len(record[5])
+        if len(pending) == self.batch_wake:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            self._drain()
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending = self._pending  # the event loop appends while this thread pops: both are atomic
+            batch = [pending.popleft() for _ in range(len(pending))]
+            if batch:
+                spans = sum(len(r[5]) for r in batch)
+                if self._ship(batch):
+                    self.exported_spans += spans
+                else:
+                    self.dropped_spans += spans
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Hand on everything submitted so far (from any thread but the event loop's, or at shutdown)."""
+        deadline = time.monotonic() + timeout
+        while not self._lock.acquire(timeout=0.05):
+            if time.monotonic() > deadline:
+                return False
+        self._lock.release()
+        self._drain()
+        return True
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._drain()
+        self._stop()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "submitted": self.submitted_spans,
+            "exported": self.exported_spans,
+            "dropped": self.dropped_spans,
+            "queued": len(self._pending),
+        }
+
+    def _ship(self, batch: list[TraceRecord]) -> bool:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        return None
+
+
+class InProcessShipper(SpanShipper):
+    """Builds SDK spans and calls `exporter` in the shipping thread (tests: `InMemorySpanExporter`)."""
+
+    def __init__(self, exporter: SpanExporter, service_name: str, max_queue: int) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        super().__init__(max_queue)
+        self.exporter = exporter
+        self._resource = Resource.create({"service.name": service_name})
+        self._scope = InstrumentationScope("switchyard")
+
+    def _ship(self, batch: list[TraceRecord]) -> bool:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        spans = to_readable_spans(batch, self._resource, self._scope)
+        try:
+            return self.exporter.export(spans) is SpanExportResult.SUCCESS
+        except Exception as exc:
+            log.warning("span export failed: %s", exc)
+            return False
+
+
+class ChildProcessShipper(SpanShipper):
+    """Writes msgpack batches to the span-export child (gateway/telemetry/span_export.py).
+
+    No thread: a thread blocked on the pipe wakes for every chunk the child reads and takes the GIL from
+    the event loop each time (measured: half the gateway's throughput). Instead the event loop itself
+    encodes what finished every `interval` and writes it to the non-blocking pipe, keeping what the pipe
+    cannot take in a buffer (at most `max_buffer` bytes; a batch past that is dropped and counted). A
+    child that died is restarted (at most every `restart_pause` seconds) and the batch it missed counted
+    as dropped. Outside an event loop (tests, shutdown) `flush` writes synchronously.
+    """
+
+    interval = 0.05
+    restart_pause = 5.0
+    max_buffer = 32 * 1024 * 1024
+
+    def __init__(self, settings: dict[str, Any], max_queue: int) -> None:
+        super().__init__(max_queue)
+        self._settings = msgspec.msgpack.encode(settings)
+        self._encoder = msgspec.msgpack.Encoder()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._fd = -1
+        self._out = bytearray()
+        self._out_spans: list[int] = []
+        """Spans per frame still (partly) in `_out`, oldest first: counted exported once written."""
+        self._out_sizes: list[int] = []
+        self._writing = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started_at = 0.0
+        self.restarts = 0
+
+    def start(self) -> None:
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self._started_at = time.monotonic()
+        self._out.clear()
+        self._out_spans.clear()
+        self._out_sizes.clear()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from gateway.telemetry.span_export import main; raise SystemExit(main())",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )
+        stdin: IO[bytes] = self.process.stdin  # type: ignore[assignment]
+        stdin.write(frame(self._settings))
+        stdin.flush()
+        self._fd = stdin.fileno()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer, larger writes
+        os.set_blocking(self._fd, False)
+
+    def submit(self, record: TraceRecord) -> None:
+        super().submit(record)
+        if self._timer is None:
+            try:
+                loop = self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no event loop: `flush` ships it
+            self._timer = loop.call_later(self.interval, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._drain()
+
+    def _ship(self, batch: list[TraceRecord]) -> bool:
+        raise NotImplementedError  # `_drain` is overridden
+
+    def _drain(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        batch = [pending.popleft() for _ in range(len(pending))]
+        spans = sum(len(r[5]) for r in batch)
+        if not self._alive():
+            self.dropped_spans += spans
+            return
+        if len(self._out) > self.max_buffer:
+            self.dropped_spans += spans  # the child is not keeping up
+            return
+        data = frame(self._encoder.encode(batch))
+        self._out += data
+        self._out_sizes.append(len(data))
+        self._out_spans.append(spans)
+        self._write_some()
+
+    def _alive(self) -> bool:
+        process = self.process
+        if process is not None and process.poll() is None:
+            return True
+        if time.monotonic() - self._started_at < self.restart_pause:
+            return False
+        self._lost_buffer()
+        log.warning("the span-export process exited (%s); starting a new one", _exit(process))
+        self.restarts += 1
+        try:
+            self._spawn()
+        except OSError as exc:
+            log.warning("cannot start the span-export process: %s", exc)
+            return False
+        return True
+
+    def _lost_buffer(self) -> None:
+        self.dropped_spans += sum(self._out_spans)
+        self._out.clear()
+        self._out_spans.clear()
+        self._out_sizes.clear()
+        self._stop_watching()
+
+    def _write_some(self) -> None:
+        out = self._out
+        try:
+            while out:
+                written = os.write(self._fd, out)
+                del out[:written]
+                self._count_written(written)
+        except BlockingIOError:
+            pass
+        except OSError as exc:  # the child is gone (EPIPE): what it did not read is lost
+            log.warning("span batches lost: the span-export process is gone (%s)", exc)
+            self._lost_buffer()
+            return
+        if out and not self._writing and self._loop is not None and self._loop.is_running():
+            self._loop.add_writer(self._fd, self._write_some)
+            self._writing = True
+        elif not out:
+            self._stop_watching()
+
+    def _count_written(self, written: int) -> None:
+        sizes, spans = self._out_sizes, self._out_spans
+        while written and sizes:
+            if written >= sizes[0]:
+                written -= sizes.pop(0)
+                self.exported_spans += spans.pop(0)
+            else:
+                sizes[0] -= written
+                written = 0
+
+    def _stop_watching(self) -> None:
+        if self._writing and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(self._fd)
+        self._writing = False
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Ship everything now, waiting (up to `timeout`) for the pipe to take it (no event loop needed)."""
+        self._drain()
+        deadline = time.monotonic() + timeout
+        while self._out and self._fd >= 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([], [self._fd], [], min(left, 0.1))
+            self._write_some()
+        return True
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.flush()
+        self._stop_watching()
+        self._stop()
+
+    def _stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # the child flushes its exporter and exits
+        self._fd = -1
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _exit(process: subprocess.Popen[bytes] | None) -> str:
+    return "never started" if process is None else f"exit status {process.returncode}"

@@ -2,9 +2,9 @@
 
 The other integration tests run the gateway as a subprocess; here it runs in this process (uvicorn in a
 thread, real sockets, simulated backends as subprocesses), because the assertion is on the SDK's own span
-objects: the app gets a TracerProvider whose processor writes to `InMemorySpanExporter`. That needs no
-test-only exporter option in the config, and exercises exactly what `telemetry.tracing` builds, minus the
-OTLP exporter.
+objects: the app gets an `InMemorySpanExporter`, which the span shipper feeds in its own thread with the
+same records-to-spans conversion the span-export child process uses. That needs no test-only exporter
+option in the config; the child process itself is tested in tests/unit/telemetry/test_span_export.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import pytest
 import uvicorn
 import yaml
 from litestar import Litestar
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backends.sim.fleet import Fleet
@@ -102,9 +101,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         path = workdir / "gateway.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        app = Litestar(plugins=[SwitchyardPlugin(load_settings(path), tracer_provider=provider)])
+        app = Litestar(plugins=[SwitchyardPlugin(load_settings(path), span_exporter=exporter)])
         port = free_port()
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
@@ -278,6 +275,12 @@ def test_metrics_series_move(env: Env) -> None:
     assert after[f'switchyard_backend_breaker_state{{{labels},state="closed"}}'] == 1
     assert after[f"switchyard_backend_load_age_seconds{{{labels}}}"] >= 0  # the sim's /metrics was read
     assert 'switchyard_ledger_buffered_records{store="memory"}' in after
+    exported = "switchyard_trace_spans_exported_total"
+    deadline = time.monotonic() + 5
+    while scrape(env)[exported] < before[exported] + 12:  # 5 spans per answered request, 2 for the 404
+        assert time.monotonic() < deadline, "the spans of these requests were never exported"
+        time.sleep(0.05)
+    assert after["switchyard_trace_spans_dropped_total"] == 0
     for line in httpx.get(env.base + "/metrics").text.splitlines():  # bounded labels only
         assert "req-" not in line and "Say hello" not in line
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 
-from opentelemetry import trace
-
 from gateway.ledger.records import UsageRecord
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.tracing import parent_context
@@ -43,11 +41,16 @@ def test_prompt_logged_only_when_turned_on() -> None:
 
 
 def test_traceparent_is_parsed_and_bad_ones_ignored() -> None:
-    ctx = parent_context({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
-    span = trace.get_current_span(ctx).get_span_context()
-    assert span.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736 and span.is_remote and span.trace_flags == 1
+    parent = parent_context(
+        {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=1"}
+    )
+    assert parent is not None
+    assert parent.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736 and parent.span_id == 0x00F067AA0BA902B7
+    assert parent.sampled and parent.tracestate == "a=1"
+    unsampled = parent_context({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"})
+    assert unsampled is not None and not unsampled.sampled
     zero_trace = "00-" + "0" * 32 + "-00f067aa0ba902b7-01"
     bad_version = "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    for bad in ("garbage", zero_trace, bad_version):
+    for bad in ("garbage", zero_trace, bad_version, "00-xyz-00f067aa0ba902b7-01"):
         assert parent_context({"traceparent": bad}) is None
     assert parent_context({}) is None
