@@ -412,6 +412,7 @@ def _nginx_conf(prefix: Path, json_port: int, stream_port: int) -> str:
         root {prefix}/www;
         location = {CHAT_PATH} {{ error_page 405 =200 /{name}; return 405; }}
         location = /{name} {{ internal; default_type {ctype}; add_header Cache-Control no-cache; }}
+        location = /health {{ return 200; }}
         location / {{ return 404; }}
     }}"""
 

@@ -1,32 +1,40 @@
 """What telemetry costs: gateway requests/s and CPU per request with telemetry off and on, in one run.
 
-Four gateways, identical but for telemetry, pinned to the first CPU and loaded one at a time by wrk (64
+Gateways identical but for telemetry, pinned to the first CPU and loaded one at a time by wrk (64
 connections) in alternating rounds, so drift on a shared machine hits all of them:
 
-- `before`:  the code at `--baseline-ref` (default HEAD: before uncommitted telemetry work), exported to
-             a temporary directory: the request path as it was, with no telemetry at all;
-- `off`:     this tree with `telemetry: {metrics: false, access_log: {enabled: false}}` (tracing is off by
-             default): what an operator who turns everything off pays;
+- `before`:  (only with `--baseline-ref REF`) the code at REF, exported to a temporary directory;
+- `off`:     `telemetry: {metrics: false, access_log: {enabled: false}}` (tracing is off by default): what
+             an operator who turns everything off pays; the reference of the ratios;
 - `metrics+logs`: the defaults: `GET /metrics` cells and one JSON access-log line per request (to a file);
-- `all`:     plus tracing with every span built and handed to a BatchSpanProcessor whose exporter drops
-             them (`tracing.exporter: none`), so no collector and no network are involved.
+- `all`:     plus tracing of every request (`sample_ratio: 1`), spans built by the span-export child
+             process and dropped there (`exporter: none`);
+- `all+otlp`: the same, exported over OTLP/HTTP to a local sink process that decodes nothing and
+             answers 200, so the real encoding cost is paid.
 
-One simulated backend with zero token delays and wrk share the second CPU. Reports requests/s and
-gateway CPU µs per request per mode (medians over rounds), and each mode's throughput ratio against
-`before` (the median of each round's ratio, so drift between rounds cancels).
+The span-export child does its work off the gateway's event loop; this benchmark pins it to the second
+CPU (with wrk and the backend), as a deployment gives it a core of its own, and reports its CPU per
+request separately: `gw CPU` is the gateway process alone, `export CPU` the child.
+
+The backend is nginx answering a static chat completion (or, without nginx, a simulated backend with zero
+token delays), so the gateway on its core is the bottleneck; it shares the second CPU with wrk. Reports
+requests/s and CPU µs per request per mode (medians over rounds), and each mode's throughput ratio
+against the reference (the median of each round's ratio, so drift between rounds cancels).
 
 Usage: python -m loadtest.bench_telemetry [--duration 5] [--rounds 3] [--connections 64]
-       [--baseline-ref HEAD | --baseline-ref none] [--json out.json]
+       [--baseline-ref REF] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +55,14 @@ from loadtest._bench_util import (
     which,
 )
 from loadtest.bench_accounting import _BODY, _WRK_SCRIPT, MODEL, _wrk
+from loadtest.bench_http_clients import start_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("before", "off", "metrics+logs", "all")
+MODES = ("before", "off", "metrics+logs", "all", "all+otlp")
+TRACED = ("all", "all+otlp")
 
 
-def _telemetry(mode: str, workdir: Path) -> dict[str, Any] | None:
+def _telemetry(mode: str, workdir: Path, sink: str = "") -> dict[str, Any] | None:
     if mode == "before":
         return None  # the old config schema has no `telemetry` section
     if mode == "off":
@@ -60,10 +70,12 @@ def _telemetry(mode: str, workdir: Path) -> dict[str, Any] | None:
     on: dict[str, Any] = {"metrics": True, "access_log": {"destination": str(workdir / f"access-{mode}.log")}}
     if mode == "all":
         on["tracing"] = {"enabled": True, "exporter": "none"}
+    if mode == "all+otlp":
+        on["tracing"] = {"enabled": True, "exporter": "otlp", "endpoint": sink}
     return on
 
 
-def _config(port: int, backend_url: str, mode: str, workdir: Path) -> dict[str, Any]:
+def _config(port: int, backend_url: str, mode: str, workdir: Path, sink: str = "") -> dict[str, Any]:
     config: dict[str, Any] = {
         "gateway": {"port": port},
         "ledger": {"store": "memory"},
@@ -77,7 +89,7 @@ def _config(port: int, backend_url: str, mode: str, workdir: Path) -> dict[str, 
             }
         ],
     }
-    telemetry = _telemetry(mode, workdir)
+    telemetry = _telemetry(mode, workdir, sink)
     if telemetry is not None:
         config["telemetry"] = telemetry
     return config
@@ -91,6 +103,52 @@ def _export(ref: str, into: Path) -> Path:
     return into
 
 
+def _serve_sink(port: int) -> None:
+    """An OTLP/HTTP endpoint that reads each POST and answers 200 (the `all+otlp` collector)."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return found
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _export_child(gateway_pid: int, cpu: int) -> int:
+    """The gateway's span-export child, moved to `cpu`."""
+    deadline = time.monotonic() + 10
+    while not (children := _children(gateway_pid)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the traced gateway has no span-export child")
+        time.sleep(0.05)
+    os.sched_setaffinity(children[0], {cpu})
+    return children[0]
+
+
 def run(duration: float, rounds: int, connections: int, baseline_ref: str | None) -> dict[str, Any]:
     wrk = which("wrk")
     if wrk is None:
@@ -98,21 +156,35 @@ def run(duration: float, rounds: int, connections: int, baseline_ref: str | None
     modes = MODES if baseline_ref else MODES[1:]
     reference = modes[0]
     proxy_cpu, load_cpu = pick_cpus()
-    samples: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    samples: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
         work = Path(tmp)
         script = work / "post.lua"
         script.write_text(_WRK_SCRIPT)
         group = ProcessGroup(work)
         try:
-            backend_url = start_zero_delay_backend(group, MODEL, load_cpu)
-            gateways: dict[str, tuple[str, int]] = {}
+            if which(
+                "nginx", "/usr/sbin", "/usr/local/sbin"
+            ):  # static answers: the gateway is the bottleneck
+                backend_url = start_upstream(group, "nginx", load_cpu, work).json_base
+            else:
+                backend_url = start_zero_delay_backend(group, MODEL, load_cpu)
+            sink_port = free_port()
+            sink_argv = [
+                sys.executable,
+                "-c",
+                f"from loadtest.bench_telemetry import _serve_sink; _serve_sink({sink_port})",
+            ]
+            group.start("otlp-sink", sink_argv, cpu=load_cpu, cwd=str(ROOT))
+            sink = f"http://127.0.0.1:{sink_port}/v1/traces"
+            assert_loopback(sink)
+            gateways: dict[str, tuple[str, int, int | None]] = {}
             for mode in modes:
                 port = free_port()
                 path = work / f"gateway-{mode}.yaml"
-                path.write_text(yaml.safe_dump(_config(port, backend_url, mode, work)))
+                path.write_text(yaml.safe_dump(_config(port, backend_url, mode, work, sink)))
                 cwd = str(_export(baseline_ref, work / "before-tree")) if mode == "before" else str(ROOT)
-                level = "info" if mode in ("metrics+logs", "all") else "warning"
+                level = "warning" if mode in ("before", "off") else "info"
                 child = group.start(
                     f"gateway-{mode}",
                     python_argv("gateway.cli", "serve", "--config", str(path), "--log-level", level),
@@ -125,17 +197,21 @@ def run(duration: float, rounds: int, connections: int, baseline_ref: str | None
                 status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
                 if status != 200:
                     raise RuntimeError(f"{mode} gateway answered {status}: {body[:300]!r}")
-                gateways[mode] = (url, child.pid)
-            for url, _ in gateways.values():  # warm up
+                exporter = _export_child(child.pid, load_cpu) if mode in TRACED else None
+                gateways[mode] = (url, child.pid, exporter)
+            for url, _, _ in gateways.values():  # warm up
                 _wrk(wrk, url + "/v1/chat/completions", script, connections, 1, load_cpu)
             for r in range(rounds):
                 order = modes[r % len(modes) :] + modes[: r % len(modes)]
                 for mode in order:
-                    url, pid = gateways[mode]
+                    url, pid, exporter = gateways[mode]
                     cpu_before = session_cpu_seconds(pid)
+                    export_before = _cpu_seconds(exporter) if exporter else 0.0
                     rps = _wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)
-                    cpu = session_cpu_seconds(pid) - cpu_before
-                    samples[mode].append((rps, cpu / max(1.0, rps * duration) * 1e6))
+                    export = (_cpu_seconds(exporter) - export_before) if exporter else 0.0
+                    cpu = session_cpu_seconds(pid) - cpu_before - export
+                    done = max(1.0, rps * duration)
+                    samples[mode].append((rps, cpu / done * 1e6, export / done * 1e6))
             logged = sum(
                 len(p.read_bytes().splitlines()) for p in work.glob("access-*.log")
             )  # the lines were really written
@@ -145,6 +221,7 @@ def run(duration: float, rounds: int, connections: int, baseline_ref: str | None
         mode: {
             "rps": statistics.median(s[0] for s in samples[mode]),
             "cpu_us_per_req": statistics.median(s[1] for s in samples[mode]),
+            "export_cpu_us_per_req": statistics.median(s[2] for s in samples[mode]),
             "rounds": [round(s[0]) for s in samples[mode]],
             "vs_" + reference: statistics.median(
                 m[0] / b[0] for m, b in zip(samples[mode], samples[reference], strict=True)
@@ -160,11 +237,15 @@ def run(duration: float, rounds: int, connections: int, baseline_ref: str | None
 def format_table(summary: dict[str, Any]) -> str:
     ref = summary["reference"]
     modes = [m for m in MODES if m in summary]
-    lines = [f"{'telemetry':<13} {'req/s':>8} {'vs ' + ref:>10} {'CPU µs/req':>11}  req/s per round"]
+    lines = [
+        f"{'telemetry':<13} {'req/s':>8} {'vs ' + ref:>10} {'gw CPU µs/req':>14} {'export CPU µs/req':>18}"
+        "  req/s per round"
+    ]
     for mode in modes:
         s = summary[mode]
         lines.append(
-            f"{mode:<13} {s['rps']:>8.0f} {s['vs_' + ref]:>10.3f} {s['cpu_us_per_req']:>11.0f}  {s['rounds']}"
+            f"{mode:<13} {s['rps']:>8.0f} {s['vs_' + ref]:>10.3f} {s['cpu_us_per_req']:>14.0f} "
+            f"{s['export_cpu_us_per_req']:>18.0f}  {s['rounds']}"
         )
     return "\n".join(lines)
 
@@ -176,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--baseline-ref", default="HEAD", help="git ref for `before`; `none` to skip it")
+    parser.add_argument("--baseline-ref", default="none", help="git ref for `before` (default: none)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 20 or not 1 <= args.connections <= 512:
