@@ -49,7 +49,7 @@ from gateway.request.sse import SseRelay
 from gateway.settings import Retries, Timeouts
 
 if TYPE_CHECKING:
-    from gateway.telemetry.tracing import RequestTrace
+    from gateway.telemetry.tracing import AttemptSpan, RequestTrace
 
 _KEEPALIVE_SECONDS = 4.0
 """Shorter than uvicorn's default of 5 s (vLLM's server), so we never reuse a connection it is closing."""
@@ -439,10 +439,8 @@ class Upstream:
         return RelayedStream(stream, sse, finish, limits.between_chunks, deadline)
 
 
-def _end_span(span: object, status: int | None, error: str | None = None) -> None:
-    from gateway.telemetry.tracing import RequestTrace
-
-    RequestTrace.attempt_done(span, status, error)
+def _end_span(span: AttemptSpan, status: int | None, error: str | None = None) -> None:
+    span.done(status, error)
 
 
 def _close(response: Response | None) -> None:

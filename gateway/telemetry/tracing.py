@@ -42,7 +42,6 @@ from gateway.telemetry.span_export import (
     CLIENT,
     INTERNAL,
     SERVER,
-    TraceRecord,
     frame,
     to_readable_spans,
 )
@@ -62,6 +61,8 @@ OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "e
 """`gen_ai.operation.name` per endpoint (OpenTelemetry GenAI semantic conventions)."""
 
 _MASK64 = (1 << 64) - 1
+_encode = msgspec.msgpack.Encoder().encode
+"""A finished trace is encoded at once, so its objects die young instead of waiting for the GC."""
 _OK, _ERROR = 0, 2  # status codes in records: unset, error (see span_export.STATUSES)
 
 
@@ -179,6 +180,9 @@ class AttemptSpan:
         self.attributes = attributes
         self.start_ns = time_ns()
 
+    def done(self, status: int | None, error: str | None = None) -> None:
+        RequestTrace.attempt_done(self, status, error)
+
 
 class RequestTrace:
     """The spans of one sampled request, as plain tuples until the request ends."""
@@ -253,16 +257,7 @@ class RequestTrace:
     def routed(self, decision: Decision, start_ns: int, end_ns: int) -> None:
         self.attributes["switchyard.class"] = decision.request_class
         self.attributes["switchyard.route"] = decision.route
-        self.step(
-            "route",
-            start_ns,
-            end_ns,
-            {
-                "switchyard.class": decision.request_class,
-                "switchyard.route": decision.route,
-                "switchyard.candidates": [b.name for b in decision.candidates],
-            },
-        )
+        self.step("route", start_ns, end_ns, {"switchyard.candidates": [b.name for b in decision.candidates]})
 
     # --- upstream attempts (gateway/request/forward.py) ------------------------------------------------
 
@@ -366,15 +361,19 @@ class RequestTrace:
         )
         self.spans.insert(0, root)
         trace_id = self._trace_id
+        spans = self.spans
         self._shipper.submit(
-            (
-                trace_id >> 64,
-                trace_id & _MASK64,
-                parent_id,
-                parent is not None,
-                parent.tracestate if parent is not None else None,
-                self.spans,
-            )
+            _encode(
+                (
+                    trace_id >> 64,
+                    trace_id & _MASK64,
+                    parent_id,
+                    parent is not None,
+                    parent.tracestate if parent is not None else None,
+                    spans,
+                )
+            ),
+            len(spans),
         )
 
 
@@ -384,8 +383,8 @@ class RequestTrace:
 class SpanShipper:
     """Collects finished traces; a daemon thread hands them on in batches every `interval` seconds.
 
-    `submit` runs on the event loop and only appends to a list (bounded by `max_queue` traces: beyond it
-    traces are dropped and counted, never waited for).
+    `submit` runs on the event loop and only appends a trace's msgpack bytes to a list (bounded by
+    `max_queue` traces: beyond it traces are dropped and counted, never waited for).
     """
 
     interval = 0.2
@@ -393,7 +392,7 @@ class SpanShipper:
 
     def __init__(self, max_queue: int) -> None:
         self.max_queue = max_queue
-        self._pending: deque[TraceRecord] = deque()
+        self._pending: deque[tuple[bytes, int]] = deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._stopping = False
@@ -406,13 +405,13 @@ class SpanShipper:
         self._thread = threading.Thread(target=self._run, name="switchyard-spans", daemon=True)
         self._thread.start()
 
-    def submit(self, record: TraceRecord) -> None:
+    def submit(self, encoded: bytes, spans: int) -> None:
         pending = self._pending
         if len(pending) >= self.max_queue:
-            self.dropped_spans += len(record[5])
+            self.dropped_spans += spans
             return
-        pending.append(record)
-        self.submitted_spans += len(record[5])
+        pending.append((encoded, spans))
+        self.submitted_spans += spans
         if len(pending) == self.batch_wake:
             self._wake.set()
 
@@ -427,7 +426,7 @@ class SpanShipper:
             pending = self._pending  # the event loop appends while this thread pops: both are atomic
             batch = [pending.popleft() for _ in range(len(pending))]
             if batch:
-                spans = sum(len(r[5]) for r in batch)
+                spans = sum(n for _, n in batch)
                 if self._ship(batch):
                     self.exported_spans += spans
                 else:
@@ -459,7 +458,7 @@ class SpanShipper:
             "queued": len(self._pending),
         }
 
-    def _ship(self, batch: list[TraceRecord]) -> bool:
+    def _ship(self, batch: list[tuple[bytes, int]]) -> bool:
         raise NotImplementedError
 
     def _stop(self) -> None:
@@ -475,13 +474,15 @@ class InProcessShipper(SpanShipper):
 
         super().__init__(max_queue)
         self.exporter = exporter
+        self._decode = msgspec.msgpack.Decoder().decode
         self._resource = Resource.create({"service.name": service_name})
         self._scope = InstrumentationScope("switchyard")
 
-    def _ship(self, batch: list[TraceRecord]) -> bool:
+    def _ship(self, batch: list[tuple[bytes, int]]) -> bool:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        spans = to_readable_spans(batch, self._resource, self._scope)
+        records = [self._decode(encoded) for encoded, _ in batch]
+        spans = to_readable_spans(records, self._resource, self._scope)
         try:
             return self.exporter.export(spans) is SpanExportResult.SUCCESS
         except Exception as exc:
@@ -507,7 +508,6 @@ class ChildProcessShipper(SpanShipper):
     def __init__(self, settings: dict[str, Any], max_queue: int) -> None:
         super().__init__(max_queue)
         self._settings = msgspec.msgpack.encode(settings)
-        self._encoder = msgspec.msgpack.Encoder()
         self.process: subprocess.Popen[bytes] | None = None
         self._fd = -1
         self._out = bytearray()
@@ -545,8 +545,8 @@ class ChildProcessShipper(SpanShipper):
             fcntl.fcntl(self._fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer, larger writes
         os.set_blocking(self._fd, False)
 
-    def submit(self, record: TraceRecord) -> None:
-        super().submit(record)
+    def submit(self, encoded: bytes, spans: int) -> None:
+        super().submit(encoded, spans)
         if self._timer is None:
             try:
                 loop = self._loop = asyncio.get_running_loop()
@@ -558,7 +558,7 @@ class ChildProcessShipper(SpanShipper):
         self._timer = None
         self._drain()
 
-    def _ship(self, batch: list[TraceRecord]) -> bool:
+    def _ship(self, batch: list[tuple[bytes, int]]) -> bool:
         raise NotImplementedError  # `_drain` is overridden
 
     def _drain(self) -> None:
@@ -566,14 +566,14 @@ class ChildProcessShipper(SpanShipper):
         if not pending:
             return
         batch = [pending.popleft() for _ in range(len(pending))]
-        spans = sum(len(r[5]) for r in batch)
+        spans = sum(n for _, n in batch)
         if not self._alive():
             self.dropped_spans += spans
             return
         if len(self._out) > self.max_buffer:
             self.dropped_spans += spans  # the child is not keeping up
             return
-        data = frame(self._encoder.encode(batch))
+        data = frame(b"\xdd" + len(batch).to_bytes(4, "big") + b"".join([e for e, _ in batch]))  # array32
         self._out += data
         self._out_sizes.append(len(data))
         self._out_spans.append(spans)
