@@ -12,9 +12,13 @@ frame is the exporter's settings (it may hold credentials, so never argv), each 
 trace records. The child ignores SIGINT and SIGTERM and exits, after flushing, at the end of its stdin,
 which comes when the gateway shuts down or dies.
 
-A trace record: (trace_id_high, trace_id_low, parent_span_id, parent_is_remote, tracestate, spans), where
-parent_span_id is 0 for a root request span and each span is (span_id, parent_span_id, name, kind,
-start_ns, end_ns, attributes, status_code, status_message).
+A request record (the gateway knows only what it must; this module builds spans and attributes):
+(trace_id_high, trace_id_low, parent_span_id or 0, tracestate, root_span_id, endpoint, request_id,
+start_ns, end_ns, profile (model, max_tokens, n, stream, prompt_tokens_estimate) or None, classify
+(start_ns, end_ns) or None, route (start_ns, end_ns, class, route, candidates) or None, attempts [(span_id,
+start_ns, end_ns, number, backend, pool, vendor, url, status, error)], result (model, prompt_tokens,
+completion_tokens, status, vendor, pool, backend, accelerator, cost_usd, attempts, ttft_s or None,
+account_start_ns, account_end_ns, usage_source) or None, failure (status, code, message) or None).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import signal
 import struct
 import sys
 from collections.abc import Iterable, Sequence
+from random import getrandbits
 from typing import Any, BinaryIO
 
 import msgspec
@@ -35,14 +40,6 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from opentelemetry.trace.span import TraceState
 
 log = logging.getLogger("switchyard.telemetry")
-
-TraceRecord = tuple[int, int, int, bool, str | None, list[tuple[Any, ...]]]
-
-KINDS = (SpanKind.INTERNAL, SpanKind.SERVER, SpanKind.CLIENT)
-"""Span kind codes in records: 0 internal, 1 server, 2 client."""
-INTERNAL, SERVER, CLIENT = 0, 1, 2
-STATUSES = (StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR)
-"""Status codes in records: 0 unset, 1 ok, 2 error."""
 
 _HEADER = struct.Struct(">I")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -76,39 +73,149 @@ def build_exporter(settings: dict[str, Any]) -> SpanExporter:
     return OTLPSpanExporter(endpoint=settings["endpoint"], headers=headers)
 
 
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+"""`gen_ai.operation.name` per endpoint (OpenTelemetry GenAI semantic conventions)."""
+
+
 def to_readable_spans(
     records: Iterable[Sequence[Any]], resource: Resource, scope: InstrumentationScope
 ) -> list[ReadableSpan]:
+    """The spans of each request record (see the module docstring for the record's fields)."""
     out: list[ReadableSpan] = []
-    for high, low, parent_id, parent_remote, tracestate, spans in records:
-        trace_id = (high << 64) | low
-        state = TraceState.from_header([tracestate]) if tracestate else None
-        remote_parent = (
-            SpanContext(trace_id, parent_id, is_remote=parent_remote, trace_flags=_SAMPLED, trace_state=state)
-            if parent_id
-            else None
-        )
-        contexts: dict[int, SpanContext] = {}
-        for span_id, *_ in spans:
-            contexts[span_id] = SpanContext(
-                trace_id, span_id, is_remote=False, trace_flags=_SAMPLED, trace_state=state
-            )
-        for span_id, parent, name, kind, start, end, attributes, status, message in spans:
-            out.append(
-                ReadableSpan(
-                    name=name,
-                    context=contexts[span_id],
-                    parent=contexts.get(parent, remote_parent) if parent else None,
-                    resource=resource,
-                    attributes=attributes,
-                    kind=KINDS[kind],
-                    instrumentation_scope=scope,
-                    status=Status(STATUSES[status], message if status == 2 else None),
-                    start_time=start,
-                    end_time=end,
-                )
-            )
+    for record in records:
+        out.extend(_request_spans(record, resource, scope))
     return out
+
+
+def _request_spans(
+    record: Sequence[Any], resource: Resource, scope: InstrumentationScope
+) -> list[ReadableSpan]:
+    (high, low, parent_id, tracestate, root_id, endpoint, request_id, start, end,
+     profile, classify, routed, attempts, result, failure) = record  # fmt: skip
+    trace_id = (high << 64) | low
+    state = TraceState.from_header([tracestate]) if tracestate else None
+
+    def context(span_id: int, remote: bool = False) -> SpanContext:
+        return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=_SAMPLED, trace_state=state)
+
+    root = context(root_id)
+
+    def span(
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any],
+        kind: SpanKind = SpanKind.INTERNAL,
+        error: str | None = None,
+        span_id: int | None = None,
+    ) -> ReadableSpan:
+        return ReadableSpan(
+            name=name,
+            context=context(span_id or getrandbits(64) or 1),
+            parent=root,
+            resource=resource,
+            attributes=attributes,
+            kind=kind,
+            instrumentation_scope=scope,
+            status=Status(StatusCode.ERROR, error) if error is not None else Status(StatusCode.UNSET),
+            start_time=start_ns,
+            end_time=end_ns,
+        )
+
+    operation = OPERATIONS.get(endpoint, endpoint)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.provider.name": "vllm",
+        "switchyard.request_id": request_id,
+    }
+    spans: list[ReadableSpan] = []
+    name = operation
+    if profile is not None:
+        model, max_tokens, n, stream, estimate = profile
+        name = f"{operation} {model}"
+        attributes["gen_ai.request.model"] = model
+        if max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = max_tokens
+        if n != 1:
+            attributes["gen_ai.request.choice.count"] = n
+        attributes["switchyard.stream"] = stream
+        if classify is not None:
+            spans.append(span("classify", *classify, {"switchyard.prompt_tokens_estimate": estimate}))
+    if routed is not None:
+        route_start, route_end, request_class, route, candidates = routed
+        attributes["switchyard.class"] = request_class
+        attributes["switchyard.route"] = route
+        spans.append(span("route", route_start, route_end, {"switchyard.candidates": candidates}))
+    for span_id, a_start, a_end, number, backend, pool, vendor, url, status, error in attempts:
+        a_attributes: dict[str, Any] = {
+            "switchyard.attempt": number,
+            "switchyard.backend": backend,
+            "switchyard.pool": pool,
+            "switchyard.vendor": vendor,
+            "server.address": url,
+        }
+        if status is not None:
+            a_attributes["http.response.status_code"] = status
+        if error is not None:
+            a_attributes["error.type"] = error.split(":", 1)[0]
+        failed = (
+            error
+            if error is not None
+            else (f"HTTP {status}" if status is not None and status >= 400 else None)
+        )
+        spans.append(span("upstream", a_start, a_end, a_attributes, SpanKind.CLIENT, failed, span_id))
+    error: str | None = None
+    if result is not None:
+        (model, prompt_tokens, completion_tokens, status, vendor, pool, backend, accelerator, cost,
+         tries, ttft, account_start, account_end, usage_source) = result  # fmt: skip
+        spans.append(
+            span(
+                "account",
+                account_start,
+                account_end,
+                {"switchyard.usage_source": usage_source, "switchyard.cost_usd": cost},
+            )
+        )
+        attributes.update(
+            {
+                "gen_ai.response.model": model,
+                "gen_ai.usage.input_tokens": prompt_tokens,
+                "gen_ai.usage.output_tokens": completion_tokens,
+                "http.response.status_code": status,
+                "switchyard.vendor": vendor,
+                "switchyard.pool": pool,
+                "switchyard.backend": backend,
+                "switchyard.accelerator": accelerator,
+                "switchyard.cost_usd": cost,
+                "switchyard.attempts": tries,
+            }
+        )
+        if ttft is not None:
+            attributes["switchyard.ttft_s"] = ttft
+        if status >= 400:
+            error = f"HTTP {status}"
+    if failure is not None:
+        status, code, message = failure
+        attributes["http.response.status_code"] = status
+        if code:
+            attributes["error.type"] = code
+        error = message
+    spans.insert(
+        0,
+        ReadableSpan(
+            name=name,
+            context=root,
+            parent=context(parent_id, remote=True) if parent_id else None,
+            resource=resource,
+            attributes=attributes,
+            kind=SpanKind.SERVER,
+            instrumentation_scope=scope,
+            status=Status(StatusCode.ERROR, error) if error is not None else Status(StatusCode.UNSET),
+            start_time=start,
+            end_time=end,
+        ),
+    )
+    return spans
 
 
 def frame(payload: bytes) -> bytes:

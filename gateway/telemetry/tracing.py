@@ -38,13 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.telemetry.span_export import (
-    CLIENT,
-    INTERNAL,
-    SERVER,
-    frame,
-    to_readable_spans,
-)
+from gateway.telemetry.span_export import frame, to_readable_spans
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -57,13 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("switchyard.telemetry")
 
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
-"""`gen_ai.operation.name` per endpoint (OpenTelemetry GenAI semantic conventions)."""
-
 _MASK64 = (1 << 64) - 1
 _encode = msgspec.msgpack.Encoder().encode
 """A finished trace is encoded at once, so its objects die young instead of waiting for the GC."""
-_OK, _ERROR = 0, 2  # status codes in records: unset, error (see span_export.STATUSES)
 
 
 class Parent(msgspec.Struct, frozen=True):
@@ -170,33 +160,45 @@ class UnsampledTrace:
 
 
 class AttemptSpan:
-    """One upstream attempt, open until `RequestTrace.attempt_done`."""
+    """One upstream attempt, open until `done`."""
 
-    __slots__ = ("attributes", "span_id", "start_ns", "trace")
+    __slots__ = ("backend", "number", "span_id", "start_ns", "trace")
 
-    def __init__(self, trace: RequestTrace, span_id: int, attributes: dict[str, Any]) -> None:
+    def __init__(self, trace: RequestTrace, span_id: int, backend: Backend, number: int) -> None:
         self.trace = trace
         self.span_id = span_id
-        self.attributes = attributes
+        self.backend = backend
+        self.number = number
         self.start_ns = time_ns()
 
     def done(self, status: int | None, error: str | None = None) -> None:
-        RequestTrace.attempt_done(self, status, error)
+        b = self.backend
+        self.trace.attempts.append(
+            (self.span_id, self.start_ns, time_ns(), self.number, b.name, b.pool.name, b.pool.vendor, b.url,
+             status, error)
+        )  # fmt: skip
 
 
 class RequestTrace:
-    """The spans of one sampled request, as plain tuples until the request ends."""
+    """One sampled request: what happened, as references and timestamps until the request ends.
+
+    The spans and their attributes are built by the span-export process from one flat tuple per request
+    (gateway/telemetry/span_export.py, `TRACE_FIELDS`), so the request path makes no dict, no span and no
+    id but the ones the backend must see.
+    """
 
     __slots__ = (
+        "_classify",
         "_ended",
-        "_name",
-        "_operation",
         "_parent",
+        "_profile",
+        "_route",
         "_shipper",
         "_trace_id",
-        "attributes",
+        "attempts",
+        "endpoint",
+        "request_id",
         "root_id",
-        "spans",
         "start_ns",
     )
 
@@ -211,69 +213,28 @@ class RequestTrace:
         self._shipper = shipper
         self._trace_id = trace_id
         self._parent = parent
-        self._operation = operation = OPERATIONS.get(endpoint, endpoint)
-        self._name = operation
-        self._ended = False
+        self.endpoint = endpoint
+        self.request_id = request_id
         self.root_id = getrandbits(64) or 1
         self.start_ns = time_ns()
-        self.spans: list[tuple[Any, ...]] = []
-        self.attributes: dict[str, Any] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": "vllm",
-            "switchyard.request_id": request_id,
-        }
-
-    def step(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None) -> None:
-        self.spans.append(
-            (
-                getrandbits(64) or 1,
-                self.root_id,
-                name,
-                INTERNAL,
-                start_ns,
-                end_ns,
-                attributes or {},
-                _OK,
-                None,
-            )
-        )
+        self._ended = False
+        self._profile: RequestProfile | None = None
+        self._classify: tuple[int, int] | None = None
+        self._route: tuple[int, int, Decision] | None = None
+        self.attempts: list[tuple[Any, ...]] = []
 
     def classified(self, profile: RequestProfile, start_ns: int, end_ns: int) -> None:
-        self._name = f"{self._operation} {profile.model}"
-        attributes = self.attributes
-        attributes["gen_ai.request.model"] = profile.model
-        if profile.max_tokens is not None:
-            attributes["gen_ai.request.max_tokens"] = profile.max_tokens
-        if profile.n != 1:
-            attributes["gen_ai.request.choice.count"] = profile.n
-        attributes["switchyard.stream"] = profile.stream
-        self.step(
-            "classify",
-            start_ns,
-            end_ns,
-            {"switchyard.prompt_tokens_estimate": profile.prompt_tokens_estimate},
-        )
+        self._profile = profile
+        self._classify = (start_ns, end_ns)
 
     def routed(self, decision: Decision, start_ns: int, end_ns: int) -> None:
-        self.attributes["switchyard.class"] = decision.request_class
-        self.attributes["switchyard.route"] = decision.route
-        self.step("route", start_ns, end_ns, {"switchyard.candidates": [b.name for b in decision.candidates]})
+        self._route = (start_ns, end_ns, decision)
 
     # --- upstream attempts (gateway/request/forward.py) ------------------------------------------------
 
     def attempt(self, backend: Backend, number: int, headers: dict[str, str]) -> AttemptSpan:
         """A client span for one attempt; `headers` (to the backend) get its trace context."""
-        span = AttemptSpan(
-            self,
-            getrandbits(64) or 1,
-            {
-                "switchyard.attempt": number,
-                "switchyard.backend": backend.name,
-                "switchyard.pool": backend.pool.name,
-                "switchyard.vendor": backend.pool.vendor,
-                "server.address": backend.url,
-            },
-        )
+        span = AttemptSpan(self, getrandbits(64) or 1, backend, number)
         headers["traceparent"] = f"00-{self._trace_id:032x}-{span.span_id:016x}-01"
         parent = self._parent
         if parent is not None and parent.tracestate:
@@ -282,28 +243,7 @@ class RequestTrace:
 
     @staticmethod
     def attempt_done(span: AttemptSpan, status: int | None, error: str | None = None) -> None:
-        attributes = span.attributes
-        code, message = _OK, None
-        if status is not None:
-            attributes["http.response.status_code"] = status
-        if error is not None or (status is not None and status >= 400):
-            code, message = _ERROR, error or f"HTTP {status}"
-            if error is not None:
-                attributes["error.type"] = error.split(":", 1)[0]
-        trace = span.trace
-        trace.spans.append(
-            (
-                span.span_id,
-                trace.root_id,
-                "upstream",
-                CLIENT,
-                span.start_ns,
-                time_ns(),
-                attributes,
-                code,
-                message,
-            )
-        )
+        span.done(status, error)
 
     # --- the end ---------------------------------------------------------------------------------------
 
@@ -311,69 +251,54 @@ class RequestTrace:
         """The request was accounted: its usage and cost go on the request span, which ends."""
         if self._ended:
             return
-        self.step(
-            "account",
-            account_start_ns,
-            account_end_ns,
-            {"switchyard.usage_source": record.usage_source, "switchyard.cost_usd": record.cost_usd},
-        )
-        attributes = self.attributes
-        attributes["gen_ai.response.model"] = record.model
-        attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
-        attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
-        attributes["http.response.status_code"] = record.status
-        attributes["switchyard.vendor"] = record.vendor
-        attributes["switchyard.pool"] = record.pool
-        attributes["switchyard.backend"] = record.backend
-        attributes["switchyard.accelerator"] = record.accelerator
-        attributes["switchyard.cost_usd"] = record.cost_usd
-        attributes["switchyard.attempts"] = attempts
-        if record.ttft_s is not None and record.stream:
-            attributes["switchyard.ttft_s"] = record.ttft_s
-        if record.status >= 400:
-            self._end(_ERROR, f"HTTP {record.status}")
-        else:
-            self._end(_OK, None)
+        r = record
+        result = (
+            r.model, r.prompt_tokens, r.completion_tokens, r.status, r.vendor, r.pool, r.backend,
+            r.accelerator, r.cost_usd, attempts, r.ttft_s if r.stream else None,
+            account_start_ns, account_end_ns, r.usage_source,
+        )  # fmt: skip
+        self._end(result, None)
 
     def fail(self, status: int, code: str | None, message: str) -> None:
         """The request ended in an error of the gateway's (no backend answer to account)."""
         if self._ended:
             return
-        self.attributes["http.response.status_code"] = status
-        if code:
-            self.attributes["error.type"] = code
-        self._end(_ERROR, message)
+        self._end(None, (status, code, message))
 
-    def _end(self, status: int, message: str | None) -> None:
+    def _end(self, result: tuple[Any, ...] | None, failure: tuple[int, str | None, str] | None) -> None:
         self._ended = True
         parent = self._parent
-        parent_id = parent.span_id if parent is not None else 0
-        root = (
-            self.root_id,
-            parent_id,
-            self._name,
-            SERVER,
-            self.start_ns,
-            time_ns(),
-            self.attributes,
-            status,
-            message,
-        )
-        self.spans.insert(0, root)
         trace_id = self._trace_id
-        spans = self.spans
+        p = self._profile
+        profile = None if p is None else (p.model, p.max_tokens, p.n, p.stream, p.prompt_tokens_estimate)
+        route = self._route
+        routed = None
+        if route is not None:
+            d = route[2]
+            routed = (route[0], route[1], d.request_class, d.route, [b.name for b in d.candidates])
+        attempts = self.attempts
+        spans = 1 + len(attempts) + (p is not None) + (route is not None) + (result is not None)
         self._shipper.submit(
             _encode(
                 (
                     trace_id >> 64,
                     trace_id & _MASK64,
-                    parent_id,
-                    parent is not None,
+                    parent.span_id if parent is not None else 0,
                     parent.tracestate if parent is not None else None,
-                    spans,
+                    self.root_id,
+                    self.endpoint,
+                    self.request_id,
+                    self.start_ns,
+                    time_ns(),
+                    profile,
+                    self._classify,
+                    routed,
+                    attempts,
+                    result,
+                    failure,
                 )
             ),
-            len(spans),
+            spans,
         )
 
 
