@@ -1,10 +1,10 @@
 """Turning recorded traces into OpenTelemetry SDK spans and handing them to an exporter, off the event loop.
 
-The gateway records a finished request's spans as plain tuples (gateway/telemetry/tracing.py). Building
-the SDK's `ReadableSpan` objects (about 12 µs each) and encoding OTLP (about 100 µs per span with the
-Python encoder) would cost more than the whole request, so neither happens in the gateway's process by
-default: batches of tuples go, msgpack-encoded, through a pipe to this module run as a child process
-(`python -m gateway.telemetry.span_export`), which builds the spans and runs the configured SDK exporter.
+The gateway records a finished request as one flat tuple (gateway/telemetry/tracing.py). Building the
+spans' attributes, the SDK's `ReadableSpan` objects (about 12 µs each) and OTLP (about 100 µs per span
+with the Python encoder) would cost more than the whole request, so none of it happens in the gateway's
+process by default: batches of records go, msgpack-encoded, through a pipe to this module run as a child
+process, which builds the spans and runs the configured SDK exporter.
 The same `to_readable_spans` serves an in-process exporter (tests pass the SDK's `InMemorySpanExporter`).
 
 Wire format on the child's stdin: frames of a 4-byte big-endian length and a msgpack payload; the first

@@ -11,12 +11,12 @@ An incoming W3C `traceparent` (and `tracestate`) makes the request span its chil
 decided; each attempt sends the backend its own span's context, so vLLM's spans hang under the attempt.
 Without one, `sample_ratio` decides, exactly as the SDK's `ParentBased(TraceIdRatioBased(ratio))`.
 
-The request path makes no SDK object. A request's spans are tuples in a list, and the finished trace is
-appended to a `SpanShipper`'s batch; a background thread sends batches to the span-export child process
-(gateway/telemetry/span_export.py), which builds the SDK spans and runs the OTLP exporter on another core
-(or, with an exporter object passed in, builds and exports them in the thread: tests). An unsampled
-request records nothing and still passes its context (flags 00) to the backend. With tracing off,
-nothing here runs: the pipeline checks one attribute.
+The request path makes no SDK object and no span: a request keeps references and timestamps, and when
+it ends one flat msgpack tuple goes to a `SpanShipper`. The event loop writes batches of them to the
+span-export child process (gateway/telemetry/span_export.py), which builds the spans and runs the OTLP
+exporter on another core (or, with an exporter object passed in, a thread builds and exports them in
+process: tests). An unsampled request records nothing and still passes its context (flags 00) to the
+backend. With tracing off, nothing here runs: the pipeline checks one attribute.
 """
 
 from __future__ import annotations

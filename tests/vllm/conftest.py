@@ -66,6 +66,13 @@ class VllmEnv:
     servers: dict[str, Server]
     workdir: Path
     counters_at_start: dict[str, dict[str, float]] = field(default_factory=dict)
+    outside: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Tokens a server served to tests directly, not through the gateway (the ledger never sees them)."""
+
+    def served_outside(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
+        counted = self.outside.setdefault(name, {"prompt_tokens": 0, "completion_tokens": 0})
+        counted["prompt_tokens"] += prompt_tokens
+        counted["completion_tokens"] += completion_tokens
 
     def counters(self, name: str) -> dict[str, float]:
         values = self.servers[name].metrics()
