@@ -49,7 +49,7 @@ from gateway.request.sse import SseRelay
 from gateway.settings import Retries, Timeouts
 
 if TYPE_CHECKING:
-    from gateway.telemetry.tracing import AttemptSpan, RequestTrace
+    from gateway.telemetry.tracing import RequestTrace
 
 _KEEPALIVE_SECONDS = 4.0
 """Shorter than uvicorn's default of 5 s (vLLM's server), so we never reuse a connection it is closing."""
@@ -303,16 +303,12 @@ class Upstream:
             started = loop.time()
             attempt.hold(backend)
             response: Response | None = None
+            headers = self._headers(backend, forwarded)
             if trace is not None:
-                sent = dict(forwarded)
-                span = trace.attempt(backend, tries, sent)
-            else:
-                sent, span = forwarded, None
+                headers += trace.attempt(backend, tries)
             try:
                 async with asyncio.timeout(wait):
-                    response = await client.post(
-                        backend.url, url_path, self._headers(backend, sent), parsed.body, limits.connect
-                    )
+                    response = await client.post(backend.url, url_path, headers, parsed.body, limits.connect)
                     status = response.status
                     if status < 300 and stream:
                         if response.content_type != "text/event-stream":
@@ -327,8 +323,8 @@ class Upstream:
                 why = f"connection to {backend.url} failed ({exc.__class__.__name__}: {exc})"
                 breaker.failure(why, at_once=refused)
                 error = upstream_failed(backend.name, why)
-                if span is not None:
-                    _end_span(span, None, f"{exc.__class__.__name__}: {why}")
+                if trace is not None:
+                    trace.attempt_done(None, f"{exc.__class__.__name__}: {why}")
                 continue
             except UpstreamError as exc:
                 _close(response)
@@ -336,26 +332,26 @@ class Upstream:
                 why = f"{exc.__class__.__name__}: {exc}"
                 breaker.failure(why)
                 error = upstream_failed(backend.name, why)
-                if span is not None:
-                    _end_span(span, None, why)
+                if trace is not None:
+                    trace.attempt_done(None, why)
                 continue
             except TimeoutError:
                 _close(response)
                 attempt.release()
                 breaker.failure(f"no answer within {wait:g} s")
                 error = upstream_timeout(backend.name, wait, "its first chunk" if stream else "an answer")
-                if span is not None:
-                    _end_span(span, None, f"timeout: no answer within {wait:g} s")
+                if trace is not None:
+                    trace.attempt_done(None, f"timeout: no answer within {wait:g} s")
                 continue
             except BaseException as exc:
                 _close(response)
                 attempt.release()
                 breaker.release()
-                if span is not None:
-                    _end_span(span, None, exc.__class__.__name__)
+                if trace is not None:
+                    trace.attempt_done(None, exc.__class__.__name__)
                 raise
-            if span is not None:
-                _end_span(span, status)
+            if trace is not None:
+                trace.attempt_done(status)
             if status in RETRY_STATUSES:
                 response.release()
                 attempt.release()
@@ -437,10 +433,6 @@ class Upstream:
         limits = limits or self.defaults
         deadline = None if limits.total is None else stream.started_at + limits.total
         return RelayedStream(stream, sse, finish, limits.between_chunks, deadline)
-
-
-def _end_span(span: AttemptSpan, status: int | None, error: str | None = None) -> None:
-    span.done(status, error)
 
 
 def _close(response: Response | None) -> None:

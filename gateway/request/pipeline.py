@@ -87,27 +87,36 @@ class Pipeline:
         return await self._complete(parsed, profile, decision, caller, limits)
 
     async def _traced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        """`handle` with spans (gateway/telemetry/tracing.py); the request span ends once accounted."""
+        """`handle` with spans (gateway/telemetry/tracing.py); the request span ends once accounted.
+
+        An unsampled request (no trace) runs here too rather than awaiting `_untraced`: a coroutine
+        layer costs something at every resumption of the request, and most requests of a busy gateway
+        that traces are not sampled.
+        """
         trace = caller.trace = self._tracing.start(endpoint, caller)  # type: ignore[union-attr]
         try:
-            started = time_ns()
             parsed = parse(endpoint, body)
             profile = classify(parsed, caller)
-            classified = time_ns()
-            trace.classified(profile, started, classified)
+            if trace is not None:
+                trace.profile = profile
+                trace.classified_ns = time_ns()
             decision = self.route(profile)
             limits = self.limits(decision.request_class)
             if limits.backpressure is not None:
                 decision = await self.wait_for_room(profile, decision, limits)
-            trace.routed(decision, classified, time_ns())
+            if trace is not None:
+                trace.decision = decision
+                trace.routed_ns = time_ns()
             if parsed.stream:
                 return await self._stream(parsed, profile, decision, caller, limits)
             return await self._complete(parsed, profile, decision, caller, limits)
         except GatewayError as error:
-            trace.fail(error.status, error.body.code, error.body.message)
+            if trace is not None:
+                trace.fail(error.status, error.body.code, error.body.message)
             raise
         except BaseException as exc:
-            trace.fail(500, "server_error", exc.__class__.__name__)
+            if trace is not None:
+                trace.fail(500, "server_error", exc.__class__.__name__)
             raise
 
     def limits(self, request_class: str) -> Limits:

@@ -53,7 +53,8 @@ log = logging.getLogger("switchyard.telemetry")
 
 _MASK64 = (1 << 64) - 1
 _encode = msgspec.msgpack.Encoder().encode
-"""A finished trace is encoded at once, so its objects die young instead of waiting for the GC."""
+"""A finished trace is encoded at once: its objects die young instead of lingering until the next batch
+(measured: keeping the records for the batch and encoding them together costs more, in the GC)."""
 
 
 class Parent(msgspec.Struct, frozen=True):
@@ -92,16 +93,28 @@ class Tracing:
         self._bound = round(sample_ratio * (1 << 64))
         """TraceIdRatioBased: sampled when the trace id's low 64 bits are below this."""
 
-    def start(self, endpoint: str, caller: Caller) -> RequestTrace | UnsampledTrace:
-        parent = parent_context(caller.forwarded) if "traceparent" in caller.forwarded else None
+    def start(self, endpoint: str, caller: Caller) -> RequestTrace | None:
+        """The request's trace when sampled; otherwise None, after giving the backend an unsampled context.
+
+        A sampled request's attempts each send their own `traceparent` (so the caller's is taken out of
+        `caller.forwarded`); an unsampled one records nothing and passes the caller's context on as it
+        came (or, without a valid one, a new context flagged not sampled), so the backend does not trace
+        what the gateway left out.
+        """
+        forwarded = caller.forwarded
+        parent = parent_context(forwarded) if "traceparent" in forwarded else None
         if parent is not None:
             trace_id, sampled = parent.trace_id, parent.sampled
         else:
             trace_id = getrandbits(128) or 1
             sampled = (trace_id & _MASK64) < self._bound
-        if not sampled:
-            return UnsampledTrace(trace_id, parent.tracestate if parent is not None else None)
-        return RequestTrace(self.shipper, trace_id, parent, endpoint, caller.request_id)
+            forwarded.pop("tracestate", None)  # meaningless without a valid traceparent
+        if sampled:
+            forwarded.pop("traceparent", None)
+            return RequestTrace(self.shipper, trace_id, parent, endpoint, caller.request_id)
+        if parent is None:
+            forwarded["traceparent"] = "00-%032x-%016x-00" % (trace_id, getrandbits(64) or 1)  # noqa: UP031 - twice as fast as an f-string
+        return None
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         return self.shipper.flush(timeout)
@@ -132,74 +145,30 @@ def _child_settings(options: TracingOptions) -> dict[str, Any]:
     }
 
 
-class UnsampledTrace:
-    """A request the sampler left out: nothing is recorded, the context still reaches the backend."""
-
-    __slots__ = ("_prefix", "_tracestate")
-
-    def __init__(self, trace_id: int, tracestate: str | None) -> None:
-        self._prefix = f"00-{trace_id:032x}-"
-        self._tracestate = tracestate
-
-    def classified(self, profile: RequestProfile, start_ns: int, end_ns: int) -> None:
-        return None
-
-    def routed(self, decision: Decision, start_ns: int, end_ns: int) -> None:
-        return None
-
-    def attempt(self, backend: Backend, number: int, headers: dict[str, str]) -> None:
-        headers["traceparent"] = f"{self._prefix}{getrandbits(64) or 1:016x}-00"
-        if self._tracestate:
-            headers["tracestate"] = self._tracestate
-
-    def finish(self, record: UsageRecord, account_start_ns: int, account_end_ns: int, attempts: int) -> None:
-        return None
-
-    def fail(self, status: int, code: str | None, message: str) -> None:
-        return None
-
-
-class AttemptSpan:
-    """One upstream attempt, open until `done`."""
-
-    __slots__ = ("backend", "number", "span_id", "start_ns", "trace")
-
-    def __init__(self, trace: RequestTrace, span_id: int, backend: Backend, number: int) -> None:
-        self.trace = trace
-        self.span_id = span_id
-        self.backend = backend
-        self.number = number
-        self.start_ns = time_ns()
-
-    def done(self, status: int | None, error: str | None = None) -> None:
-        b = self.backend
-        self.trace.attempts.append(
-            (self.span_id, self.start_ns, time_ns(), self.number, b.name, b.pool.name, b.pool.vendor, b.url,
-             status, error)
-        )  # fmt: skip
-
-
 class RequestTrace:
     """One sampled request: what happened, as references and timestamps until the request ends.
 
-    The spans and their attributes are built by the span-export process from one flat tuple per request
-    (gateway/telemetry/span_export.py, `TRACE_FIELDS`), so the request path makes no dict, no span and no
-    id but the ones the backend must see.
+    The pipeline stores the step timestamps, profile and decision straight into the slots (no call per
+    step); the spans and their attributes are built by the span-export process from one flat tuple per
+    request (gateway/telemetry/span_export.py), so the request path makes no dict, no span and no id but
+    the ones the backend must see.
     """
 
     __slots__ = (
-        "_classify",
-        "_ended",
+        "_attempt",
         "_parent",
-        "_profile",
-        "_route",
         "_shipper",
-        "_trace_id",
         "attempts",
+        "classified_ns",
+        "decision",
+        "ended",
         "endpoint",
+        "profile",
         "request_id",
         "root_id",
+        "routed_ns",
         "start_ns",
+        "trace_id",
     )
 
     def __init__(
@@ -211,45 +180,43 @@ class RequestTrace:
         request_id: str,
     ) -> None:
         self._shipper = shipper
-        self._trace_id = trace_id
+        self.trace_id = trace_id
         self._parent = parent
         self.endpoint = endpoint
         self.request_id = request_id
         self.root_id = getrandbits(64) or 1
         self.start_ns = time_ns()
-        self._ended = False
-        self._profile: RequestProfile | None = None
-        self._classify: tuple[int, int] | None = None
-        self._route: tuple[int, int, Decision] | None = None
+        """Also where parsing starts: the classify span runs from here to `classified_ns`, the route
+        span from there to `routed_ns` (both set by the pipeline, which sets `profile` and `decision`
+        with them, so they are read only once set)."""
+        self.ended = False
+        self.profile: RequestProfile | None = None
+        self.decision: Decision | None = None
         self.attempts: list[tuple[Any, ...]] = []
+        self._attempt: tuple[int, int, Backend, int] | None = None
 
-    def classified(self, profile: RequestProfile, start_ns: int, end_ns: int) -> None:
-        self._profile = profile
-        self._classify = (start_ns, end_ns)
+    # --- upstream attempts (gateway/request/forward.py), one at a time -------------------------------------
 
-    def routed(self, decision: Decision, start_ns: int, end_ns: int) -> None:
-        self._route = (start_ns, end_ns, decision)
+    def attempt(self, backend: Backend, number: int) -> bytes:
+        """Open a client span for an attempt; returns the `traceparent` header line the backend gets."""
+        span_id = getrandbits(64) or 1
+        self._attempt = (span_id, time_ns(), backend, number)
+        return b"traceparent: 00-%032x-%016x-01\r\n" % (self.trace_id, span_id)
 
-    # --- upstream attempts (gateway/request/forward.py) ------------------------------------------------
-
-    def attempt(self, backend: Backend, number: int, headers: dict[str, str]) -> AttemptSpan:
-        """A client span for one attempt; `headers` (to the backend) get its trace context."""
-        span = AttemptSpan(self, getrandbits(64) or 1, backend, number)
-        headers["traceparent"] = f"00-{self._trace_id:032x}-{span.span_id:016x}-01"
-        parent = self._parent
-        if parent is not None and parent.tracestate:
-            headers["tracestate"] = parent.tracestate
-        return span
-
-    @staticmethod
-    def attempt_done(span: AttemptSpan, status: int | None, error: str | None = None) -> None:
-        span.done(status, error)
-
-    # --- the end ---------------------------------------------------------------------------------------
+    def attempt_done(self, status: int | None, error: str | None = None) -> None:
+        """Close the open attempt's span with the backend's status, or the error that ended it."""
+        opened = self._attempt
+        if opened is None:
+            return
+        self._attempt = None
+        span_id, start_ns, b, number = opened
+        self.attempts.append(
+            (span_id, start_ns, time_ns(), number, b.name, b.pool.name, b.pool.vendor, b.url, status, error)
+        )
 
     def finish(self, record: UsageRecord, account_start_ns: int, account_end_ns: int, attempts: int) -> None:
         """The request was accounted: its usage and cost go on the request span, which ends."""
-        if self._ended:
+        if self.ended:
             return
         r = record
         result = (
@@ -261,23 +228,31 @@ class RequestTrace:
 
     def fail(self, status: int, code: str | None, message: str) -> None:
         """The request ended in an error of the gateway's (no backend answer to account)."""
-        if self._ended:
+        if self.ended:
             return
         self._end(None, (status, code, message))
 
     def _end(self, result: tuple[Any, ...] | None, failure: tuple[int, str | None, str] | None) -> None:
-        self._ended = True
+        self.ended = True
         parent = self._parent
-        trace_id = self._trace_id
-        p = self._profile
-        profile = None if p is None else (p.model, p.max_tokens, p.n, p.stream, p.prompt_tokens_estimate)
-        route = self._route
+        trace_id = self.trace_id
+        p = self.profile
+        profile = classify = None
+        if p is not None:
+            profile = (p.model, p.max_tokens, p.n, p.stream, p.prompt_tokens_estimate)
+            classify = (self.start_ns, self.classified_ns)
+        d = self.decision
         routed = None
-        if route is not None:
-            d = route[2]
-            routed = (route[0], route[1], d.request_class, d.route, [b.name for b in d.candidates])
+        if d is not None:
+            routed = (
+                self.classified_ns,
+                self.routed_ns,
+                d.request_class,
+                d.route,
+                [b.name for b in d.candidates],
+            )
         attempts = self.attempts
-        spans = 1 + len(attempts) + (p is not None) + (route is not None) + (result is not None)
+        spans = 1 + len(attempts) + (p is not None) + (d is not None) + (result is not None)
         self._shipper.submit(
             _encode(
                 (
@@ -291,7 +266,7 @@ class RequestTrace:
                     self.start_ns,
                     time_ns(),
                     profile,
-                    self._classify,
+                    classify,
                     routed,
                     attempts,
                     result,
@@ -444,6 +419,8 @@ class ChildProcessShipper(SpanShipper):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
         self.restarts = 0
+        self._traces: list[bytes] = []
+        self._traces_spans = 0
 
     def start(self) -> None:
         self._spawn()
@@ -461,6 +438,9 @@ class ChildProcessShipper(SpanShipper):
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
+            # Its own session: with the kernel's autogroup scheduling a busy exporter then counts as its
+            # own group, not against the gateway's share of a CPU. It exits at the end of its stdin.
+            start_new_session=True,
         )
         stdin: IO[bytes] = self.process.stdin  # type: ignore[assignment]
         stdin.write(frame(self._settings))
@@ -471,7 +451,14 @@ class ChildProcessShipper(SpanShipper):
         os.set_blocking(self._fd, False)
 
     def submit(self, encoded: bytes, spans: int) -> None:
-        super().submit(encoded, spans)
+        # Its own queue, not the base class's: a list of encoded traces and one span count, swapped out
+        # whole by `_drain` (both run on the event loop, so nothing is shared with a thread).
+        traces = self._traces
+        if len(traces) >= self.max_queue:
+            self.dropped_spans += spans
+            return
+        traces.append(encoded)
+        self._traces_spans += spans
         if self._timer is None:
             try:
                 loop = self._loop = asyncio.get_running_loop()
@@ -487,22 +474,31 @@ class ChildProcessShipper(SpanShipper):
         raise NotImplementedError  # `_drain` is overridden
 
     def _drain(self) -> None:
-        pending = self._pending
-        if not pending:
+        traces = self._traces
+        if not traces:
             return
-        batch = [pending.popleft() for _ in range(len(pending))]
-        spans = sum(n for _, n in batch)
+        spans = self._traces_spans
+        self.submitted_spans += spans
+        self._traces, self._traces_spans = [], 0
         if not self._alive():
             self.dropped_spans += spans
             return
         if len(self._out) > self.max_buffer:
             self.dropped_spans += spans  # the child is not keeping up
             return
-        data = frame(b"\xdd" + len(batch).to_bytes(4, "big") + b"".join([e for e, _ in batch]))  # array32
+        data = frame(b"\xdd" + len(traces).to_bytes(4, "big") + b"".join(traces))  # a msgpack array32
         self._out += data
         self._out_sizes.append(len(data))
         self._out_spans.append(spans)
         self._write_some()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "submitted": self.submitted_spans + self._traces_spans,
+            "exported": self.exported_spans,
+            "dropped": self.dropped_spans,
+            "queued": len(self._traces),
+        }
 
     def _alive(self) -> bool:
         process = self.process
