@@ -101,6 +101,8 @@ class Metrics:
         self._router = router
         self._queued = queued
         self.started = time.time()
+        self.before_render: Callable[[], None] | None = None
+        """Called first thing at every scrape (the batched request records are counted then)."""
 
     # --- the request path -------------------------------------------------------------------------------
 
@@ -151,6 +153,8 @@ class Metrics:
     # --- the scrape -------------------------------------------------------------------------------------
 
     def render(self) -> bytes:
+        if self.before_render is not None:
+            self.before_render()
         out: list[str] = []
         add = out.append
 

@@ -1,12 +1,16 @@
-"""The JSON access log and trace-context parsing."""
+"""The JSON access log, the batch that feeds it and the metrics, and trace-context parsing."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+from types import SimpleNamespace
 
 from gateway.ledger.records import UsageRecord
+from gateway.telemetry import BATCH_S, Telemetry
 from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import parent_context
 
 
@@ -54,3 +58,39 @@ def test_traceparent_is_parsed_and_bad_ones_ignored() -> None:
     for bad in ("garbage", zero_trace, bad_version, "00-xyz-00f067aa0ba902b7-01"):
         assert parent_context({"traceparent": bad}) is None
     assert parent_context({}) is None
+
+
+class _KeptOpen(io.BytesIO):
+    def close(self) -> None:  # read after the log is closed
+        return None
+
+
+async def test_records_are_batched_then_counted_and_logged_in_order() -> None:
+    """The request path only appends; a scrape, the batch timer or shutdown makes the cells and lines."""
+    out = _KeptOpen()
+    metrics = Metrics([])
+    telemetry = Telemetry(metrics, AccessLog(out, include_prompts=True))
+    bodies = [b'{"n":1}', b'{"n":2}', b'{"n":3}']
+    for n, body in enumerate(bodies):
+        done = record()
+        done.request_id = f"req-{n}"
+        telemetry.recorded(done, SimpleNamespace(body=body))  # type: ignore[arg-type]
+    assert out.getvalue() == b""  # nothing made on the request path
+    rendered = metrics.render().decode()  # a scrape counts what is batched first
+    labels = 'model="m",class="interactive",route="r",pool="h100",vendor="nvidia",status="200"'
+    assert f"switchyard_requests_total{{{labels}}} 3" in rendered
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["request_id"] for line in lines] == ["req-0", "req-1", "req-2"]
+    assert [line["request_body"] for line in lines] == [b.decode() for b in bodies]
+    telemetry.recorded(record(), SimpleNamespace(body=b"{}"))  # type: ignore[arg-type]
+    telemetry.close()  # shutdown writes the last batch
+    assert len(out.getvalue().splitlines()) == 4
+
+
+async def test_the_batch_timer_writes_what_waited() -> None:
+    out = io.BytesIO()
+    telemetry = Telemetry(None, AccessLog(out))
+    telemetry.recorded(record(), SimpleNamespace(body=b"{}"))  # type: ignore[arg-type]
+    assert out.getvalue() == b""
+    await asyncio.sleep(BATCH_S * 2)
+    assert json.loads(out.getvalue())["request_id"] == "req-abc"
