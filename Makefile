@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting loadtest clean
+.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry loadtest clean
 
 venv: $(STAMP)
 
@@ -47,6 +47,10 @@ bench-routing: venv
 
 bench-accounting: venv
 	$(PY) -m loadtest.bench_accounting $(ARGS)
+
+# What telemetry costs (needs wrk; nginx if present, as installed by ../shared/peers/setup.sh; ~4 minutes).
+bench-telemetry: venv
+	$(PY) -m loadtest.bench_telemetry $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
 loadtest: venv

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import uvicorn
 
 from gateway.app import asgi_entry, create_app
 from gateway.settings import Settings
 
 
-def server_config(settings: Settings, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+def server_config(
+    settings: Settings, host: str, port: int, log_level: str = "info", app: Any = None
+) -> uvicorn.Config:
+    """uvicorn's settings for the gateway; `app` is the ASGI entry (by default built from `settings`)."""
     return uvicorn.Config(
-        asgi_entry(create_app(settings)),
+        app if app is not None else asgi_entry(create_app(settings)),
         host=host,
         port=port,
         loop="uvloop",

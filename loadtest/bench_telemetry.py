@@ -1,35 +1,45 @@
-"""What telemetry costs: gateway requests/s and CPU per request with telemetry off and on, in one run.
+"""What telemetry costs: the gateway's throughput and CPU per request with telemetry off and on, in one run.
 
-Gateways identical but for telemetry, pinned to the first CPU and loaded one at a time by wrk (64
-connections) in alternating rounds, so drift on a shared machine hits all of them:
+Modes, switched inside running gateway processes (loadtest/_switchable_gateway.py):
 
-- `before`:  (only with `--baseline-ref REF`) the code at REF, exported to a temporary directory;
-- `off`:     `telemetry: {metrics: false, access_log: {enabled: false}}` (tracing is off by default): what
-             an operator who turns everything off pays; the reference of the ratios;
+- `off`:     nothing wired: the per-request code of `telemetry: {metrics: false, access_log: {enabled:
+             false}}` with tracing off (its default); the reference of the ratios;
+- `off-twin`: `off` again under another name: its ratio is what "no difference" measures as in this run
+             (the noise floor any other ratio must be read against);
 - `metrics+logs`: the defaults: `GET /metrics` cells and one JSON access-log line per request (to a file);
+- `all@10%`: plus tracing of one request in ten (`sample_ratio: 0.1`, what a busy production gateway
+             would run), spans dropped by the span-export child;
 - `all`:     plus tracing of every request (`sample_ratio: 1`), spans built by the span-export child
              process and dropped there (`exporter: none`);
 - `all+otlp`: the same, exported over OTLP/HTTP to a local sink process that decodes nothing and
              answers 200, so the real encoding cost is paid.
 
-The span-export child does its work off the gateway's event loop; this benchmark pins it to the second
-CPU (with wrk and the backend), as a deployment gives it a core of its own, and reports its CPU per
-request separately: `gw CPU` is the gateway process alone, `export CPU` the child.
+How, and why so: on a shared machine speed drifts by tens of percent from one second to the next, and two
+processes of identical code differ by several percent (hash seed, where their memory landed); either
+would swamp a few percent of telemetry. So two gateway processes, A and B, share the first CPU and are
+loaded at the same time, one wrk each (64 connections): the kernel gives each half the core, so their
+throughputs compare their costs over the very same seconds. Each mode is measured in two phases, A in the
+mode with B `off`, then the reverse, and the ratio is the geometric mean of the two (each process's own
+speed cancels). `vs off` compares throughput, `cpu vs off` the gateway's CPU per request (off's over the
+mode's); both are medians over rounds.
 
-The backend is nginx answering a static chat completion (or, without nginx, a simulated backend with zero
-token delays), so the gateway on its core is the bottleneck; it shares the second CPU with wrk. Reports
-requests/s and CPU µs per request per mode (medians over rounds), and each mode's throughput ratio
-against the reference (the median of each round's ratio, so drift between rounds cancels).
+Placement: the gateways on the first CPU; wrk, the backend (nginx answering a static chat completion, or
+without nginx a simulated backend with zero token delays) and the span-export children on the second,
+as a deployment gives the exporter a core of its own. `gw CPU` is a gateway process alone, `export CPU`
+its export children. With OTLP the exporter needs most of a core at this rate, so in `all+otlp` the
+second CPU is nearly full and the load generator itself slows a little.
 
-Usage: python -m loadtest.bench_telemetry [--duration 5] [--rounds 3] [--connections 64]
-       [--baseline-ref REF] [--json out.json]
+Usage: python -m loadtest.bench_telemetry [--duration 2] [--rounds 6] [--connections 64] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,34 +59,21 @@ from loadtest._bench_util import (
     install_interrupt_handlers,
     pick_cpus,
     python_argv,
-    session_cpu_seconds,
     start_zero_delay_backend,
     wait_until,
     which,
 )
-from loadtest.bench_accounting import _BODY, _WRK_SCRIPT, MODEL, _wrk
+from loadtest._switchable_gateway import MODES
+from loadtest.bench_accounting import _BODY, _WRK_SCRIPT, MODEL
 from loadtest.bench_http_clients import start_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("before", "off", "metrics+logs", "all", "all+otlp")
-TRACED = ("all", "all+otlp")
+REFERENCE = "off"
 
 
-def _telemetry(mode: str, workdir: Path, sink: str = "") -> dict[str, Any] | None:
-    if mode == "before":
-        return None  # the old config schema has no `telemetry` section
-    if mode == "off":
-        return {"metrics": False, "access_log": {"enabled": False}}
-    on: dict[str, Any] = {"metrics": True, "access_log": {"destination": str(workdir / f"access-{mode}.log")}}
-    if mode == "all":
-        on["tracing"] = {"enabled": True, "exporter": "none"}
-    if mode == "all+otlp":
-        on["tracing"] = {"enabled": True, "exporter": "otlp", "endpoint": sink}
-    return on
-
-
-def _config(port: int, backend_url: str, mode: str, workdir: Path, sink: str = "") -> dict[str, Any]:
-    config: dict[str, Any] = {
+def _config(port: int, backend_url: str, access_log: Path) -> dict[str, Any]:
+    """Everything on; the switchable gateway unwires what a mode leaves off."""
+    return {
         "gateway": {"port": port},
         "ledger": {"store": "memory"},
         "pools": [
@@ -88,19 +85,12 @@ def _config(port: int, backend_url: str, mode: str, workdir: Path, sink: str = "
                 "backends": [{"url": backend_url, "models": [MODEL], "max_model_len": 8192}],
             }
         ],
+        "telemetry": {
+            "metrics": True,
+            "access_log": {"destination": str(access_log)},
+            "tracing": {"enabled": True, "exporter": "none"},
+        },
     }
-    telemetry = _telemetry(mode, workdir, sink)
-    if telemetry is not None:
-        config["telemetry"] = telemetry
-    return config
-
-
-def _export(ref: str, into: Path) -> Path:
-    """The tree at `ref`, exported (not checked out: the work tree is left alone)."""
-    into.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
 
 
 def _serve_sink(port: int) -> None:
@@ -138,25 +128,115 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _export_child(gateway_pid: int, cpu: int) -> int:
-    """The gateway's span-export child, moved to `cpu`."""
-    deadline = time.monotonic() + 10
-    while not (children := _children(gateway_pid)):
+def _export_children(gateway_pid: int, count: int) -> list[int]:
+    """The gateway's span-export children (one per tracer), once all of them are up."""
+    deadline = time.monotonic() + 15
+    while len(children := _children(gateway_pid)) < count:
         if time.monotonic() > deadline:
-            raise RuntimeError("the traced gateway has no span-export child")
+            raise RuntimeError(f"the gateway has {len(children)} span-export children, not {count}")
         time.sleep(0.05)
-    os.sched_setaffinity(children[0], {cpu})
-    return children[0]
+    return children
 
 
-def run(duration: float, rounds: int, connections: int, baseline_ref: str | None) -> dict[str, Any]:
+class _Gateway:
+    def __init__(self, url: str, pid: int, exporters: list[int], mode_file: Path) -> None:
+        self.url, self.pid, self.exporters, self.mode_file = url, pid, exporters, mode_file
+        self.chat = url + "/v1/chat/completions"
+
+    def switch(self, mode: str) -> None:
+        """Rewire for `mode`, then wait until the export children are idle (what the last mode shipped
+        is exported before this one is measured, not on its time)."""
+        self.mode_file.write_text(mode)
+        os.kill(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        spent = -1.0
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            now = sum(_cpu_seconds(pid) for pid in self.exporters)
+            if now == spent:
+                return
+            spent = now
+
+
+def _start(
+    group: ProcessGroup, work: Path, instance: int, backend_url: str, sink: str, cpus: tuple[int, int]
+) -> _Gateway:
+    proxy_cpu, load_cpu = cpus
+    port = free_port()
+    config = work / f"gateway-{instance}.yaml"
+    config.write_text(yaml.safe_dump(_config(port, backend_url, work / f"access-{instance}.log")))
+    mode_file = work / f"mode-{instance}"
+    mode_file.write_text(REFERENCE)
+    argv = python_argv(
+        "loadtest._switchable_gateway", "--config", str(config), "--port", str(port),
+        "--mode-file", str(mode_file), "--otlp", sink,
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONHASHSEED": str(instance + 1)}
+    child = group.start(f"gateway-{instance}", argv, cpu=proxy_cpu, cwd=str(ROOT), env=env)
+    url = f"http://127.0.0.1:{port}"
+    assert_loopback(url)
+    wait_until(lambda: healthy(url), timeout=60, what=url, child=child)
+    status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
+    if status != 200:
+        raise RuntimeError(f"gateway answered {status}: {body[:300]!r}")
+    exporters = _export_children(child.pid, 3)
+    for pid in exporters:
+        os.sched_setaffinity(pid, {load_cpu})
+    return _Gateway(url, child.pid, exporters, mode_file)
+
+
+def _wrk_pair(
+    wrk: str, urls: tuple[str, str], script: Path, connections: int, duration: float, cpu: int
+) -> tuple[float, float]:
+    """Load both gateways at once, one wrk each; their requests/s."""
+    argvs = [[wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(script), url] for url in urls]
+    procs = [
+        subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        )
+        for argv in argvs
+    ]
+    outs = [proc.communicate(timeout=duration + 30)[0] for proc in procs]
+    rates = []
+    for out in outs:
+        match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+        if match is None or "Non-2xx or 3xx responses" in out:
+            raise RuntimeError(f"wrk failed or saw errors:\n{out}")
+        rates.append(float(match.group(1)))
+    return rates[0], rates[1]
+
+
+def _phase(
+    gateways: tuple[_Gateway, _Gateway], modes: tuple[str, str], wrk: str, script: Path, connections: int,
+    duration: float, load_cpu: int,
+) -> list[tuple[float, float, float]]:  # fmt: skip
+    """Both gateways loaded at once, each in its mode: (requests/s, CPU µs/request, export µs/request)."""
+    for gateway, mode in zip(gateways, modes, strict=True):
+        gateway.switch(mode)
+    before = [(_cpu_seconds(g.pid), sum(_cpu_seconds(p) for p in g.exporters)) for g in gateways]
+    rates = _wrk_pair(wrk, (gateways[0].chat, gateways[1].chat), script, connections, duration, load_cpu)
+    out = []
+    for gateway, rps, (cpu0, export0) in zip(gateways, rates, before, strict=True):
+        done = max(1.0, rps * duration)
+        cpu = _cpu_seconds(gateway.pid) - cpu0
+        export = sum(_cpu_seconds(p) for p in gateway.exporters) - export0
+        out.append((rps, cpu / done * 1e6, export / done * 1e6))
+    return out
+
+
+def run(duration: float, rounds: int, connections: int) -> dict[str, Any]:
     wrk = which("wrk")
     if wrk is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
-    modes = MODES if baseline_ref else MODES[1:]
-    reference = modes[0]
-    proxy_cpu, load_cpu = pick_cpus()
-    samples: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+    cpus = pick_cpus()
+    load_cpu = cpus[1]
+    measured = [m for m in MODES if m != REFERENCE]
+    ratios: dict[str, list[tuple[float, float]]] = {m: [] for m in measured}
+    costs: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
         work = Path(tmp)
         script = work / "post.lua"
@@ -178,74 +258,50 @@ def run(duration: float, rounds: int, connections: int, baseline_ref: str | None
             group.start("otlp-sink", sink_argv, cpu=load_cpu, cwd=str(ROOT))
             sink = f"http://127.0.0.1:{sink_port}/v1/traces"
             assert_loopback(sink)
-            gateways: dict[str, tuple[str, int, int | None]] = {}
-            for mode in modes:
-                port = free_port()
-                path = work / f"gateway-{mode}.yaml"
-                path.write_text(yaml.safe_dump(_config(port, backend_url, mode, work, sink)))
-                cwd = str(_export(baseline_ref, work / "before-tree")) if mode == "before" else str(ROOT)
-                level = "warning" if mode in ("before", "off") else "info"
-                child = group.start(
-                    f"gateway-{mode}",
-                    python_argv("gateway.cli", "serve", "--config", str(path), "--log-level", level),
-                    cpu=proxy_cpu,
-                    cwd=cwd,
-                )
-                url = f"http://127.0.0.1:{port}"
-                assert_loopback(url)
-                wait_until(lambda u=url: healthy(u), timeout=30, what=url, child=child)
-                status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
-                if status != 200:
-                    raise RuntimeError(f"{mode} gateway answered {status}: {body[:300]!r}")
-                exporter = _export_child(child.pid, load_cpu) if mode in TRACED else None
-                gateways[mode] = (url, child.pid, exporter)
-            for url, _, _ in gateways.values():  # warm up
-                _wrk(wrk, url + "/v1/chat/completions", script, connections, 1, load_cpu)
+            pair = (
+                _start(group, work, 0, backend_url, sink, cpus),
+                _start(group, work, 1, backend_url, sink, cpus),
+            )
+            for mode in MODES:  # warm up every mode in both
+                _phase(pair, (mode, mode), wrk, script, connections, 1, load_cpu)
             for r in range(rounds):
-                order = modes[r % len(modes) :] + modes[: r % len(modes)]
-                for mode in order:
-                    url, pid, exporter = gateways[mode]
-                    cpu_before = session_cpu_seconds(pid)
-                    export_before = _cpu_seconds(exporter) if exporter else 0.0
-                    rps = _wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)
-                    export = (_cpu_seconds(exporter) - export_before) if exporter else 0.0
-                    cpu = session_cpu_seconds(pid) - cpu_before - export
-                    done = max(1.0, rps * duration)
-                    samples[mode].append((rps, cpu / done * 1e6, export / done * 1e6))
-            logged = sum(
-                len(p.read_bytes().splitlines()) for p in work.glob("access-*.log")
-            )  # the lines were really written
+                shift = r % len(measured)
+                for mode in measured[shift:] + measured[:shift]:
+                    # Each process takes the mode once and `off` once, so its own speed cancels out.
+                    (a, b) = _phase(pair, (mode, REFERENCE), wrk, script, connections, duration, load_cpu)
+                    (c, d) = _phase(pair, (REFERENCE, mode), wrk, script, connections, duration, load_cpu)
+                    ratios[mode].append(
+                        (math.sqrt(a[0] / b[0] * d[0] / c[0]), math.sqrt(b[1] / a[1] * c[1] / d[1]))
+                    )
+                    costs[mode] += [a, d]
+                    costs[REFERENCE] += [b, c]
+            logged = sum(len(p.read_bytes().splitlines()) for p in work.glob("access-*.log"))
         finally:
             group.close()
-    summary: dict[str, Any] = {
-        mode: {
-            "rps": statistics.median(s[0] for s in samples[mode]),
-            "cpu_us_per_req": statistics.median(s[1] for s in samples[mode]),
-            "export_cpu_us_per_req": statistics.median(s[2] for s in samples[mode]),
-            "rounds": [round(s[0]) for s in samples[mode]],
-            "vs_" + reference: statistics.median(
-                m[0] / b[0] for m, b in zip(samples[mode], samples[reference], strict=True)
-            ),
+    summary: dict[str, Any] = {}
+    for mode in MODES:
+        summary[mode] = {
+            "rps_sharing_the_core": statistics.median(c[0] for c in costs[mode]),
+            "cpu_us_per_req": statistics.median(c[1] for c in costs[mode]),
+            "export_cpu_us_per_req": statistics.median(c[2] for c in costs[mode]),
+            "vs_off": statistics.median(r[0] for r in ratios[mode]) if mode != REFERENCE else 1.0,
+            "cpu_vs_off": statistics.median(r[1] for r in ratios[mode]) if mode != REFERENCE else 1.0,
+            "rounds_vs_off": [round(r[0], 3) for r in ratios.get(mode, [])],
         }
-        for mode in modes
-    }
-    summary["reference"] = reference
-    summary["access_log_lines"] = logged
+    summary["access_log_lines"] = logged  # the lines were really written
     return summary
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    ref = summary["reference"]
-    modes = [m for m in MODES if m in summary]
     lines = [
-        f"{'telemetry':<13} {'req/s':>8} {'vs ' + ref:>10} {'gw CPU µs/req':>14} {'export CPU µs/req':>18}"
-        "  req/s per round"
+        f"{'telemetry':<13} {'vs off':>7} {'cpu vs off':>11} {'gw CPU µs/req':>14} {'export CPU µs/req':>18}"
+        f" {'req/s (half a core)':>20}  throughput vs off, per round"
     ]
-    for mode in modes:
+    for mode in MODES:
         s = summary[mode]
         lines.append(
-            f"{mode:<13} {s['rps']:>8.0f} {s['vs_' + ref]:>10.3f} {s['cpu_us_per_req']:>14.0f} "
-            f"{s['export_cpu_us_per_req']:>18.0f}  {s['rounds']}"
+            f"{mode:<13} {s['vs_off']:>7.3f} {s['cpu_vs_off']:>11.3f} {s['cpu_us_per_req']:>14.0f} "
+            f"{s['export_cpu_us_per_req']:>18.0f} {s['rps_sharing_the_core']:>20.0f}  {s['rounds_vs_off']}"
         )
     return "\n".join(lines)
 
@@ -254,17 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per mode and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per mode and round")
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--baseline-ref", default="none", help="git ref for `before` (default: none)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
-    if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 20 or not 1 <= args.connections <= 512:
-        parser.error("--duration 1..120, --rounds 1..20, --connections 1..512")
+    if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 100 or not 1 <= args.connections <= 512:
+        parser.error("--duration 1..120, --rounds 1..100, --connections 1..512")
     install_interrupt_handlers()
-    ref = None if args.baseline_ref == "none" else args.baseline_ref
-    summary = run(args.duration, args.rounds, args.connections, ref)
+    summary = run(args.duration, args.rounds, args.connections)
     print(format_table(summary))
     print(f"access-log lines written: {summary['access_log_lines']}")
     if args.json is not None:
