@@ -23,6 +23,9 @@ from gateway.settings import Settings
 
 log = logging.getLogger("switchyard")
 
+YOUNG_GC_THRESHOLD = 20_000
+"""Net new container objects between young-generation GC passes once the app is up (Python: 700)."""
+
 
 def lifespan(settings: Settings, pipeline: Pipeline):
     @asynccontextmanager
@@ -63,9 +66,15 @@ def lifespan(settings: Settings, pipeline: Pipeline):
         # loop for tens of ms (p99 of 8 concurrent streams 16-28 ms -> 5-6 ms in one A/B run).
         gc.collect()
         gc.freeze()
+        # A young-generation pass every 700 net allocations ran ~190 times a second under load and took
+        # 3-4% of the CPU, though requests free nearly everything they make by reference counting; every
+        # 20,000 still bounds what reference cycles can leave behind (+4% throughput, paired A/B).
+        thresholds = gc.get_threshold()
+        gc.set_threshold(YOUNG_GC_THRESHOLD, *thresholds[1:])
         try:
             yield
         finally:
+            gc.set_threshold(*thresholds)
             gc.unfreeze()  # an app stopped inside a longer-lived process (tests) can be collected
             if watcher is not None:
                 await watcher.stop()
