@@ -1,5 +1,6 @@
-"""Tracing off the request path: sampling, context propagation, the shipper's bounds, and the span-export
-child process end to end (OTLP/HTTP to a local sink that decodes what it receives)."""
+"""Tracing off the request path: sampling, context propagation, the shipper's bounds, the span-export
+child process end to end (OTLP/HTTP to a local sink that decodes what it receives), and the OTLP
+encoder and exporter (checked against the SDK's encoder)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from gateway.ledger.records import UsageRecord
 from gateway.request.classify import Caller
 from gateway.settings import Tracing as TracingOptions
+from gateway.telemetry.otlp_http import OtlpHttpExporter, encode_request
+from gateway.telemetry.span_export import to_readable_spans
 from gateway.telemetry.tracing import (
     ChildProcessShipper,
     InProcessShipper,
     RequestTrace,
     Tracing,
-    UnsampledTrace,
     build_tracing,
 )
 from tests.support import free_port
@@ -47,14 +54,18 @@ def record(status: int = 200) -> UsageRecord:
     )  # fmt: skip
 
 
-def one_request(tracing: Tracing, **forwarded: str) -> tuple[RequestTrace | UnsampledTrace, dict[str, str]]:
-    trace = tracing.start("chat", caller(**forwarded))
-    headers: dict[str, str] = {}
-    span = trace.attempt(BACKEND, 1, headers)  # type: ignore[arg-type]
-    if span is not None:
-        RequestTrace.attempt_done(span, 200)
-    trace.finish(record(), time.time_ns(), time.time_ns(), 1)
-    return trace, headers
+def one_request(tracing: Tracing, **forwarded: str) -> tuple[RequestTrace | None, dict[str, str]]:
+    """One request through the tracing hooks; returns its trace and the headers its backend receives."""
+    who = caller(**forwarded)
+    trace = tracing.start("chat", who)
+    sent = dict(who.forwarded)
+    if trace is not None:
+        header = trace.attempt(BACKEND, 1)  # type: ignore[arg-type]
+        name, _, value = header.decode().strip().partition(": ")
+        sent[name] = value
+        trace.attempt_done(200)
+        trace.finish(record(), time.time_ns(), time.time_ns(), 1)
+    return trace, sent
 
 
 @pytest.fixture
@@ -79,15 +90,44 @@ def test_sampling_follows_the_ratio_and_the_callers_decision() -> None:
     assert sampled_share(1.0, traceparent=PARENT[:-2] + "00") == 0.0  # the caller did not
 
 
-def test_an_unsampled_request_still_passes_its_context_on() -> None:
+def test_an_unsampled_request_passes_the_callers_context_on_untouched() -> None:
     tracing = Tracing(InProcessShipper(InMemorySpanExporter(), "t", 10), sample_ratio=0.0)
-    trace, headers = one_request(tracing, traceparent=PARENT[:-2] + "00", tracestate="v=1")
-    assert isinstance(trace, UnsampledTrace)
-    version, trace_id, span_id, flags = headers["traceparent"].split("-")
-    assert (version, trace_id, flags) == ("00", PARENT.split("-")[1], "00")
-    assert len(span_id) == 16 and span_id != PARENT.split("-")[2]
-    assert headers["tracestate"] == "v=1"
+    unsampled = PARENT[:-2] + "00"
+    trace, headers = one_request(tracing, traceparent=unsampled, tracestate="v=1")
+    assert trace is None
+    assert headers["traceparent"] == unsampled and headers["tracestate"] == "v=1"
     assert tracing.shipper.stats()["submitted"] == 0
+
+
+def test_an_unsampled_request_without_a_valid_context_sends_a_new_unsampled_one() -> None:
+    tracing = Tracing(InProcessShipper(InMemorySpanExporter(), "t", 10), sample_ratio=0.0)
+    for forwarded in ({}, {"traceparent": "00-zz-bad-01", "tracestate": "v=1"}):
+        trace, headers = one_request(tracing, **forwarded)
+        assert trace is None
+        version, trace_id, span_id, flags = headers["traceparent"].split("-")
+        assert (version, flags, len(trace_id), len(span_id)) == ("00", "00", 32, 16)
+        assert int(trace_id, 16) and int(span_id, 16)
+        assert "tracestate" not in headers  # it belonged to the invalid traceparent
+    assert tracing.shipper.stats()["submitted"] == 0
+
+
+def test_a_sampled_request_replaces_the_callers_traceparent_with_its_attempts() -> None:
+    tracing = Tracing(InProcessShipper(InMemorySpanExporter(), "t", 10), sample_ratio=1.0)
+    who = caller(traceparent=PARENT, tracestate="v=1")
+    trace = tracing.start("chat", who)
+    assert trace is not None
+    assert "traceparent" not in who.forwarded and who.forwarded["tracestate"] == "v=1"
+    sent = []
+    for number in (1, 2):
+        header = trace.attempt(BACKEND, number)  # type: ignore[arg-type]
+        name, _, value = header.decode().partition(": ")
+        assert name == "traceparent" and value.endswith("\r\n")
+        version, trace_id, span_id, flags = value.strip().split("-")
+        assert (version, trace_id, flags) == ("00", PARENT.split("-")[1], "01")
+        trace.attempt_done(503 if number == 1 else 200)
+        sent.append(int(span_id, 16))
+    assert sent[0] != sent[1]
+    assert [a[0] for a in trace.attempts] == sent  # each attempt's span is the one its backend was sent
 
 
 def test_spans_keep_the_callers_trace_and_hang_under_the_request(memory) -> None:
@@ -202,3 +242,86 @@ def test_a_dead_export_child_is_replaced_and_the_lost_batch_counted() -> None:
     assert shipper.restarts == 1 and shipper.process is not first and shipper.process.poll() is None
     tracing.shutdown()
     assert shipper.process.poll() == 0
+
+
+def _records() -> list[Any]:
+    now = time.time_ns()
+    retried = (
+        1, 2, 0, None, 3, "chat", "req-a", now, now + 5000, ("m", 64, 2, True, 200), (now, now + 100),
+        (now + 100, now + 200, "interactive", "r/fast", ["h100-0", "h100-1"]),
+        [(5, now + 200, now + 4000, 1, "h100-0", "h100", "nvidia", "http://x", 503, None),
+         (6, now + 4000, now + 4500, 2, "h100-1", "h100", "nvidia", "http://y", 200, None)],
+        ("m", 200, 64, 200, "nvidia", "h100", "h100-1", "h100", 0.001, 2, 0.05, now + 4500, now + 4600,
+         "backend"),
+        None,
+    )  # fmt: skip
+    failed = (
+        7, 8, 99, "v=1,w=2", 4, "completions", "req-b", now, now + 5000, None, None, None,
+        [(9, now + 1, now + 2, 1, "h100-0", "h100", "nvidia", "http://x", None, "ConnectFailed: refused")],
+        None, (502, "upstream_failed", "every candidate failed"),
+    )  # fmt: skip
+    return msgspec.msgpack.decode(msgspec.msgpack.encode([retried, failed]))  # as the child gets them
+
+
+def test_the_otlp_encoder_writes_what_the_sdk_encoder_writes() -> None:
+    resource = Resource.create({"service.name": "switchyard-test"})
+    spans = to_readable_spans(_records(), resource, InstrumentationScope("switchyard"))
+    assert len(spans) == 8 and any(s.parent is not None and s.parent.is_remote for s in spans)
+    ours = ExportTraceServiceRequest.FromString(encode_request(spans))
+    assert ours == encode_spans(spans)
+
+
+class _Collector(http.server.ThreadingHTTPServer):
+    def __init__(self, answers: list[int]) -> None:
+        super().__init__(("127.0.0.1", free_port()), _CollectorHandler)
+        self.answers = answers
+        self.bodies: list[tuple[int, bytes, str]] = []
+
+
+class _CollectorHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        server: _Collector = self.server  # type: ignore[assignment]
+        status = server.answers.pop(0) if server.answers else 200
+        server.bodies.append((status, body, self.headers.get("x-token", "")))
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def collector(answers: list[int]) -> Iterator[tuple[str, _Collector]]:
+    server = _Collector(answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_otlp_exporter_retries_what_is_retryable_and_no_more() -> None:
+    spans = to_readable_spans(_records(), Resource.create({}), InstrumentationScope("switchyard"))
+    with collector([503, 429]) as (endpoint, server):
+        exporter = OtlpHttpExporter(endpoint, {"x-token": "s3"})
+        exporter.first_pause = 0.01
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        assert [status for status, _, _ in server.bodies] == [503, 429, 200]
+        assert all(token == "s3" for _, _, token in server.bodies)
+        assert ExportTraceServiceRequest.FromString(server.bodies[-1][1]) == encode_spans(spans)
+    with collector([400]) as (endpoint, server):
+        exporter = OtlpHttpExporter(endpoint)
+        exporter.first_pause = 0.01
+        assert exporter.export(spans) is SpanExportResult.FAILURE  # a bad request is not retried
+        assert len(server.bodies) == 1
+    exporter = OtlpHttpExporter(f"http://127.0.0.1:{free_port()}/v1/traces", timeout=0.3)
+    exporter.first_pause = 0.05
+    assert exporter.export(spans) is SpanExportResult.FAILURE  # nobody listening: gives up in time
+    exporter.shutdown()
+    assert exporter.export(spans) is SpanExportResult.FAILURE
