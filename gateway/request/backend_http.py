@@ -213,6 +213,13 @@ class _Connection(asyncio.Protocol):
             finally:
                 self._body_waiter = None
 
+    def take_buffered(self) -> bytes:
+        """The answer bytes that arrived and were not read yet, without waiting."""
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        return data
+
     async def read_all(self) -> bytes:
         parts: list[bytes] = []
         while True:
@@ -271,6 +278,9 @@ class Response:
 
     async def readany(self) -> bytes:
         return await self._conn.read_some()
+
+    def take_buffered(self) -> bytes:
+        return self._conn.take_buffered()
 
     def release(self) -> None:
         """Done with a fully read answer: the connection goes back to the pool (else it is closed)."""

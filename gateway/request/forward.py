@@ -522,10 +522,14 @@ class RelayedStream:
             return
         self._ended = True
         self._watchdog.cancel()
+        response = self._stream.response
         if self._completed:
-            self._stream.response.release()
+            response.release()
         else:
-            self._stream.response.close()
+            # Tokens the backend already sent but the client will never get were still generated:
+            # count them before the connection goes.
+            self._sse.feed(response.take_buffered())
+            response.close()
         self._finish(self._loop.time())
 
     async def aclose(self) -> None:

@@ -68,6 +68,8 @@ class VllmEnv:
     counters_at_start: dict[str, dict[str, float]] = field(default_factory=dict)
     outside: dict[str, dict[str, float]] = field(default_factory=dict)
     """Tokens a server served to tests directly, not through the gateway (the ledger never sees them)."""
+    abandoned_on: str | None = None
+    """The server whose stream a test abandoned mid-way (see test_e2e's ledger check)."""
 
     def served_outside(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
         counted = self.outside.setdefault(name, {"prompt_tokens": 0, "completion_tokens": 0})

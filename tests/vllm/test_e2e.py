@@ -189,6 +189,7 @@ def test_client_disconnect_aborts_the_vllm_request(vllm_env: VllmEnv) -> None:
     ):
         assert r.status_code == 200
         server = vllm_env.servers[r.headers["x-switchyard-backend"]]
+        vllm_env.abandoned_on = server.name
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
@@ -331,6 +332,8 @@ def test_scraper_reads_real_metrics_and_routing_avoids_the_queue(client: OpenAI,
 
 # The ledger against the servers' own counters
 
+ABORT_WINDOW_TOKENS = 32
+
 
 def _ledger(vllm_env: VllmEnv) -> dict[str, dict[str, float]]:
     usage = vllm_env.usage_by_backend()
@@ -387,7 +390,14 @@ def test_ledger_matches_vllm_over_the_whole_session(vllm_env: VllmEnv) -> None:
         outside = vllm_env.outside.get(name, {"prompt_tokens": 0, "completion_tokens": 0})
         delta = {k: now[name][k] - start[k] - outside[k] for k in now[name]}
         assert ledger[name]["prompt_tokens"] == delta["prompt_tokens"], f"{name}: {ledger[name]} != {delta}"
-        # An abandoned stream: the gateway accounts the tokens it relayed; vLLM may finish one more before it
-        # notices the disconnect. No other difference is allowed.
-        unrelayed = delta["completion_tokens"] - ledger[name]["completion_tokens"]
-        assert 0 <= unrelayed <= 2, f"{name}: ledger {ledger[name]} != vLLM counters delta {delta}"
+        unseen = delta["completion_tokens"] - ledger[name]["completion_tokens"]
+        print(f"\n{name}: ledger {ledger[name]}, vLLM counters delta {delta}")
+        if name != vllm_env.abandoned_on:
+            assert unseen == 0, f"{name}: ledger {ledger[name]} != vLLM counters delta {delta}"
+            continue
+        # The abandoned stream: the gateway counts every token the backend sent it, relayed or still
+        # buffered when the client went. What vLLM generates after the connection drops and before its
+        # engine takes the abort never leaves vLLM; at the tiny model's few hundred tokens a second that is
+        # a handful, more on a loaded machine. Bounded well below the 495 asked for, so a stream counted
+        # as nothing or as its max_tokens would still fail.
+        assert 0 <= unseen <= ABORT_WINDOW_TOKENS, f"{name}: ledger {ledger[name]} != vLLM delta {delta}"
