@@ -8,11 +8,12 @@ that (`python -m loadtest.bench_http_clients` compares them; the README's design
 aiohttp still carries the calls off the request path: health checks, `/metrics` scrapes, `/tokenize`.
 
 A connection serves one exchange at a time. It goes back to its pool only when its answer was read to
-the end and the backend allows keep-alive; an exchange that is abandoned (client gone, timeout, stream
-cut short) aborts the connection, which is how vLLM learns to stop generating. A pooled connection that
-the backend closed while idle is noticed on reuse (the write fails or the connection drops before any
-byte of the answer); the request is then sent once more on a fresh connection, since the backend never
-saw it.
+the end and the backend allows keep-alive; an exchange that is abandoned (timeout, stream cut short)
+aborts the connection, which is how vLLM learns to stop generating; a stream whose client left is
+half-closed instead, so what the backend had already sent can still be read and counted. A pooled
+connection that the backend closed while idle is noticed on reuse (the write fails or the connection
+drops before any byte of the answer); the request is then sent once more on a fresh connection, since
+the backend never saw it.
 """
 
 from __future__ import annotations
@@ -228,6 +229,17 @@ class _Connection(asyncio.Protocol):
                 return data.join(parts) if len(parts) != 1 else parts[0]
             parts.append(data)
 
+    def half_close(self) -> bool:
+        """Send our end of the connection (FIN) and keep reading: vLLM (uvicorn) and aiohttp servers take
+        it as a disconnect and close their side once what they had written is flushed. False when the
+        transport cannot (TLS) or the connection is gone."""
+        transport = self.transport
+        if transport is None or self.lost or not transport.can_write_eof():
+            return False
+        self.keep_alive = False
+        transport.write_eof()
+        return True
+
     def abort(self) -> None:
         """Drop the connection now; never pooled again (connection_lost follows and frees its slot)."""
         transport = self.transport
@@ -281,6 +293,9 @@ class Response:
 
     def take_buffered(self) -> bytes:
         return self._conn.take_buffered()
+
+    def half_close(self) -> bool:
+        return self._conn.half_close()
 
     def release(self) -> None:
         """Done with a fully read answer: the connection goes back to the pool (else it is closed)."""

@@ -171,6 +171,11 @@ class _Attempt:
         return self._backend.name if self._backend is not None else "none"
 
 
+ABANDONED_DRAIN_S = 2.0
+"""How long the connection of a stream whose client left stays half-closed, so the tokens the backend
+had already sent (in flight, in socket buffers) are counted before it takes the disconnect."""
+
+
 class Upstream:
     """The gateway's HTTP client towards backends."""
 
@@ -187,6 +192,8 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         self._client = BackendClient(max_connections_per_backend, _KEEPALIVE_SECONDS)
         self._base_headers: dict[str, bytes] = {}
+        self._draining: set[asyncio.Task[None]] = set()
+        """Abandoned streams still counting what their backend sent (see RelayedStream.end)."""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -240,6 +247,8 @@ class Upstream:
         return count if isinstance(count, int) and count >= 0 else None
 
     async def close(self) -> None:
+        if self._draining:
+            await asyncio.wait(set(self._draining), timeout=ABANDONED_DRAIN_S + 1)
         self._client.close()
         if self._session is not None:
             await self._session.close()
@@ -432,7 +441,7 @@ class Upstream:
         """The client's side of an open stream; see RelayedStream."""
         limits = limits or self.defaults
         deadline = None if limits.total is None else stream.started_at + limits.total
-        return RelayedStream(stream, sse, finish, limits.between_chunks, deadline)
+        return RelayedStream(stream, sse, finish, limits.between_chunks, deadline, self._draining)
 
 
 def _close(response: Response | None) -> None:
@@ -443,15 +452,17 @@ def _close(response: Response | None) -> None:
 class RelayedStream:
     """Async-iterates the bytes to send the client, as they arrive from the backend.
 
-    A failing backend ends the iteration with an OpenAI-style error event. `end()` releases the backend
-    connection (or closes it, which makes vLLM abort the request, when the stream did not complete) and
-    calls `finish(ended_at)`; it runs once, when iteration stops for any reason, and the HTTP layer calls
-    it again in its own `finally`, so a client gone before the first chunk is accounted too.
+    A failing backend ends the iteration with an OpenAI-style error event. `end()` runs once, when
+    iteration stops for any reason (the HTTP layer calls it again in its own `finally`, so a client gone
+    before the first chunk is accounted too): a completed answer's connection goes back to the pool; a
+    stream whose client left is half-closed, which makes vLLM abort the request, and read to its end in
+    a background task so every token the backend sent is counted; then `finish(ended_at)` is called.
     """
 
     __slots__ = (
         "_between_chunks",
         "_completed",
+        "_draining",
         "_ended",
         "_finish",
         "_loop",
@@ -467,9 +478,11 @@ class RelayedStream:
         finish: Callable[[float], None],
         between_chunks: float,
         deadline: float | None = None,
+        draining: set[asyncio.Task[None]] | None = None,
     ) -> None:
         self._stream = stream
         self._sse = sse
+        self._draining = draining if draining is not None else set()
         self._finish = finish
         self._between_chunks = between_chunks
         self._loop = asyncio.get_running_loop()
@@ -523,14 +536,30 @@ class RelayedStream:
         self._ended = True
         self._watchdog.cancel()
         response = self._stream.response
+        ended_at = self._loop.time()
         if self._completed:
             response.release()
+        elif self._sse.failed is None and response.half_close():
+            task = self._loop.create_task(self._count_the_rest(ended_at))
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+            return
         else:
-            # Tokens the backend already sent but the client will never get were still generated:
-            # count them before the connection goes.
-            self._sse.feed(response.take_buffered())
+            self._sse.feed(response.take_buffered())  # sent by the backend, so generated: counted
             response.close()
-        self._finish(self._loop.time())
+        self._finish(ended_at)
+
+    async def _count_the_rest(self, ended_at: float) -> None:
+        response, sse = self._stream.response, self._sse
+        try:
+            async with asyncio.timeout(ABANDONED_DRAIN_S):
+                while data := await response.readany():
+                    sse.feed(data)
+        except (UpstreamError, TimeoutError):
+            pass
+        finally:
+            response.close()
+            self._finish(ended_at)
 
     async def aclose(self) -> None:
         self.end()
