@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry loadtest clean
+.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
 
 venv: $(STAMP)
 
@@ -51,6 +51,9 @@ bench-accounting: venv
 # What telemetry costs (needs wrk; nginx if present, as installed by ../shared/peers/setup.sh; ~4 minutes).
 bench-telemetry: venv
 	$(PY) -m loadtest.bench_telemetry $(ARGS)
+
+bench-sse: venv
+	$(PY) -m loadtest.bench_sse $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
 loadtest: venv

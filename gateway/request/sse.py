@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 _EVENT_END = b"\n\n"
 _USAGE_KEY = b'"usage"'
+_NULL_VALUE = b":null"
 
 
 class SseRelay:
@@ -42,26 +43,40 @@ class SseRelay:
         end += 2
         complete, self._tail = data[:end], data[end:]
         self.events += complete.count(_EVENT_END)
-        if _USAGE_KEY not in complete:
+        at = complete.find(_USAGE_KEY)
+        if at < 0:
             return complete
-        return self._take_usage(complete)
+        return self._take_usage(complete, at)
 
     def flush(self) -> bytes:
         """What is left when the backend closes the stream (an unterminated last event)."""
         tail, self._tail = self._tail, b""
         return tail
 
-    def _take_usage(self, complete: bytes) -> bytes:
+    def _take_usage(self, complete: bytes, at: int) -> bytes:
+        """Decode only the events that mention usage (a whole stream often arrives in one read, and
+        splitting all of its events cost more than the rest of the relay); drop the usage-only chunk
+        unless the client asked for it."""
         kept: list[bytes] = []
-        for event in complete.split(_EVENT_END)[:-1]:
-            if _USAGE_KEY in event and event.startswith(b"data: {"):
+        copied_to = 0
+        while at >= 0:
+            start = complete.rfind(_EVENT_END, 0, at)
+            start = 0 if start < 0 else start + 2
+            end = complete.find(_EVENT_END, at) + 2  # `complete` ends with an event end
+            if not complete.startswith(_NULL_VALUE, at + len(_USAGE_KEY)) and complete.startswith(
+                b"data: {", start
+            ):
                 try:
-                    chunk = usage_decoder.decode(event[6:])
+                    chunk = usage_decoder.decode(complete[start + 6 : end - 2])
                 except msgspec.DecodeError:
                     chunk = None
                 if chunk is not None and chunk.usage is not None:
                     self.usage = chunk.usage
                     if not chunk.choices and not self._keep_usage:
-                        continue
-            kept.append(event + _EVENT_END)
+                        kept.append(complete[copied_to:start])
+                        copied_to = end
+            at = complete.find(_USAGE_KEY, end)
+        if not copied_to:
+            return complete
+        kept.append(complete[copied_to:])
         return b"".join(kept)
