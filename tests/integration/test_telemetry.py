@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -300,3 +301,54 @@ def test_access_log_has_one_json_line_per_request_without_text(env: Env) -> None
     assert lines[ok]["completion_tokens"] > 0 and lines[ok]["class"] == "default"
     assert lines[missing]["status"] == 404 and lines[missing]["error_code"] == "model_not_found"
     assert "Say hello" not in text and "request_body" not in text
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "switchyard-dashboard.json"
+
+
+def _queries(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        if node.get("type") == "datasource":  # the variable choosing the Prometheus data source
+            return
+        for key, value in node.items():
+            if key in ("expr", "query") and isinstance(value, str):
+                yield value
+            else:
+                yield from _queries(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _queries(value)
+
+
+def test_the_dashboard_queries_only_series_and_labels_the_gateway_exports(env: Env) -> None:
+    """Every metric a panel or variable of deploy/grafana's dashboard reads is one `/metrics` has, with
+    the labels the query filters or groups on (a renamed metric would leave a panel silently empty)."""
+    assert chat(env).status_code == 200 and chat(env, stream=True).status_code == 200
+    assert chat(env, model="no-such-model").status_code == 404
+    exported: dict[str, set[str]] = {}
+    for line in httpx.get(env.base + "/metrics").text.splitlines():
+        if line.startswith("# TYPE "):
+            exported.setdefault(line.split()[2], set())
+        elif line and not line.startswith("#"):
+            name, _, labels = line.rpartition(" ")[0].partition("{")
+            exported.setdefault(name, set()).update(re.findall(r'(\w+)="', labels))
+    for suffix in ("_bucket", "_sum", "_count"):  # a histogram family's series
+        for name in [n for n in exported if n.endswith(suffix)]:
+            exported.setdefault(name.removesuffix(suffix), set()).update(exported[name] - {"le"})
+
+    queries = list(_queries(json.loads(DASHBOARD.read_text())))
+    assert len(queries) >= 20
+    for query in queries:
+        names = re.findall(r"\b(switchyard_\w+)", query)
+        assert names, query
+        for name in names:
+            assert name in exported, f"the dashboard reads {name}, which /metrics does not have: {query}"
+        labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", query))
+        for group in re.findall(r"\bby \(([^)]*)\)", query):
+            labels.update(label.strip() for label in group.split(",") if label.strip() != "le")
+        if query.startswith("label_values("):
+            labels.add(query.removesuffix(")").split(",")[1].strip())
+        for label in labels:
+            assert any(label in exported[name] for name in names), (
+                f"no series of {names} has `{label}`: {query}"
+            )
