@@ -465,6 +465,7 @@ class RelayedStream:
         "_draining",
         "_ended",
         "_finish",
+        "_first_fed",
         "_loop",
         "_sse",
         "_stream",
@@ -488,6 +489,7 @@ class RelayedStream:
         self._loop = asyncio.get_running_loop()
         self._watchdog = _GapWatchdog(stream.response, between_chunks, self._loop, deadline)
         self._completed = False
+        self._first_fed = False
         self._ended = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -497,6 +499,7 @@ class RelayedStream:
         stream, sse, watchdog, loop = self._stream, self._sse, self._watchdog, self._loop
         try:
             out = sse.feed(stream.first_chunk)
+            self._first_fed = True
             if out:
                 yield out
             read = stream.response.readany
@@ -537,6 +540,9 @@ class RelayedStream:
         self._watchdog.cancel()
         response = self._stream.response
         ended_at = self._loop.time()
+        if not self._first_fed:  # the client left before the stream was relayed: its first chunk counts
+            self._first_fed = True
+            self._sse.feed(self._stream.first_chunk)
         if self._completed:
             response.release()
         elif self._sse.failed is None and response.half_close():

@@ -382,9 +382,11 @@ async def test_finish_runs_even_if_the_stream_is_never_iterated(server, upstream
     backend = _backend("b", url)
     opened = await upstream.open_stream([backend], _request("stream_ok", stream=True), {})
     ends: list[float] = []
-    stream = upstream.relay(opened, SseRelay(keep_usage_chunk=False), ends.append)
+    sse = SseRelay(keep_usage_chunk=False)
+    stream = upstream.relay(opened, sse, ends.append)
     await stream.aclose()  # the client went away before the response started
     await _until(lambda: len(ends) == 1)
+    assert sse.events >= 1  # the first chunk, read to open the stream, was generated: counted
     assert opened.response.closed
 
 
