@@ -14,9 +14,9 @@ measured about twice as dear (loadtest/bench_telemetry.py: 3-5% of throughput, n
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
+from gateway.telemetry.batch_timer import BatchTimer
 from gateway.telemetry.logs import AccessLog
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import RequestTrace, Tracing, build_tracing
@@ -35,7 +35,7 @@ BATCH_MAX = 1024
 class Telemetry:
     """What the request path feeds: metrics and the access log (either may be off)."""
 
-    __slots__ = ("_bodies", "_loop", "_records", "_timer", "access_log", "metrics")
+    __slots__ = ("_bodies", "_records", "_timer", "access_log", "metrics")
 
     def __init__(self, metrics: Metrics | None, access_log: AccessLog | None) -> None:
         self.metrics = metrics
@@ -43,8 +43,7 @@ class Telemetry:
         self._records: list[UsageRecord] = []
         self._bodies: list[bytes | None] = []
         """Request bodies beside `_records`, only when the access log includes prompts."""
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer = BatchTimer(BATCH_S, self.flush)
         if metrics is not None:
             metrics.before_render = self.flush
 
@@ -54,23 +53,12 @@ class Telemetry:
         log = self.access_log
         if log is not None and log.include_prompts:
             self._bodies.append(parsed.body)
-        if len(records) >= BATCH_MAX:
+        if len(records) >= BATCH_MAX or not self._timer.arm():
             self.flush()
-        elif self._timer is None:
-            loop = self._loop
-            if loop is None:
-                try:
-                    loop = self._loop = asyncio.get_running_loop()
-                except RuntimeError:
-                    self.flush()
-                    return
-            self._timer = loop.call_later(BATCH_S, self.flush)
 
     def flush(self) -> None:
         """Count and log the records batched so far."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         records = self._records
         if not records:
             return

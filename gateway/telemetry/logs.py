@@ -11,7 +11,6 @@ warning`) it writes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import IO
 import msgspec
 
 from gateway.ledger.records import UsageRecord
+from gateway.telemetry.batch_timer import BatchTimer
 
 FLUSH_S = 0.2
 MAX_BUFFERED = 512
@@ -53,15 +53,14 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
 
 
 class AccessLog:
-    __slots__ = ("_buffer", "_encode", "_handle", "_loop", "_out", "include_prompts")
+    __slots__ = ("_buffer", "_encode", "_out", "_timer", "include_prompts")
 
     def __init__(self, out: IO[bytes], include_prompts: bool = False) -> None:
         self._out = out
         self.include_prompts = include_prompts
         self._buffer: list[bytes] = []
         self._encode = msgspec.json.Encoder().encode
-        self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer = BatchTimer(FLUSH_S, self.flush)
 
     @classmethod
     def open(cls, destination: str, include_prompts: bool = False) -> AccessLog | None:
@@ -106,22 +105,11 @@ class AccessLog:
     def _write(self, line: AccessLine) -> None:
         buffer = self._buffer
         buffer.append(self._encode(line))
-        if len(buffer) >= MAX_BUFFERED:
+        if len(buffer) >= MAX_BUFFERED or not self._timer.arm():
             self.flush()
-        elif self._handle is None:
-            loop = self._loop
-            if loop is None:
-                try:
-                    loop = self._loop = asyncio.get_running_loop()
-                except RuntimeError:
-                    self.flush()
-                    return
-            self._handle = loop.call_later(FLUSH_S, self.flush)
 
     def flush(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._timer.cancel()
         if not self._buffer:
             return
         lines, self._buffer = self._buffer, []

@@ -21,7 +21,6 @@ backend. With tracing off, nothing here runs: the pipeline checks one attribute.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import logging
@@ -38,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.telemetry.batch_timer import BatchTimer
 from gateway.telemetry.span_export import frame, to_readable_spans
 
 if TYPE_CHECKING:
@@ -415,8 +415,7 @@ class ChildProcessShipper(SpanShipper):
         """Spans per frame still (partly) in `_out`, oldest first: counted exported once written."""
         self._out_sizes: list[int] = []
         self._writing = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer = BatchTimer(self.interval, self._drain)
         self._started_at = 0.0
         self.restarts = 0
         self._traces: list[bytes] = []
@@ -459,16 +458,7 @@ class ChildProcessShipper(SpanShipper):
             return
         traces.append(encoded)
         self._traces_spans += spans
-        if self._timer is None:
-            try:
-                loop = self._loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return  # no event loop: `flush` ships it
-            self._timer = loop.call_later(self.interval, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = None
-        self._drain()
+        self._timer.arm()  # without an event loop, `flush` ships it
 
     def _ship(self, batch: list[tuple[bytes, int]]) -> bool:
         raise NotImplementedError  # `_drain` is overridden
@@ -536,8 +526,9 @@ class ChildProcessShipper(SpanShipper):
             log.warning("span batches lost: the span-export process is gone (%s)", exc)
             self._lost_buffer()
             return
-        if out and not self._writing and self._loop is not None and self._loop.is_running():
-            self._loop.add_writer(self._fd, self._write_some)
+        loop = self._timer.loop
+        if out and not self._writing and loop is not None and loop.is_running():
+            loop.add_writer(self._fd, self._write_some)
             self._writing = True
         elif not out:
             self._stop_watching()
@@ -553,9 +544,10 @@ class ChildProcessShipper(SpanShipper):
                 written = 0
 
     def _stop_watching(self) -> None:
-        if self._writing and self._loop is not None:
+        loop = self._timer.loop
+        if self._writing and loop is not None:
             with contextlib.suppress(Exception):
-                self._loop.remove_writer(self._fd)
+                loop.remove_writer(self._fd)
         self._writing = False
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -571,9 +563,7 @@ class ChildProcessShipper(SpanShipper):
         return True
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         self.flush()
         self._stop_watching()
         self._stop()
