@@ -157,20 +157,39 @@ def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
     assert shipper.stats()["exported"] == 9 and shipper.stats()["queued"] == 0
 
 
-class _Sink(http.server.ThreadingHTTPServer):
-    def __init__(self, port: int) -> None:
-        super().__init__(("127.0.0.1", port), _SinkHandler)
-        self.spans: list[Any] = []
+class _Collector(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP trace collector on 127.0.0.1 that answers with `answers` in turn (then 200) and keeps
+    every body with its status and `x-token` header."""
+
+    def __init__(self, answers: list[int]) -> None:
+        super().__init__(("127.0.0.1", free_port()), _CollectorHandler)
+        self.answers = answers
+        self.bodies: list[tuple[int, bytes, str]] = []
+
+    @property
+    def spans(self) -> list[Any]:
+        """The spans of the accepted requests."""
+        requests = [
+            ExportTraceServiceRequest.FromString(body) for status, body, _ in self.bodies if status == 200
+        ]
+        return [
+            span
+            for request in requests
+            for resource_spans in request.resource_spans
+            for scope_spans in resource_spans.scope_spans
+            for span in scope_spans.spans
+        ]
 
 
-class _SinkHandler(http.server.BaseHTTPRequestHandler):
+class _CollectorHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        request = ExportTraceServiceRequest.FromString(body)
-        for resource_spans in request.resource_spans:
-            for scope_spans in resource_spans.scope_spans:
-                self.server.spans.extend(scope_spans.spans)  # type: ignore[attr-defined]
-        self.send_response(200)
+        server: _Collector = self.server  # type: ignore[assignment]
+        status = server.answers.pop(0) if server.answers else 200
+        server.bodies.append((status, body, self.headers.get("x-token", "")))
+        self.send_response(status)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -180,15 +199,15 @@ class _SinkHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def otlp_sink() -> Iterator[tuple[str, _Sink]]:
-    sink = _Sink(free_port())
-    thread = threading.Thread(target=sink.serve_forever, daemon=True)
+def collector(answers: list[int] | None = None) -> Iterator[tuple[str, _Collector]]:
+    server = _Collector(answers or [])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{sink.server_address[1]}/v1/traces", sink
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", server
     finally:
-        sink.shutdown()
-        sink.server_close()
+        server.shutdown()
+        server.server_close()
 
 
 def wait_for(condition: Any, timeout: float = 15.0) -> None:
@@ -199,7 +218,7 @@ def wait_for(condition: Any, timeout: float = 15.0) -> None:
 
 
 def test_the_export_child_sends_otlp_and_exits_at_the_end_of_its_input() -> None:
-    with otlp_sink() as (endpoint, sink):
+    with collector() as (endpoint, sink):
         tracing = build_tracing(TracingOptions(enabled=True, endpoint=endpoint, headers={"x-token": "s3"}))
         assert tracing is not None and isinstance(tracing.shipper, ChildProcessShipper)
         child = tracing.shipper.process
@@ -269,41 +288,6 @@ def test_the_otlp_encoder_writes_what_the_sdk_encoder_writes() -> None:
     assert len(spans) == 8 and any(s.parent is not None and s.parent.is_remote for s in spans)
     ours = ExportTraceServiceRequest.FromString(encode_request(spans))
     assert ours == encode_spans(spans)
-
-
-class _Collector(http.server.ThreadingHTTPServer):
-    def __init__(self, answers: list[int]) -> None:
-        super().__init__(("127.0.0.1", free_port()), _CollectorHandler)
-        self.answers = answers
-        self.bodies: list[tuple[int, bytes, str]] = []
-
-
-class _CollectorHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        server: _Collector = self.server  # type: ignore[assignment]
-        status = server.answers.pop(0) if server.answers else 200
-        server.bodies.append((status, body, self.headers.get("x-token", "")))
-        self.send_response(status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return None
-
-
-@contextlib.contextmanager
-def collector(answers: list[int]) -> Iterator[tuple[str, _Collector]]:
-    server = _Collector(answers)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_otlp_exporter_retries_what_is_retryable_and_no_more() -> None:
