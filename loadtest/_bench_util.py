@@ -67,6 +67,18 @@ def _pin_to(cpu: int | None) -> Callable[[], None] | None:
     return pin
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` fields after the command name (fields[0] is stat field 3, the state)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds used so far by process ``pid`` (all threads), outside any session."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime = stat fields 14, 15
+
+
 def _session_stats(sid: int) -> list[list[str]]:
     """``/proc/<pid>/stat`` fields (after the command name) of every live process in session ``sid``."""
     rows: list[list[str]] = []
@@ -74,10 +86,9 @@ def _session_stats(sid: int) -> list[list[str]]:
         if not entry.isdigit():
             continue
         try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
+            fields = _stat_fields(int(entry))
         except OSError:
             continue
-        fields = raw[raw.rfind(")") + 2 :].split()
         # fields[0] is state (stat field 3); session is stat field 6 -> fields[3].
         if int(fields[3]) == sid:
             rows.append(fields)

@@ -58,6 +58,7 @@ from loadtest._bench_util import (
     http_post,
     install_interrupt_handlers,
     pick_cpus,
+    process_cpu_seconds,
     python_argv,
     start_zero_delay_backend,
     wait_until,
@@ -123,11 +124,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _export_children(gateway_pid: int, count: int) -> list[int]:
     """The gateway's span-export children (one per tracer), once all of them are up."""
     deadline = time.monotonic() + 15
@@ -143,6 +139,10 @@ class _Gateway:
         self.url, self.pid, self.exporters, self.mode_file = url, pid, exporters, mode_file
         self.chat = url + "/v1/chat/completions"
 
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU seconds used so far by the gateway process and by its span-export children."""
+        return process_cpu_seconds(self.pid), sum(process_cpu_seconds(pid) for pid in self.exporters)
+
     def switch(self, mode: str) -> None:
         """Rewire for `mode`, then wait until the export children are idle (what the last mode shipped
         is exported before this one is measured, not on its time)."""
@@ -152,7 +152,7 @@ class _Gateway:
         spent = -1.0
         while time.monotonic() < deadline:
             time.sleep(0.2)
-            now = sum(_cpu_seconds(pid) for pid in self.exporters)
+            now = self.cpu_seconds()[1]
             if now == spent:
                 return
             spent = now
@@ -217,13 +217,13 @@ def _phase(
     """Both gateways loaded at once, each in its mode: (requests/s, CPU µs/request, export µs/request)."""
     for gateway, mode in zip(gateways, modes, strict=True):
         gateway.switch(mode)
-    before = [(_cpu_seconds(g.pid), sum(_cpu_seconds(p) for p in g.exporters)) for g in gateways]
+    before = [gateway.cpu_seconds() for gateway in gateways]
     rates = _wrk_pair(wrk, (gateways[0].chat, gateways[1].chat), script, connections, duration, load_cpu)
     out = []
     for gateway, rps, (cpu0, export0) in zip(gateways, rates, before, strict=True):
         done = max(1.0, rps * duration)
-        cpu = _cpu_seconds(gateway.pid) - cpu0
-        export = sum(_cpu_seconds(p) for p in gateway.exporters) - export0
+        cpu, export = gateway.cpu_seconds()
+        cpu, export = cpu - cpu0, export - export0
         out.append((rps, cpu / done * 1e6, export / done * 1e6))
     return out
 
