@@ -20,12 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 import msgspec
-
-if TYPE_CHECKING:
-    from backends.models import Backend
 
 log = logging.getLogger("switchyard.breaker")
 
@@ -50,6 +47,15 @@ class BreakerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A backend's `Retry-After` longer than this is cut to it."""
 
 
+class Guarded(Protocol):
+    """What the breaker reads and sets on its backend (backends.models.Backend)."""
+
+    name: str
+    health_ok: bool
+    draining: bool
+    healthy: bool
+
+
 class Breaker:
     __slots__ = (
         "_backend",
@@ -64,7 +70,7 @@ class Breaker:
         "successes",
     )
 
-    def __init__(self, backend: Backend, options: BreakerOptions | None = None) -> None:
+    def __init__(self, backend: Guarded, options: BreakerOptions | None = None) -> None:
         self._backend = backend
         self.options = options or BreakerOptions()
         self.state: State = CLOSED

@@ -7,8 +7,8 @@ import contextlib
 import logging
 import sys
 
+from backends.yamlfile import ConfigError
 from gateway import policy_cli
-from gateway.yamlfile import ConfigError
 from loadtest import cli as loadtest_cli
 
 

@@ -21,12 +21,12 @@ import yaml
 from backends.models import Backend, EngineLoad, build_backends
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import DEMO_FLEET, load_fleet_spec
+from backends.yamlfile import ConfigError
 from gateway.errors import GatewayError
 from gateway.request.classify import classify
 from gateway.request.parse import UPSTREAM_PATHS, parse
 from gateway.routes import read_caller
 from gateway.settings import ConfigFile, load_settings
-from gateway.yamlfile import ConfigError
 from policies.config import load_policy
 from policies.engine import PolicyEngine
 from policies.presets import preset_names, resolve

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from backends.catalog import Catalog
+from backends.yamlfile import ConfigError
 from gateway.request.pipeline import Pipeline
-from gateway.yamlfile import ConfigError
 from policies.config import load_policy
 from policies.engine import PolicyEngine
 

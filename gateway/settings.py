@@ -11,7 +11,7 @@ import msgspec
 from backends.breaker import BreakerOptions
 from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
-from gateway.yamlfile import ConfigError, decode, parse_yaml, read_text
+from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from policies import presets
 from policies.config import LoadedPolicy, load_policy
 from policies.engine import PolicyEngine

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.yamlfile import ConfigError
+from backends.yamlfile import ConfigError
 
 
 def add_commands(commands: Any) -> None:

@@ -23,7 +23,7 @@
 
 Times in the file are simulated; the runner divides them by `time_scale` to schedule in real time and
 multiplies what it measures back, so reports read in the fleet's own seconds. Validated once, with the
-file and line of each mistake (gateway.yamlfile).
+file and line of each mistake (backends.yamlfile).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Annotated, Any
 import msgspec
 
 from backends.sim.fleet_spec import FleetSpec, load_fleet_spec, parse_fleet_spec
-from gateway.yamlfile import ConfigError, decode, parse_yaml, read_text
+from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
 

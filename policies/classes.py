@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.request.classify import RequestProfile
 from policies.config import Condition, Threshold
+from policies.profile import RequestProfile
 
 Predicate = Callable[[RequestProfile], bool]
 

@@ -27,11 +27,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from gateway.yamlfile import ConfigError, decode, parse_yaml, read_text
+from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
+from policies.profile import DEFAULT_CLASS
 
 _Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
 _NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-DEFAULT_CLASS = "default"
 
 
 class Threshold(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

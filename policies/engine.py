@@ -16,14 +16,14 @@ from typing import Any
 import msgspec
 
 from backends.models import Backend
-from gateway.request.classify import RequestProfile
-from gateway.yamlfile import ConfigError
+from backends.yamlfile import ConfigError
 from policies import registry
 from policies.classes import Predicate, compile_condition
 from policies.config import DEFAULT_CLASS, LoadedPolicy, Route
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, Ranked, RouteContext, Scorer
 from policies.predict import predicted_tpot, predicted_ttft, saturation_reason, slo_miss_reason
+from policies.profile import RequestProfile
 from policies.selectors import selects
 
 _TIER_NAMES = ("preferred", "fallback")

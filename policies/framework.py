@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from backends.models import Backend
-    from gateway.request.classify import RequestProfile
     from policies.config import Route
+    from policies.profile import RequestProfile
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from policies.framework import Decision
 
 if TYPE_CHECKING:
     from backends.models import Backend
-    from gateway.request.classify import RequestProfile
+    from policies.profile import RequestProfile
 
 
 class LeastInflight:

@@ -29,7 +29,7 @@ import yaml
 
 from backends.sim.faults import Faults
 from backends.sim.fleet_spec import DEMO_FLEET, FleetSpec, GroupSpec, ProfileSpec, load_fleet_spec
-from gateway.yamlfile import ConfigError
+from backends.yamlfile import ConfigError
 
 __all__ = ["DEMO_FLEET", "Fleet", "FleetError", "SimBackend", "load_fleet_spec", "main"]
 

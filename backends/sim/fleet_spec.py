@@ -42,7 +42,7 @@ import msgspec
 
 from backends.sim.faults import Faults
 from backends.sim.profiles import MODEL_ALIASES, MODELS, Hardware, ProfileError, build_hardware
-from gateway.yamlfile import ConfigError, decode, parse_yaml
+from backends.yamlfile import ConfigError, decode, parse_yaml
 
 DEMO_FLEET: Path = Path(__file__).parent / "fleets" / "demo.yaml"
 

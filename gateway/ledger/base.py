@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from backends.models import Backend
-from gateway.ledger.costs import CostRow, Counters, bucket_of, build_rows, window_buckets
-from gateway.ledger.records import Dimension, Totals, UsageRecord
+from gateway.ledger.costs import Counters, bucket_of, build_rows, window_buckets
+from gateway.ledger.records import CostRow, Dimension, Totals, UsageRecord
 from gateway.settings import LedgerOptions
 
 log = logging.getLogger("switchyard.ledger")

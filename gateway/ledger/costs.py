@@ -19,10 +19,9 @@ Rules (the same for every store, so the in-memory and Redis ledgers print the sa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from backends.models import Backend
-from gateway.ledger.records import Dimension
+from gateway.ledger.records import CostRow, Dimension
 
 WINDOWS: dict[str, int] = {"1m": 60, "15m": 900, "1h": 3600, "24h": 86400}
 METRICS: tuple[str, ...] = ("req", "in", "out", "busy_us", "cost_nusd", "err", "est")
@@ -58,24 +57,6 @@ def merge(into: dict[str, Counters], name: str, metric: str, value: int) -> None
     if counters is None:
         counters = into[name] = {}
     counters[metric] = counters.get(metric, 0) + value
-
-
-@dataclass(slots=True)
-class CostRow:
-    name: str
-    price_per_gpu_hour: float | None
-    gpu_hours: float | None
-    utilisation: float | None
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    paid_usd: float | None
-    attributed_usd: float
-    spend_usd: float
-    input_usd_per_mtok: float | None
-    output_usd_per_mtok: float | None
-    blended_usd_per_mtok: float | None
-    usd_per_weighted_token: float | None
 
 
 def _group(by: Dimension, backend: Backend) -> str | None:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
-
-if TYPE_CHECKING:
-    from gateway.ledger.costs import CostRow
+from typing import Literal, Protocol
 
 UsageSource = Literal["backend", "estimated"]
 Dimension = Literal["backend", "pool", "vendor", "model", "key"]
@@ -69,6 +66,26 @@ class Totals:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class CostRow:
+    """One row of the costs table; gateway/ledger/costs.py computes it."""
+
+    name: str
+    price_per_gpu_hour: float | None
+    gpu_hours: float | None
+    utilisation: float | None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    paid_usd: float | None
+    attributed_usd: float
+    spend_usd: float
+    input_usd_per_mtok: float | None
+    output_usd_per_mtok: float | None
+    blended_usd_per_mtok: float | None
+    usd_per_weighted_token: float | None
 
 
 class Ledger(Protocol):

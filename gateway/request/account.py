@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from backends.models import Backend
 from gateway.ledger.records import Ledger, UsageRecord, UsageSource
 from gateway.openai.responses import Usage
-from gateway.request.classify import RequestProfile
 from gateway.request.parse import ParsedRequest
+from policies.profile import RequestProfile
 
 
 @dataclass(slots=True)

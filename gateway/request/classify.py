@@ -12,14 +12,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gateway.request.parse import ParsedRequest
+from policies.profile import RequestProfile
 
 if TYPE_CHECKING:
     from gateway.telemetry.tracing import RequestTrace
 
 CHARS_PER_TOKEN = 4
 """Fast prompt-size estimate; backends count exactly and still enforce their own limits."""
-
-DEFAULT_CLASS = "default"
 
 
 @dataclass(slots=True)
@@ -42,37 +41,6 @@ class Caller:
     """All request headers as received, for policy rules on arbitrary headers."""
     trace: RequestTrace | None = None
     """The request's spans, when tracing is on (gateway/telemetry/tracing.py)."""
-
-
-@dataclass(slots=True, kw_only=True)
-class RequestProfile:
-    model: str
-    prompt_tokens_estimate: int
-    context_needed: int
-    """Estimated prompt tokens plus the tokens the request may generate: what `max_model_len` must hold."""
-    stream: bool = False
-    key_id: str = "anonymous"
-    """A short, irreversible id of the caller's API key, for attribution; never the key itself."""
-    max_tokens: int | None = None
-    n: int = 1
-    priority: str | None = None
-    tenant: str | None = None
-    session: str | None = None
-    explicit_class: str | None = None
-    parsed: ParsedRequest | None = None
-    headers: list[tuple[bytes, bytes]] | None = None
-    request_class: str = DEFAULT_CLASS
-    """Set by the routing policy once it has matched a class."""
-
-    def prompt_prefix(self, chars: int) -> str:
-        return self.parsed.prompt_prefix(chars) if self.parsed is not None else ""
-
-    def header(self, name: str) -> str | None:
-        wanted = name.lower().encode("latin-1")
-        for key, value in self.headers or ():
-            if key == wanted:
-                return value.decode("latin-1")
-        return None
 
 
 @lru_cache(maxsize=4096)

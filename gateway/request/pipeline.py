@@ -17,13 +17,14 @@ from gateway.ledger.records import Ledger, UsageRecord
 from gateway.openai.responses import usage_decoder
 from gateway.request.account import Served, account
 from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
-from gateway.request.classify import Caller, RequestProfile, classify
+from gateway.request.classify import Caller, classify
 from gateway.request.forward import OpenStream, RelayedStream, Upstream, upstream_status_error
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import Endpoint, ParsedRequest, parse
 from gateway.request.sse import SseRelay
 from policies.engine import PolicyEngine
 from policies.framework import Decision, Router
+from policies.profile import RequestProfile
 
 if TYPE_CHECKING:
     from gateway.telemetry import Telemetry

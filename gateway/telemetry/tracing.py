@@ -45,9 +45,10 @@ if TYPE_CHECKING:
 
     from backends.models import Backend
     from gateway.ledger.records import UsageRecord
-    from gateway.request.classify import Caller, RequestProfile
+    from gateway.request.classify import Caller
     from gateway.settings import Tracing as TracingOptions
     from policies.framework import Decision
+    from policies.profile import RequestProfile
 
 log = logging.getLogger("switchyard.telemetry")
 

@@ -15,8 +15,8 @@ import pytest
 
 from backends.sim.fleet import DEMO_FLEET, Fleet, FleetError, load_fleet_spec
 from backends.sim.fleet_spec import parse_fleet_spec
+from backends.yamlfile import ConfigError
 from gateway.settings import load_settings
-from gateway.yamlfile import ConfigError
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

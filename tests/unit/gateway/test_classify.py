@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from gateway.request.classify import DEFAULT_CLASS, Caller, classify, key_id
+from gateway.request.classify import Caller, classify, key_id
 from gateway.request.parse import parse
+from policies.profile import DEFAULT_CLASS
 
 KEY = "sk-live-0123456789abcdef"
 

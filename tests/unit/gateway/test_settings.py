@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from backends.yamlfile import ConfigError
 from gateway.settings import Settings, Timeouts, load_settings
-from gateway.yamlfile import ConfigError
 
 VALID = """\
 gateway:

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway.yamlfile import ConfigError
+from backends.yamlfile import ConfigError
 from loadtest.client import Outcome
 from loadtest.html import render_html
 from loadtest.report import format_table, met_slo, policy_report, scenario_header

@@ -10,11 +10,12 @@ from collections import Counter
 import pytest
 
 from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, build_backends
-from gateway.request.classify import Caller, RequestProfile, classify, key_id
+from gateway.request.classify import Caller, classify, key_id
 from gateway.request.parse import parse
 from policies import registry
 from policies.config import parse_policy
 from policies.engine import PolicyEngine
+from policies.profile import RequestProfile
 
 MODEL = "m"
 

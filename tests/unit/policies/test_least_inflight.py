@@ -6,8 +6,8 @@ import itertools
 from collections import Counter
 
 from backends.models import Backend, Pool
-from gateway.request.classify import RequestProfile
 from policies.least_inflight import LeastInflight
+from policies.profile import RequestProfile
 
 POOL = Pool(
     name="p", vendor="amd", accelerator="mi300x", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from backends.models import Backend, BackendConfig, PoolConfig, build_backends
+from backends.yamlfile import ConfigError
 from gateway import cli
-from gateway.yamlfile import ConfigError
 from policies.config import load_policy
 from policies.engine import PolicyEngine
 from policies.presets import PRESETS_DIR, preset_names

@@ -9,11 +9,12 @@ from collections import Counter
 import pytest
 
 from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, build_backends
-from gateway.request.classify import Caller, RequestProfile, classify
+from gateway.request.classify import Caller, classify
 from gateway.request.parse import parse
 from policies.config import Route, Slo, parse_policy
 from policies.engine import PolicyEngine
 from policies.framework import RouteContext
+from policies.profile import RequestProfile
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest, cost_per_mtok
 from policies.scorers.latency import SloPredicted
