@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import sys
+from types import ModuleType
 
 from backends.yamlfile import ConfigError
 from gateway import policy_cli
-from loadtest import cli as loadtest_cli
+
+_PROJECT = ("gateway", "backends", "policies", "loadtest")
+
+
+def _tooling(module: str, extra: str) -> ModuleType | None:
+    """A tooling command's module, imported when it runs; None (after naming the extra) when one is missing.
+
+    The runtime install serves traffic; the simulator, the demo and the load test come with extras, so
+    nothing here imports them before their command is asked for (tests/unit/test_packaging.py).
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] in _PROJECT:
+            raise
+        print(
+            f"switchyard: this command needs the [{extra}] extra (cannot import {exc.name}): "
+            f"pip install 'switchyard[{extra}]'",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -31,9 +53,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
-
-    return run_demo(port=args.port, exit_after_traffic=args.exit_after_traffic, requests=args.requests)
+    demo = _tooling("gateway.demo", "sim")
+    if demo is None:
+        return 2
+    return demo.run_demo(port=args.port, exit_after_traffic=args.exit_after_traffic, requests=args.requests)
 
 
 def _costs(args: argparse.Namespace) -> int:
@@ -88,9 +111,23 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _sim_fleet(args: argparse.Namespace) -> int:
-    from backends.sim.fleet import main as fleet_main
+    fleet = _tooling("backends.sim.fleet", "sim")
+    if fleet is None:
+        return 2
+    return fleet.main(args.rest)
 
-    return fleet_main(args.rest)
+
+def _loadtest(argv: list[str]) -> int:
+    """`switchyard loadtest ...`: the tool's own parser, loaded only when the command is asked for."""
+    cli = _tooling("loadtest.cli", "bench")
+    if cli is None:
+        return 2
+    parser = argparse.ArgumentParser(prog="switchyard loadtest", description=_LOADTEST_HELP)
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
+_LOADTEST_HELP = "compare routing policies under open-loop load"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     backends.set_defaults(run=_backends)
 
     policy_cli.add_commands(commands)
-    loadtest_cli.add_commands(commands)
+    loadtest = commands.add_parser("loadtest", help=_LOADTEST_HELP, add_help=False)
+    loadtest.add_argument("rest", nargs=argparse.REMAINDER)
+    loadtest.set_defaults(run=lambda args: _loadtest(args.rest))
 
     sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True)
@@ -140,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["loadtest"]:  # its options (and --help) belong to loadtest/cli.py, imported only now
+        args = argparse.Namespace(command="loadtest", run=lambda _: _loadtest(argv[1:]))
+    else:
+        args = build_parser().parse_args(argv)
     level = logging.WARNING if args.command in ("demo", "costs", "backends") else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.run(args))

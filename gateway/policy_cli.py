@@ -19,8 +19,6 @@ import msgspec
 import yaml
 
 from backends.models import Backend, EngineLoad, build_backends
-from backends.sim.fleet import Fleet
-from backends.sim.fleet_spec import DEMO_FLEET, load_fleet_spec
 from backends.yamlfile import ConfigError
 from gateway.errors import GatewayError
 from gateway.request.classify import classify
@@ -36,6 +34,9 @@ def _backends(config: str | None) -> tuple[list[Backend], str]:
     if config is not None:
         settings = load_settings(config)
         return settings.backends, config
+    from backends.sim.fleet import Fleet
+    from backends.sim.fleet_spec import DEMO_FLEET, load_fleet_spec
+
     data = Fleet(load_fleet_spec(DEMO_FLEET)).gateway_config()
     pools = msgspec.convert(data, ConfigFile).pools
     return build_backends(pools), f"the demo fleet ({DEMO_FLEET})"

@@ -12,16 +12,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from backends.yamlfile import ConfigError
-
-
-def add_commands(commands: Any) -> None:
-    """Register `loadtest` on the `switchyard` subcommand parser."""
-    parser = commands.add_parser("loadtest", help="compare routing policies under open-loop load")
-    add_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
