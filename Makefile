@@ -36,26 +36,26 @@ fmt: venv
 	$(VENV)/bin/ruff format .
 
 bench-clients: venv
-	$(PY) -m loadtest.bench_http_clients $(ARGS)
+	$(PY) -m loadtest.bench.http_clients $(ARGS)
 
 bench-latency: venv
-	$(PY) -m loadtest.added_latency $(ARGS)
+	$(PY) -m loadtest.bench.added_latency $(ARGS)
 
 bench-sim: venv
-	$(PY) -m loadtest.bench_sim $(ARGS)
+	$(PY) -m loadtest.bench.sim $(ARGS)
 
 bench-routing: venv
-	$(PY) -m loadtest.bench_routing $(ARGS)
+	$(PY) -m loadtest.bench.routing $(ARGS)
 
 bench-accounting: venv
-	$(PY) -m loadtest.bench_accounting $(ARGS)
+	$(PY) -m loadtest.bench.accounting $(ARGS)
 
 # What telemetry costs (needs wrk; nginx if present, as installed by ../shared/peers/setup.sh; ~4 minutes).
 bench-telemetry: venv
-	$(PY) -m loadtest.bench_telemetry $(ARGS)
+	$(PY) -m loadtest.bench.telemetry $(ARGS)
 
 bench-sse: venv
-	$(PY) -m loadtest.bench_sse $(ARGS)
+	$(PY) -m loadtest.bench.sse $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
 loadtest: venv

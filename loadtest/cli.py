@@ -34,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadtest._bench_util import install_interrupt_handlers
     from loadtest.compare import compare
+    from loadtest.processes import install_interrupt_handlers
     from loadtest.scenario import load_scenario, with_overrides
 
     try:

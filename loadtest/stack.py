@@ -19,8 +19,8 @@ import yaml
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import FleetSpec
-from loadtest._bench_util import ProcessGroup, free_port, wait_until
 from loadtest.guard import require_loopback
+from loadtest.processes import ProcessGroup, free_port, wait_until
 from policies.presets import preset_names, resolve
 
 BASELINES_DIR = Path(__file__).parent / "baselines"

@@ -9,7 +9,7 @@ own; with metrics and the access log off, neither is wired in and the pipeline p
 per request. A record only joins a batch on the request path: the metrics cells and log lines are made
 for the whole batch at once, every `BATCH_S` or `BATCH_MAX` records (and before every scrape, so
 `/metrics` is never behind). The same work done per request, in the midst of the request's own,
-measured about twice as dear (loadtest/bench_telemetry.py: 3-5% of throughput, now under 2%).
+measured about twice as dear (loadtest/bench/telemetry.py: 3-5% of throughput, now under 2%).
 """
 
 from __future__ import annotations

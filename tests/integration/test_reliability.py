@@ -24,7 +24,7 @@ import yaml
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
-from loadtest import bench_failover as bench
+from loadtest.bench import failover as bench
 from tests.support import ROOT, free_port, running_gateway
 
 MODEL = bench.MODEL

@@ -1,4 +1,4 @@
-"""Smoke test for loadtest.bench_http_clients: payloads, table, and one tiny end-to-end run.
+"""Smoke test for loadtest.bench.http_clients: payloads, table, and one tiny end-to-end run.
 
 The end-to-end run uses the pure-Python fallbacks (aiohttp upstream, aiohttp load generator), so it
 needs neither nginx nor wrk, and lasts well under 15 s.
@@ -13,26 +13,27 @@ import time
 
 import pytest
 
-from loadtest import bench_http_clients as bench
-from loadtest._bench_util import ProcessGroup, pick_cpus, session_cpu_seconds
+from loadtest.bench._util import pick_cpus, session_cpu_seconds
+from loadtest.bench.http_clients import payloads, run
+from loadtest.processes import ProcessGroup
 
 
 def test_payloads_are_valid_answers() -> None:
-    request = json.loads(bench.chat_request(stream=True))
+    request = json.loads(payloads.chat_request(stream=True))
     assert request["stream"] is True
     assert len(request["messages"][1]["content"].split()) > 120  # ~200 tokens
-    bench.check_response("json", 200, bench.completion_body())
-    bench.check_response("stream", 200, bench.sse_body())
+    payloads.check_response("json", 200, payloads.completion_body())
+    payloads.check_response("stream", 200, payloads.sse_body())
     with pytest.raises(RuntimeError):
-        bench.check_response("stream", 200, bench.sse_body()[:-20])
+        payloads.check_response("stream", 200, payloads.sse_body()[:-20])
 
 
 def test_parse_args_defaults_and_limits() -> None:
-    config, json_path = bench.parse_args([])
+    config, json_path = run.parse_args([])
     assert (config.duration, config.connections, config.server) == (10.0, 64, "uvicorn")
     assert config.clients == ("httpx", "aiohttp", "switchyard") and json_path is None
     with pytest.raises(SystemExit):
-        bench.parse_args(["--duration", "0"])
+        run.parse_args(["--duration", "0"])
 
 
 def test_session_cpu_of_a_pinned_child(tmp_path) -> None:
@@ -49,13 +50,13 @@ def test_session_cpu_of_a_pinned_child(tmp_path) -> None:
 
 
 def test_tiny_run_with_fallbacks(tmp_path) -> None:
-    config = bench.Config(duration=1.0, warmup=0.0, connections=4, upstream="aiohttp", loadgen="aiohttp")
-    report = bench.run_benchmark(config)
+    config = run.Config(duration=1.0, warmup=0.0, connections=4, upstream="aiohttp", loadgen="aiohttp")
+    report = run.run_benchmark(config)
 
     assert report["environment"]["upstream"] == "aiohttp"
     assert report["environment"]["loadgen"] == "aiohttp"
-    for client in bench.CLIENTS:
-        for mode in bench.MODES:
+    for client in payloads.CLIENTS:
+        for mode in payloads.MODES:
             phase = report["results"][client][mode]
             assert phase["requests"] > 0 and phase["errors"] == 0, phase
             for key in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req"):
@@ -64,7 +65,7 @@ def test_tiny_run_with_fallbacks(tmp_path) -> None:
     for by_mode in report["ratios_over_httpx"].values():
         for ratios in by_mode.values():
             assert all(math.isfinite(v) and v > 0 for v in ratios.values())
-    table = bench.format_table(report)
+    table = run.format_table(report)
     assert "aiohttp/httpx" in table and "switchyard/httpx" in table
     assert "upstream=aiohttp loadgen=aiohttp" in table
     (tmp_path / "out.json").write_text(json.dumps(report))  # the report is JSON-serialisable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.request import sse
-from loadtest import bench_sse
+from loadtest.bench import sse as bench_sse
 
 
 def test_every_shape_carries_the_whole_stream() -> None:

@@ -1,4 +1,4 @@
-"""The gateway bench_telemetry switches between telemetry modes: each mode wires what it says, no more."""
+"""The gateway loadtest.bench.telemetry switches between telemetry modes: each wires what it says, no more."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def switchable(tmp_path: Path, backend_url: str) -> Iterator[tuple[str, Path, in
     mode_file = tmp_path / "mode"
     mode_file.write_text("off")
     argv = [
-        sys.executable, "-m", "loadtest._switchable_gateway", "--config", str(tmp_path / "gateway.yaml"),
+        sys.executable, "-m", "loadtest.bench.switchable_gateway", "--config", str(tmp_path / "gateway.yaml"),
         "--port", str(port), "--mode-file", str(mode_file), "--otlp", "http://127.0.0.1:9/v1/traces",
     ]  # fmt: skip
     with (tmp_path / "gateway.log").open("wb") as log:

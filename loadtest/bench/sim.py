@@ -9,7 +9,7 @@ Reports requests/s, p50 latency (real ms), the server's CPU time per request and
 CPU time allows on a saturated core (on a 2-core machine the load generator's core usually saturates
 first, so measured requests/s is a floor and the core-bound figure the backend's own limit).
 
-Usage: python -m loadtest.bench_sim [--requests 3000] [--duration 10] [--concurrency 32]
+Usage: python -m loadtest.bench.sim [--requests 3000] [--duration 10] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -27,17 +27,8 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest._bench_util import (
-    ProcessGroup,
-    assert_loopback,
-    free_port,
-    healthy,
-    install_interrupt_handlers,
-    pick_cpus,
-    python_argv,
-    session_cpu_seconds,
-    wait_until,
-)
+from loadtest.bench._util import assert_loopback, healthy, pick_cpus, python_argv, session_cpu_seconds
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 MODEL = "llama-3.1-8b"
 ENGINES: dict[str, list[str]] = {
@@ -162,7 +153,7 @@ def print_table(results: list[Result], concurrency: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="at most this many requests per run")
     parser.add_argument("--duration", type=float, default=10.0, help="at most this many seconds per run")
     parser.add_argument("--concurrency", type=int, default=32)

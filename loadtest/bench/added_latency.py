@@ -6,7 +6,7 @@ number of chat requests (non-streaming, and streaming with 16 tokens) directly a
 alternating the two so drift on a shared machine hits both. Reports p50/p90/p99 per path and the added
 latency (gateway minus direct) at each percentile.
 
-Usage: python -m loadtest.added_latency [--requests 2000] [--concurrency 1,8] [--json out.json]
+Usage: python -m loadtest.bench.added_latency [--requests 2000] [--concurrency 1,8] [--json out.json]
        (make bench-latency ARGS="...")
 """
 
@@ -25,17 +25,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from loadtest._bench_util import (
-    ProcessGroup,
-    assert_loopback,
-    free_port,
-    healthy,
-    install_interrupt_handlers,
-    pick_cpus,
-    python_argv,
-    start_zero_delay_backend,
-    wait_until,
-)
+from loadtest.bench._util import assert_loopback, healthy, pick_cpus, python_argv, start_zero_delay_backend
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 MODEL = "bench-model"
 _PROMPT = "Explain in two sentences why decode is memory-bandwidth bound on an H100. " * 6

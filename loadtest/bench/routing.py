@@ -6,7 +6,7 @@ every backend a random load (in flight, waiting, KV usage, observed latency, mea
 long-context, batch, default), with loads re-randomised between rounds. Reports p50, p90, p99 and max in
 microseconds per fleet size. Pinned to one CPU; single-threaded; bounded in rounds.
 
-Usage: python -m loadtest.bench_routing [--policy balanced] [--sizes 16,64,1000] [--requests 20000]
+Usage: python -m loadtest.bench.routing [--policy balanced] [--sizes 16,64,1000] [--requests 20000]
 Target (issue 4): p99 at most 100 µs at 64 backends.
 """
 

@@ -7,7 +7,7 @@ requests/s and gateway CPU µs per request per mode (medians over rounds), and t
 against `none` (the median of each round's ratio, so drift between rounds cancels).
 The Redis mode uses the Redis at --redis-url (loopback only) under a private key prefix, deleted after.
 
-Usage: python -m loadtest.bench_accounting [--duration 5] [--rounds 3] [--connections 64]
+Usage: python -m loadtest.bench.accounting [--duration 5] [--rounds 3] [--connections 64]
        [--redis-url redis://127.0.0.1:6379/0] [--json out.json]
 """
 
@@ -30,20 +30,17 @@ import redis
 import yaml
 
 from gateway.ledger.keys import Keys
-from loadtest._bench_util import (
-    ProcessGroup,
+from loadtest.bench._util import (
     assert_loopback,
-    free_port,
     healthy,
     http_post,
-    install_interrupt_handlers,
     pick_cpus,
     python_argv,
     session_cpu_seconds,
     start_zero_delay_backend,
-    wait_until,
     which,
 )
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 MODEL = "bench-model"
 MODES = ("redis", "memory", "none")

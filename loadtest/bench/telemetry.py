@@ -1,6 +1,6 @@
 """What telemetry costs: the gateway's throughput and CPU per request with telemetry off and on, in one run.
 
-Modes, switched inside running gateway processes (loadtest/_switchable_gateway.py):
+Modes, switched inside running gateway processes (loadtest/bench/switchable_gateway.py):
 
 - `off`:     nothing wired: the per-request code of `telemetry: {metrics: false, access_log: {enabled:
              false}}` with tracing off (its default); the reference of the ratios;
@@ -29,7 +29,7 @@ as a deployment gives the exporter a core of its own. `gw CPU` is a gateway proc
 its export children. With OTLP the exporter needs most of a core at this rate, so in `all+otlp` the
 second CPU is nearly full and the load generator itself slows a little.
 
-Usage: python -m loadtest.bench_telemetry [--duration 2] [--rounds 6] [--connections 64] [--json out.json]
+Usage: python -m loadtest.bench.telemetry [--duration 2] [--rounds 6] [--connections 64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -50,23 +50,20 @@ from typing import Any
 
 import yaml
 
-from loadtest._bench_util import (
-    ProcessGroup,
+from loadtest.bench._util import (
     assert_loopback,
-    free_port,
     healthy,
     http_post,
-    install_interrupt_handlers,
     pick_cpus,
     process_cpu_seconds,
     python_argv,
     start_zero_delay_backend,
-    wait_until,
     which,
 )
-from loadtest._switchable_gateway import MODES
-from loadtest.bench_accounting import _BODY, _WRK_SCRIPT, MODEL
-from loadtest.bench_http_clients import start_upstream
+from loadtest.bench.accounting import _BODY, _WRK_SCRIPT, MODEL
+from loadtest.bench.http_clients.upstream import start_upstream
+from loadtest.bench.switchable_gateway import MODES
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = "off"
@@ -168,7 +165,7 @@ def _start(
     mode_file = work / f"mode-{instance}"
     mode_file.write_text(REFERENCE)
     argv = python_argv(
-        "loadtest._switchable_gateway", "--config", str(config), "--port", str(port),
+        "loadtest.bench.switchable_gateway", "--config", str(config), "--port", str(port),
         "--mode-file", str(mode_file), "--otlp", sink,
     )  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": str(instance + 1)}
@@ -253,7 +250,7 @@ def run(duration: float, rounds: int, connections: int) -> dict[str, Any]:
             sink_argv = [
                 sys.executable,
                 "-c",
-                f"from loadtest.bench_telemetry import _serve_sink; _serve_sink({sink_port})",
+                f"from loadtest.bench.telemetry import _serve_sink; _serve_sink({sink_port})",
             ]
             group.start("otlp-sink", sink_argv, cpu=load_cpu, cwd=str(ROOT))
             sink = f"http://127.0.0.1:{sink_port}/v1/traces"

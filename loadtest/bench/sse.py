@@ -6,7 +6,7 @@ fast backend or a static upstream such as the peers harness's nginx produces), o
 (vLLM pacing tokens out), and 4 KB reads. Both implementations must produce the same bytes and usage
 before they are timed. Figures are the median over `--repeats` of the best-of-5 mean per stream, in µs.
 
-Usage: `python -m loadtest.bench_sse [--baseline REF] [--repeats 7]` (REF: a git commit whose
+Usage: `python -m loadtest.bench.sse [--baseline REF] [--repeats 7]` (REF: a git commit whose
 gateway/request/sse.py is the baseline; default HEAD, so the working tree is compared with the last
 commit).
 """

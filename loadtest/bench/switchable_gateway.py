@@ -1,4 +1,4 @@
-"""A gateway process whose telemetry a benchmark switches while it runs (loadtest/bench_telemetry.py).
+"""A gateway process whose telemetry a benchmark switches while it runs (loadtest/bench/telemetry.py).
 
 Two processes of identical code differ by several percent in speed on a shared machine (hash seed, where
 their memory landed), as much as the telemetry being measured. So one process serves every mode: it is
@@ -13,7 +13,7 @@ that exports over OTLP, and on SIGUSR1 rewires its pipeline to the mode named in
 
 Not part of the product: the gateway itself only wires telemetry once, at start-up.
 
-Usage: python -m loadtest._switchable_gateway --config FILE --port N --mode-file FILE --otlp URL
+Usage: python -m loadtest.bench.switchable_gateway --config FILE --port N --mode-file FILE --otlp URL
 """
 
 from __future__ import annotations

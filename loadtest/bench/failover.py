@@ -1,6 +1,6 @@
 """The kill test: SDK traffic through the gateway while one backend of four is SIGKILLed mid-run.
 
-    python -m loadtest.bench_failover [--requests 600] [--concurrency 16] [--kill-at 0.33]
+    python -m loadtest.bench.failover [--requests 600] [--concurrency 16] [--kill-at 0.33]
 
 Starts a simulated fleet (2x H100 + 2x MI300X, fixed timing) and a gateway on loopback, sends
 `--requests` chat requests (half streaming) through the official `openai` SDK, kills `h100-1` with

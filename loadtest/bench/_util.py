@@ -1,0 +1,118 @@
+"""Helpers the micro-benchmarks share: CPU pinning and accounting, tools on PATH, a zero-delay backend.
+
+Starting and stopping children is loadtest/processes.py (the load test uses it too).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from loadtest.processes import ProcessGroup, free_port, wait_until
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def usable_cpus() -> list[int]:
+    """CPUs this process may run on, sorted."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def pick_cpus() -> tuple[int, int]:
+    """(proxy CPU, load CPU): the first two usable CPUs, or the same one on a single-CPU machine."""
+    cpus = usable_cpus()
+    return cpus[0], cpus[1] if len(cpus) > 1 else cpus[0]
+
+
+def which(name: str, *extra_dirs: str) -> str | None:
+    """Path of an executable on PATH or in ``extra_dirs`` (e.g. /usr/sbin, not on every PATH)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in extra_dirs:
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` fields after the command name (fields[0] is stat field 3, the state)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds used so far by process ``pid`` (all threads), outside any session."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime = stat fields 14, 15
+
+
+def _session_stats(sid: int) -> list[list[str]]:
+    """``/proc/<pid>/stat`` fields (after the command name) of every live process in session ``sid``."""
+    rows: list[list[str]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat_fields(int(entry))
+        except OSError:
+            continue
+        # fields[0] is state (stat field 3); session is stat field 6 -> fields[3].
+        if int(fields[3]) == sid:
+            rows.append(fields)
+    return rows
+
+
+def session_cpu_seconds(sid: int) -> float:
+    """User+system CPU seconds used so far by all live processes of session ``sid`` (all threads)."""
+    ticks = sum(int(f[11]) + int(f[12]) for f in _session_stats(sid))  # utime, stime = stat fields 14, 15
+    return ticks / CLK_TCK
+
+
+def http_post(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One blocking POST (for readiness checks and validation); returns (status, body)."""
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read()
+
+
+def assert_loopback(url: str) -> None:
+    """Refuse anything but http://127.0.0.1 targets."""
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"only http://127.0.0.1 targets are allowed, got {url!r}")
+
+
+def python_argv(module: str, *args: str) -> list[str]:
+    """``python -m module args...`` with the current interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def healthy(url: str) -> bool:
+    """Whether `url` answers `GET /health` with 200 (no proxy; raises OSError while it is not up yet)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/health", timeout=1) as response:
+        return bool(response.status == 200)
+
+
+def start_zero_delay_backend(group: ProcessGroup, model: str, cpu: int | None) -> str:
+    """A simulated backend that answers at once (its own time is only HTTP work); returns its URL once up."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    assert_loopback(url)
+    child = group.start(
+        "backend",
+        python_argv(
+            "backends.sim", "--port", str(port), "--model", model, "--ttft-ms", "0", "--tpot-ms", "0"
+        ),
+        cpu=cpu,
+    )
+    wait_until(lambda: healthy(url), timeout=30, what="backend", child=child)
+    return url
