@@ -13,9 +13,10 @@ import logging
 import signal
 import sys
 
+from backends.sim.app import start_server
 from backends.sim.faults import Faults
+from backends.sim.options import SimOptions
 from backends.sim.profiles import MODEL_ALIASES, MODELS, ProfileError, build_hardware
-from backends.sim.server import SimOptions, start_server
 
 
 def _override(text: str) -> tuple[str, float]:

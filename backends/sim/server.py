@@ -17,17 +17,15 @@ import os
 import struct
 import time
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from backends.sim.engine import BatchEngine, Engine, FixedEngine, Run, SimClock
-from backends.sim.faults import Faults as Faults
-from backends.sim.faults import FaultState, FaultUpdate, Listener
+from backends.sim.faults import FaultState, FaultUpdate
 from backends.sim.metrics import EngineStats
-from backends.sim.profiles import Hardware, ProfileError
+from backends.sim.options import SimOptions
 from backends.sim.protocol import (
     GenerationRequest,
     Kind,
@@ -39,7 +37,6 @@ from backends.sim.protocol import (
     stream_usage,
 )
 from backends.sim.text import Generation, count_tokens, embed, generate
-from backends.sim.timing import FixedTiming, Timing
 
 log = logging.getLogger("backends.sim")
 
@@ -47,52 +44,6 @@ VERSION = "sim-0.1"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
 _encode = msgspec.json.encode
-
-
-@dataclass(frozen=True, slots=True)
-class SimOptions:
-    """How one simulated backend behaves.
-
-    With `hardware` set the continuous-batching performance model times every request; without it
-    each request gets the fixed `ttft_ms`/`tpot_ms` (or `timing`), whatever the load. Durations are
-    simulated; `time_scale` runs the simulated clock that many times faster than real time.
-    """
-
-    models: tuple[str, ...] = ("sim-model",)
-    name: str = "sim"
-    max_model_len: int = 8192
-    ttft_ms: float = 20.0
-    tpot_ms: float = 5.0
-    seed: int = 0
-    fail_status: int | None = None
-    kv_capacity_tokens: int = 400_000  # notional KV cache size behind vllm:kv_cache_usage_perc (fixed timing)
-    timing: Timing | None = field(default=None, compare=False)  # replaces ttft_ms/tpot_ms when set
-    hardware: Hardware | None = None
-    time_scale: float = 1.0
-    faults: Faults | None = None
-
-    def resolved_timing(self) -> Timing:
-        return self.timing or FixedTiming(self.ttft_ms, self.tpot_ms)
-
-    def resolved_faults(self) -> Faults:
-        faults = self.faults or Faults()
-        if self.fail_status is not None:
-            faults = msgspec.structs.replace(faults, error_rate=1.0, error_status=self.fail_status)
-        return faults
-
-    def check(self) -> None:
-        """Refuse options a vLLM server would refuse at start (raises ProfileError)."""
-        hardware = self.hardware
-        if hardware is not None and self.max_model_len > hardware.kv_capacity_tokens:
-            raise ProfileError(
-                f"max_model_len {self.max_model_len} is larger than the KV cache of "
-                f"{hardware.describe()} ({hardware.kv_capacity_tokens} tokens); lower max_model_len "
-                "or use more GPUs"
-            )
-
-
-STATS_KEY = web.AppKey("stats", EngineStats)
-SERVER_KEY: web.AppKey[SimServer] = web.AppKey("server")
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -391,79 +342,3 @@ def _drop_connection(request: web.Request) -> web.Response:
     if transport is not None:
         transport.abort()
     return web.Response(status=500)
-
-
-def create_app(options: SimOptions) -> web.Application:
-    server = SimServer(options)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app[STATS_KEY] = server.stats
-    app[SERVER_KEY] = server
-    app.on_cleanup.append(server.close)
-    app.router.add_get("/sim/faults", server.get_faults)
-    app.router.add_post("/sim/faults", server.post_faults)
-    app.router.add_get("/sim/info", server.info)
-    app.router.add_get("/health", server.health)
-    app.router.add_get("/version", server.version)
-    app.router.add_get("/metrics", server.metrics)
-    app.router.add_get("/v1/models", server.models)
-    app.router.add_post("/v1/chat/completions", server.chat)
-    app.router.add_post("/v1/completions", server.completions)
-    app.router.add_post("/v1/embeddings", server.embeddings)
-    return app
-
-
-@dataclass(slots=True)
-class RunningServer:
-    """A simulator listening on a socket; `close()` stops it."""
-
-    runner: web.AppRunner
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.runner.app[STATS_KEY]
-
-    @property
-    def sim(self) -> SimServer:
-        return self.runner.app[SERVER_KEY]
-
-    async def close(self) -> None:
-        await self.runner.cleanup()
-
-
-async def start_server(
-    options: SimOptions, host: str = "127.0.0.1", port: int = 0, *, handler_cancellation: bool = True
-) -> RunningServer:
-    """Serve `create_app(options)` on host:port (0 picks a free port).
-
-    handler_cancellation makes aiohttp cancel a handler whose client disconnected, so an abandoned
-    request stops at once instead of at its next write (which also aborts it, just later).
-    """
-    access_log = log if log.isEnabledFor(logging.DEBUG) else None
-    runner = web.AppRunner(
-        create_app(options), handler_cancellation=handler_cancellation, access_log=access_log
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1]
-    sites = [site]
-
-    async def stop_listening() -> None:
-        await sites.pop().stop()
-
-    async def start_listening() -> None:
-        again = web.TCPSite(runner, host, bound)
-        await again.start()
-        sites.append(again)
-
-    sim = runner.app[SERVER_KEY]
-    sim.faults.listener = Listener(stop=stop_listening, start=start_listening)
-    if sim.faults.faults.refuse_connections_s:
-        await sim.faults.apply_refusal()
-    return RunningServer(runner=runner, host=host, port=bound)

@@ -14,8 +14,9 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
+from backends.sim.app import RunningServer, start_server
+from backends.sim.options import SimOptions
 from backends.sim.profiles import build_hardware
-from backends.sim.server import RunningServer, SimOptions, start_server
 
 MODEL = "llama-3.1-8b"
 SCALE = 200.0  # the engine loop may fall behind real time at this pace; its timeline stays exact

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from backends.scraper import parse_engine_load
-from backends.sim.server import RunningServer, SimOptions, start_server
+from backends.sim.app import RunningServer, start_server
+from backends.sim.options import SimOptions
 
 FIXTURES = Path(__file__).resolve().parents[2] / "vllm" / "fixtures"
 INDEX = json.loads((FIXTURES / "index.json").read_text())

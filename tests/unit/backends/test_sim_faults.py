@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from backends.sim.app import RunningServer, start_server
 from backends.sim.faults import Faults
-from backends.sim.server import RunningServer, SimOptions, start_server
+from backends.sim.options import SimOptions
 
 MODEL = "llama-3.1-8b"
 BODY = {"prompt": "hello", "max_tokens": 20}

@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from backends.sim.__main__ import main as sim_main
+from backends.sim.app import start_server
 from backends.sim.kvcache import BlockPool, Holding, block_hashes
 from backends.sim.metrics import EngineStats
+from backends.sim.options import SimOptions
 from backends.sim.profiles import ProfileError, build_hardware
 from backends.sim.scheduler import Group, Scheduler
-from backends.sim.server import SimOptions, start_server
 
 MODEL = "llama-3.1-8b"
 

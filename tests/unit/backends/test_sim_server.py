@@ -16,7 +16,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from backends.sim.server import RunningServer, SimOptions, start_server
+from backends.sim.app import RunningServer, start_server
+from backends.sim.options import SimOptions
 from backends.sim.text import count_tokens
 
 MODEL = "llama-3.1-8b"
