@@ -50,7 +50,7 @@ bench-routing: venv
 bench-accounting: venv
 	$(PY) -m loadtest.bench.accounting $(ARGS)
 
-# What telemetry costs (needs wrk; nginx if present, as installed by ../shared/peers/setup.sh; ~4 minutes).
+# What telemetry costs (needs wrk; nginx if present, as the peers harness setup.sh installs; ~4 minutes).
 bench-telemetry: venv
 	$(PY) -m loadtest.bench.telemetry $(ARGS)
 
@@ -61,7 +61,7 @@ bench-sse: venv
 loadtest: venv
 	$(VENV)/bin/switchyard loadtest mixed --policies balanced,round-robin,least-loaded $(ARGS)
 
-# Side by side with vllm-router and the LiteLLM proxy, using the harness in ../shared/peers (see its README;
+# Side by side with vllm-router and the LiteLLM proxy, using the harness in $(PEERS) (see its README;
 # run its setup.sh once). Results land in /tmp/peers-results/<timestamp>/report.md.
 PEERS ?= ../shared/peers
 bench-peers: venv

@@ -1,4 +1,4 @@
-"""What the gateway assumes about an accelerator before it has measured anything (../shared/gpu-facts.md).
+"""What the gateway assumes about an accelerator before it has measured anything (backends/gpu_facts.md).
 
 Used as priors only: observed latency (per backend, measured by the gateway) and measured cost per token
 (from the ledger) replace them as soon as they exist.

@@ -2,7 +2,7 @@
 
     python -m backends.launcher --vendor amd --accelerator mi300x --model meta-llama/Llama-3.1-8B-Instruct \\
         --tensor-parallel-size 1 --max-model-len 32768 --port 8000 --print
-    python -m backends.launcher --vendor cpu --model ~/.cache/switchyard/tiny-llama \\
+    python -m backends.launcher --vendor cpu --model "$VLLM_MODEL" \\
         --served-model-name tiny --port 8000 --run
 
 `--print` shows the command as a shell line (`ENV=... vllm serve ...`), `--env-file` the environment as an

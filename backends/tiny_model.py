@@ -1,6 +1,6 @@
 """Build a tiny random-weight Llama model that vLLM's CPU build can serve, with no model hub.
 
-    <vllm-venv>/bin/python backends/tiny_model.py --out ~/.cache/switchyard/tiny-llama
+    <vllm-venv>/bin/python backends/tiny_model.py --out "$VLLM_MODEL"
 
 Runs with the vLLM virtualenv's interpreter (it needs `tokenizers`, `transformers` and `torch`, which the
 gateway's own environment does not have), so it imports nothing from this project. Takes a few seconds:

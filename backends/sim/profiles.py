@@ -1,7 +1,8 @@
 """GPU and model profiles for the performance model, and the engine geometry they imply.
 
-Defaults follow ../shared/gpu-facts.md. Memory is in GiB (an "80 GB" H100 has 80 GiB of HBM3, a
-"192 GB" MI300X 192 GiB), bandwidth in TB/s and compute in dense BF16 TFLOP/s, as vendors quote them.
+Defaults follow backends/gpu_facts.md (the figures and their public sources). Memory is in GiB (an
+"80 GB" H100 has 80 GiB of HBM3, a "192 GB" MI300X 192 GiB), bandwidth in TB/s and compute in dense
+BF16 TFLOP/s, as vendors quote them.
 
 The efficiency factors are what separates the vendors beyond the spec sheet. Each is a saturating
 curve of how much parallel work a step offers (`Curve`): the fraction of peak a kernel reaches
