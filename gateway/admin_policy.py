@@ -10,12 +10,14 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromQuery
 
 from gateway.errors import invalid_request, model_not_found
+from gateway.policy_reload import PolicyWatcher
 from gateway.request.classify import classify
 from gateway.request.parse import UPSTREAM_PATHS, parse
 from gateway.request.pipeline import Pipeline
 from gateway.routes import read_caller
 from policies.engine import PolicyEngine
 from policies.explain import Explained, explain
+from policies.framework import Router
 
 
 class PolicyState(msgspec.Struct):
@@ -35,7 +37,7 @@ class PolicyState(msgspec.Struct):
     last_reload_error: str | None = None
 
 
-def policy_state(router: Any, watcher: Any) -> PolicyState:
+def policy_state(router: Router, watcher: PolicyWatcher | None) -> PolicyState:
     state = PolicyState(name=router.name)
     if isinstance(router, PolicyEngine):
         state.version = router.version

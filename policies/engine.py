@@ -3,6 +3,10 @@
 Everything that does not depend on the request is resolved when the policy is loaded: class rules become
 predicates, each route's pools become a backend → tier map, plugin names become instances. What is left
 per request is a loop over the backends serving the model.
+
+`load_engine` is the one way a policy file becomes an engine: validating a policy is building it, so the
+engine that passed `switchyard policy check`, the gateway's start or a hot reload is the one that runs.
+Explanations of a decision are in policies/explain.py.
 """
 
 from __future__ import annotations
