@@ -77,6 +77,9 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[Any, ...], int]]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
+        if mark is not None and not text[mark.index :].strip():
+            # At the end of the stream the mark sits past the last newline: name the last line with text.
+            line = text[: mark.index].rstrip().count("\n") + 1
         raise ConfigError(source, line, f"invalid YAML: {exc.problem or exc}") from None
     lines: dict[tuple[Any, ...], int] = {}
     if root is None:

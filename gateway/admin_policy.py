@@ -4,40 +4,64 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromQuery
 
 from gateway.errors import invalid_request, model_not_found
+from gateway.policy_reload import PolicyWatcher
 from gateway.request.classify import classify
 from gateway.request.parse import UPSTREAM_PATHS, parse
 from gateway.request.pipeline import Pipeline
 from gateway.routes import read_caller
 from policies.engine import PolicyEngine
+from policies.explain import Explained, explain
+from policies.framework import Router
+
+
+class PolicyState(msgspec.Struct):
+    """`GET /admin/v1/policy`: the router in force. The policy fields are null for a router that is not
+    a policy engine, the reload fields when the policy file is not watched."""
+
+    name: str
+    version: str | None = None
+    """The policy text's hash: it changes exactly when a reload applies a different file."""
+    source: str | None = None
+    classes: list[str] | None = None
+    warnings: list[str] | None = None
+    decisions: int | None = None
+    mean_decision_us: float | None = None
+    reloads: int | None = None
+    rejected_reloads: int | None = None
+    last_reload_error: str | None = None
+
+
+def policy_state(router: Router, watcher: PolicyWatcher | None) -> PolicyState:
+    state = PolicyState(name=router.name)
+    if isinstance(router, PolicyEngine):
+        state.version = router.version
+        state.source = router.loaded.source
+        state.classes = [rule.name for rule in router.loaded.policy.classes] + ["default"]
+        state.warnings = router.warnings
+        state.decisions = router.decisions
+        state.mean_decision_us = round(router.mean_decision_us, 2)
+    if watcher is not None:
+        state.reloads = watcher.reloads
+        state.rejected_reloads = watcher.rejected
+        state.last_reload_error = watcher.last_error
+    return state
 
 
 def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
     @get("/admin/v1/policy", name="policy")
-    async def policy(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        router = pipeline.router
-        body: dict[str, Any] = {"name": router.name}
-        if isinstance(router, PolicyEngine):
-            body.update(
-                source=router.loaded.source,
-                classes=[rule.name for rule in router.loaded.policy.classes] + ["default"],
-                warnings=router.warnings,
-                decisions=router.decisions,
-                mean_decision_us=round(router.mean_decision_us, 2),
-            )
-        watcher = getattr(request.app.state, "policy_watcher", None)
-        if watcher is not None:
-            body["reloads"] = watcher.reloads
-            body["rejected_reloads"] = watcher.rejected
-            body["last_reload_error"] = watcher.last_error
-        return body
+    async def policy(request: Request[Any, Any, Any]) -> PolicyState:
+        return policy_state(pipeline.router, getattr(request.app.state, "policy_watcher", None))
 
     @post("/admin/v1/explain", name="explain", status_code=200)
-    async def explain(request: Request[Any, Any, Any], endpoint: FromQuery[str] = "chat") -> dict[str, Any]:
+    async def explain_request(
+        request: Request[Any, Any, Any], endpoint: FromQuery[str] = "chat"
+    ) -> Explained:
         """Route the posted OpenAI request body without sending it: class, candidates, scores, choice."""
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")
@@ -46,17 +70,6 @@ def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         serving = pipeline.catalog.serving(profile.model)
         if not serving:
             raise model_not_found(profile.model)
-        router = pipeline.router
-        if isinstance(router, PolicyEngine):
-            decision = router.explain(profile, serving)
-        else:
-            decision = router.choose(profile, serving)
-        return {
-            "request_class": decision.request_class,
-            "route": decision.route,
-            "order": [b.name for b in decision.candidates],
-            "why_none": decision.why_none,
-            "explanation": decision.explanation,
-        }
+        return explain(pipeline.router, profile, serving)
 
-    return [policy, explain]
+    return [policy, explain_request]

@@ -26,7 +26,6 @@ from gateway.request.pipeline import Pipeline
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
-from policies.engine import PolicyEngine
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
 
@@ -77,10 +76,9 @@ def _unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Respon
 
 
 def default_router(settings: Settings) -> Router:
-    """The configured policy; settings built in code without one get the built-in least-inflight."""
-    if settings.policy is None:
-        return LeastInflight()
-    return PolicyEngine(settings.policy, settings.backends)
+    """The configured policy (the engine built when the settings were validated); settings built in code
+    without one get the built-in least-inflight."""
+    return settings.policy if settings.policy is not None else LeastInflight()
 
 
 def wire_telemetry(

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 from types import ModuleType
 
@@ -138,27 +139,46 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, help="gateway config YAML")
     serve.add_argument("--host", default=None, help="override gateway.host")
     serve.add_argument("--port", type=int, default=None, help="override gateway.port")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: %(default)s; `warning` also silences the access log)",
+    )
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser(
         "demo", help="simulated H100 + MI300X fleet, the gateway, and a burst of traffic"
     )
-    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--port", type=int, default=8080, help="the gateway's port (default: %(default)s)")
     demo.add_argument("--requests", type=int, default=14, help="requests in the burst")
     demo.add_argument("--exit-after-traffic", action="store_true", help="stop after the burst (for scripts)")
     demo.set_defaults(run=_demo)
 
     costs = commands.add_parser("costs", help="the cost table of a running gateway")
     costs.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
-    costs.add_argument("--by", default="backend", choices=["backend", "pool", "vendor", "model", "key"])
-    costs.add_argument("--window", default="15m", choices=["1m", "15m", "1h", "24h"])
+    costs.add_argument(
+        "--by",
+        default="backend",
+        choices=["backend", "pool", "vendor", "model", "key"],
+        help="what each row of the table sums (default: %(default)s)",
+    )
+    costs.add_argument(
+        "--window",
+        default="15m",
+        choices=["1m", "15m", "1h", "24h"],
+        help="how far back the table looks (default: %(default)s)",
+    )
     costs.set_defaults(run=_costs)
 
     backends = commands.add_parser(
         "backends", help="list, drain or undrain the backends of a running gateway"
     )
-    backends.add_argument("action", choices=["list", "drain", "undrain"])
+    backends.add_argument(
+        "action",
+        choices=["list", "drain", "undrain"],
+        help="list them; drain one (no new requests, in-flight ones finish); undrain one",
+    )
     backends.add_argument("name", nargs="?", help="the backend (for drain and undrain)")
     backends.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
     backends.set_defaults(run=_backends)
@@ -178,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 128 + 13
+"""What a shell reports for a command killed by SIGPIPE (`| head` closed its input): what `cat` does."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["loadtest"]:  # its options (and --help) belong to loadtest/cli.py, imported only now
@@ -186,7 +210,16 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     level = logging.WARNING if args.command in ("demo", "costs", "backends") else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.run(args))
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of our output left (`... | head`): stop quietly. Python ignores SIGPIPE (the server
+        # needs that), so the write raised instead; point stdout at /dev/null so the flush at exit is
+        # silent too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 if __name__ == "__main__":

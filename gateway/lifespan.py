@@ -48,7 +48,7 @@ def lifespan(settings: Settings, pipeline: Pipeline):
         await scraper.start()
         watcher = None
         if settings.policy is not None:
-            path = Path(settings.policy.source)
+            path = Path(settings.policy.loaded.source)
             watcher = PolicyWatcher(path, pipeline, pipeline.catalog, settings.policy_options.reload_interval)
             watcher.start()
             app.state.policy_watcher = watcher

@@ -2,7 +2,9 @@
 
 The file's modification time and size are polled off the event loop (no watcher dependency; works on
 every filesystem and with editors that replace the file). In-flight requests keep the decision they
-already have; the swap is one attribute assignment on the pipeline.
+already have; the swap is one attribute assignment on the pipeline. The engine installed is the one that
+validated the file (`load_engine`); a file saved again unchanged builds nothing. A deleted file is
+reported (log and `last_error`) while the last good policy keeps serving.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 from backends.catalog import Catalog
 from backends.yamlfile import ConfigError
 from gateway.request.pipeline import Pipeline
-from policies.config import load_policy
-from policies.engine import PolicyEngine
+from policies.config import policy_version
+from policies.engine import PolicyEngine, load_engine
 
 log = logging.getLogger("switchyard.policy")
 
@@ -44,12 +46,20 @@ class PolicyWatcher:
     def check(self) -> bool:
         """Reload if the file changed; True when a new policy was applied."""
         stamp = _stamp(self.path)
-        if stamp is None or stamp == self._stamp:
+        if stamp == self._stamp:
             return False
         self._stamp = stamp
+        if stamp is None:
+            self._gone()
+            return False
+        running = self._pipeline.router
         try:
-            engine = PolicyEngine(load_policy(self.path), self._catalog.backends)
-        except ConfigError as exc:
+            version = policy_version(self.path.read_text(errors="replace"))
+            if isinstance(running, PolicyEngine) and running.version == version:
+                self.last_error = None  # back as it was (say, after a delete): nothing to build
+                return False
+            engine = load_engine(self.path, self._catalog.backends)
+        except (ConfigError, OSError) as exc:
             self.rejected += 1
             self.last_error = str(exc)
             log.error("policy change refused, keeping the last good policy: %s", exc)
@@ -57,10 +67,15 @@ class PolicyWatcher:
         self._pipeline.router = engine
         self.reloads += 1
         self.last_error = None
-        log.info("policy reloaded from %s: %s", self.path, engine.name)
+        log.info("policy reloaded from %s: %s (version %s)", self.path, engine.name, engine.version)
         for warning in engine.warnings:
             log.warning("policy: %s", warning)
         return True
+
+    def _gone(self) -> None:
+        serving = self._pipeline.router.name
+        self.last_error = f"{self.path}: the policy file is gone; serving the last good policy `{serving}`"
+        log.warning("%s; restore the file to change the policy again", self.last_error)
 
     async def _run(self) -> None:
         while True:

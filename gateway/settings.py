@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -13,8 +14,9 @@ from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from policies import presets
-from policies.config import LoadedPolicy, load_policy
-from policies.engine import PolicyEngine
+from policies.engine import PolicyEngine, load_engine
+
+log = logging.getLogger("switchyard.policy")
 
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
@@ -174,8 +176,9 @@ class Settings(msgspec.Struct, kw_only=True):
     backends: list[Backend]
     ledger: LedgerOptions = msgspec.field(default_factory=LedgerOptions)
     policy_options: PolicyOptions = msgspec.field(default_factory=PolicyOptions)
-    policy: LoadedPolicy | None = None
-    """The routing policy, validated against these backends; None only for settings built in code."""
+    policy: PolicyEngine | None = None
+    """The routing policy, built (so validated) against these backends: the engine the gateway runs.
+    None only for settings built in code."""
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
 
     @property
@@ -220,7 +223,7 @@ def policy_path(options: PolicyOptions, config_source: str) -> Path:
 
 def _load_policy(
     config: ConfigFile, backends: list[Backend], lines: dict[tuple[Any, ...], int], source: str
-) -> LoadedPolicy:
+) -> PolicyEngine:
     path = policy_path(config.policy, source)
     if not path.is_file():
         known = ", ".join(presets.preset_names())
@@ -230,9 +233,10 @@ def _load_policy(
             f"policy `{config.policy.file}` is neither a preset nor a file ({path})",
             hint=f"presets: {known}",
         )
-    loaded = load_policy(path)
-    PolicyEngine(loaded, backends)  # checks plugin names and parameters against this fleet
-    return loaded
+    engine = load_engine(path, backends)
+    for warning in engine.warnings:
+        log.warning("policy: %s", warning)
+    return engine
 
 
 def settings_from_text(text: str, source: str = "<config>") -> Settings:

@@ -28,9 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=float, default=None, help="simulated seconds of arrivals")
     parser.add_argument("--rate", type=float, default=None, help="arrivals per simulated second")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--seed", type=int, default=None, help="random seed of the arrivals (default: the scenario's)"
+    )
     parser.add_argument("--time-scale", type=float, default=None, help="simulated seconds per real second")
-    parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument(
+        "--max-requests", type=int, default=None, help="stop each run after this many requests"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,8 @@ each error with the file and line to fix. See policies/presets/ for complete, co
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -155,6 +157,8 @@ class LoadedPolicy(msgspec.Struct):
     source: str
     policy: PolicyFile
     lines: dict[tuple[Any, ...], int]
+    version: str = ""
+    """The start of the text's SHA-256: the same file gives the same version (reload skips it)."""
 
     def line(self, *path: Any) -> int | None:
         while path:
@@ -211,6 +215,45 @@ def _check_references(loaded: LoadedPolicy) -> None:
             )
 
 
+_ENUM_AT_RE = re.compile(r"^Invalid enum value .* \(at ([^)]*)\)$")
+_PART_RE = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _enum_values(info: msgspec.inspect.Type, path: str) -> list[str]:
+    """The values a Literal at `path` (as a ConfigError names it: `routes.x.prefer[0].vendor`) allows."""
+    found: list[str] = []
+    todo = [info]
+    for name, index in _PART_RE.findall(path):
+        step: list[msgspec.inspect.Type] = []
+        for t in todo:
+            members = t.types if isinstance(t, msgspec.inspect.UnionType) else (t,)
+            for m in members:
+                if isinstance(m, msgspec.inspect.StructType) and name:
+                    step += [f.type for f in m.fields if f.encode_name == name]
+                elif isinstance(m, msgspec.inspect.DictType) and name:
+                    step.append(m.value_type)
+                elif isinstance(m, msgspec.inspect.ListType) and index:
+                    step.append(m.item_type)
+        todo = step
+    for t in todo:
+        for m in t.types if isinstance(t, msgspec.inspect.UnionType) else (t,):
+            if isinstance(m, msgspec.inspect.LiteralType):
+                found += [str(v) for v in m.values]
+    return found
+
+
+def _decode(data: Any, lines: dict[tuple[Any, ...], int], schema: type[Any], source: str, **kw: Any) -> Any:
+    """`decode`, naming the allowed values when a value is not one of them (`vendor: AMD`)."""
+    try:
+        return decode(data, lines, schema, source, **kw)
+    except ConfigError as exc:
+        match = _ENUM_AT_RE.match(exc.reason)
+        values = _enum_values(msgspec.inspect.type_info(PolicyFile), match.group(1)) if match else []
+        if not values or exc.hint is not None:
+            raise
+        raise ConfigError(exc.source, exc.line, exc.reason, hint=f"one of: {', '.join(values)}") from None
+
+
 def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     """Parse and check a policy's structure and references; plugin names are checked by the engine."""
     data, lines = parse_yaml(text, source)
@@ -219,10 +262,15 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     routes = data.get("routes")
     if isinstance(routes, dict):
         for name, route in routes.items():  # one by one, so an error names the route's line
-            decode(route, lines, Route, source, prefix=("routes", name))
-    loaded = LoadedPolicy(source=source, policy=decode(data, lines, PolicyFile, source), lines=lines)
+            _decode(route, lines, Route, source, prefix=("routes", name))
+    policy = _decode(data, lines, PolicyFile, source)
+    loaded = LoadedPolicy(source=source, policy=policy, lines=lines, version=policy_version(text))
     _check_references(loaded)
     return loaded
+
+
+def policy_version(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:

@@ -3,14 +3,19 @@
 Everything that does not depend on the request is resolved when the policy is loaded: class rules become
 predicates, each route's pools become a backend → tier map, plugin names become instances. What is left
 per request is a loop over the backends serving the model.
+
+`load_engine` is the one way a policy file becomes an engine: validating a policy is building it, so the
+engine that passed `switchyard policy check`, the gateway's start or a hot reload is the one that runs.
+Explanations of a decision are in policies/explain.py.
 """
 
 from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,14 +24,11 @@ from backends.models import Backend
 from backends.yamlfile import ConfigError
 from policies import registry
 from policies.classes import Predicate, compile_condition
-from policies.config import DEFAULT_CLASS, LoadedPolicy, Route
+from policies.config import DEFAULT_CLASS, LoadedPolicy, PoolSelector, Route, Selection, load_policy
 from policies.filters import ContextFits, Healthy
-from policies.framework import Decision, Filter, Picker, Ranked, RouteContext, Scorer
-from policies.predict import predicted_tpot, predicted_ttft, saturation_reason, slo_miss_reason
+from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
 from policies.profile import RequestProfile
 from policies.selectors import selects
-
-_TIER_NAMES = ("preferred", "fallback")
 
 
 @dataclass(slots=True)
@@ -50,12 +52,31 @@ class CompiledRoute:
     route's pools, computed once. Keyed by identity; the list itself is kept to make the key safe."""
 
 
+@dataclass(slots=True)
+class DecisionTrace:
+    """What one decision was made from, kept only when asked (policies/explain.py reads it)."""
+
+    matched_by: str = ""
+    """What decided the class: `header`, `rule N` or `default`."""
+    route: CompiledRoute | None = None
+    ctx: RouteContext | None = None
+    kept: list[Backend] = field(default_factory=list)
+    """The candidates left after the filters; the lists below are parallel to it."""
+    tiers: list[int] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
+    able: list[bool] = field(default_factory=list)
+    scores: dict[str, Sequence[float]] = field(default_factory=dict)
+    """Each scorer's scores (clamped to 0..1), by scorer name."""
+    order: list[int] = field(default_factory=list)
+
+
 class PolicyEngine:
     """A loaded policy bound to the gateway's backends; implements `policies.framework.Router`."""
 
     def __init__(self, loaded: LoadedPolicy, backends: Sequence[Backend]) -> None:
         self.loaded = loaded
         self.name = loaded.policy.name
+        self.version = loaded.version
         self.warnings: list[str] = []
         self.decisions = 0
         self.decision_ns = 0
@@ -138,6 +159,8 @@ class PolicyEngine:
         if backends and not tiers:
             where = f"{self.loaded.source}:{self.loaded.line('routes', name)}"
             self.warnings.append(f"{where}: route `{name}` selects no configured pool")
+        elif backends:
+            self._warn_unmatched_selectors(name, route, backends)
         extra: list[Filter] = [
             self._plugin(f, "filter", "routes", name, "filters", i) for i, f in enumerate(route.filters)
         ]
@@ -158,6 +181,21 @@ class PolicyEngine:
             name, label, route, tiers, filters, extra, scorers, picker, predicts, ttft_limit, tpot_limit
         )
 
+    def _warn_unmatched_selectors(self, name: str, route: Route, backends: Sequence[Backend]) -> None:
+        """A selector no pool matches is a typo or a pool that is gone: the route can never use it."""
+        pools = {b.pool.name: b.pool for b in backends}
+        known = ", ".join(f"{p.name} ({p.vendor} {p.accelerator})" for p in pools.values())
+        for field_name, selection in (("prefer", route.prefer), ("fallback", route.fallback)):
+            for path, selector in _selectors(selection):
+                if any(selects(selector, pool) for pool in pools.values()):
+                    continue
+                line = self.loaded.line("routes", name, field_name, *path)
+                shown = ", ".join(f"{k}: {v}" for k, v in msgspec.to_builtins(selector).items())
+                self.warnings.append(
+                    f"{self.loaded.source}:{line}: route `{name}`: {field_name} {{{shown}}} matches no pool "
+                    f"(pools: {known})"
+                )
+
     # --- routing -------------------------------------------------------------------------------------
 
     def classify(self, profile: RequestProfile) -> tuple[str, str]:
@@ -177,16 +215,15 @@ class PolicyEngine:
         self.decisions += 1
         return decision
 
-    def explain(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision:
-        started = time.perf_counter_ns()
-        explanation: dict[str, Any] = {}
-        decision = self._decide(profile, serving, explanation)
-        explanation["decision_us"] = round((time.perf_counter_ns() - started) / 1000, 1)
-        decision.explanation = explanation
-        return decision
+    def decide_traced(
+        self, profile: RequestProfile, serving: Sequence[Backend]
+    ) -> tuple[Decision, DecisionTrace]:
+        """The decision `choose` would make, with what it was made from (not counted in the statistics)."""
+        trace = DecisionTrace()
+        return self._decide(profile, serving, trace), trace
 
     def _decide(
-        self, profile: RequestProfile, serving: Sequence[Backend], explain: dict[str, Any] | None
+        self, profile: RequestProfile, serving: Sequence[Backend], trace: DecisionTrace | None
     ) -> Decision:
         cls, matched_by = self.classify(profile)
         profile.request_class = cls
@@ -226,14 +263,8 @@ class PolicyEngine:
             ]
             ctx.predicted_ttft = ttfts
             ctx.predicted_tpot = tpots
-        if explain is not None:
-            explain.update(
-                policy=self.name,
-                request_class=cls,
-                matched_by=matched_by,
-                route=_without_nulls(msgspec.to_builtins(route.config)),
-                dropped=[{"backend": b.name, "reason": why} for b, why in self._dropped(ctx, route, serving)],
-            )
+        if trace is not None:
+            trace.matched_by, trace.route, trace.ctx = matched_by, route, ctx
         if not kept:
             return self._nothing_fits(ctx, route, serving)
         totals: list[float] | None = None
@@ -242,7 +273,7 @@ class PolicyEngine:
             scores = scorer.score(ctx, kept)
             if not getattr(scorer, "scores_in_unit_range", False):
                 scores = [0.0 if s < 0 else 1.0 if s > 1 else s for s in scores]
-            if explain is not None:
+            if trace is not None:
                 per_plugin[scorer.name] = scores
             if totals is None:
                 totals = [weight * s for s in scores]
@@ -251,19 +282,12 @@ class PolicyEngine:
         if totals is None:
             totals = [0.0] * len(kept)
         order = route.picker.order(ctx, kept, kept_tiers, totals, able)
-        if explain is not None:
-            explain["candidates"] = [
-                _describe(
-                    Ranked(kept[i], kept_tiers[i], totals[i], able[i], _why_not(kept[i], route.config)),
-                    per_plugin,
-                    i,
-                )
-                for i in order
-            ]
-            explain["choice"] = kept[order[0]].name
+        if trace is not None:
+            trace.kept, trace.tiers, trace.totals, trace.able = kept, kept_tiers, totals, able
+            trace.scores, trace.order = per_plugin, order
         return Decision([kept[i] for i in order], route.label, request_class=cls)
 
-    def _dropped(
+    def rejections(
         self, ctx: RouteContext, route: CompiledRoute, serving: Sequence[Backend]
     ) -> list[tuple[Backend, str]]:
         """Why each backend serving the model is not a candidate (for explanations and errors; not hot)."""
@@ -294,7 +318,7 @@ class PolicyEngine:
                 f"max_tokens) but the longest any backend of route `{cls}` serves is {longest}"
             )
             return Decision([], route.label, request_class=cls, why_none=why, rejected_for_context=True)
-        reasons = sorted({why for _, why in self._dropped(ctx, route, serving)})
+        reasons = sorted({why for _, why in self.rejections(ctx, route, serving)})
         why = f"all {len(in_route)} backends of route `{cls}` are unavailable ({'; '.join(reasons)})"
         return Decision([], route.label, request_class=cls, why_none=why)
 
@@ -303,32 +327,19 @@ class PolicyEngine:
         return self.decision_ns / self.decisions / 1000 if self.decisions else 0.0
 
 
-def _why_not(backend: Backend, route: Route) -> str | None:
-    return saturation_reason(backend, route) or slo_miss_reason(backend, route)
+def _selectors(selection: Selection) -> Iterator[tuple[tuple[int, ...], PoolSelector]]:
+    """Each selector of a `prefer` or `fallback`, with its index when given as a list."""
+    if isinstance(selection, PoolSelector):
+        yield (), selection
+    elif isinstance(selection, list):
+        for i, selector in enumerate(selection):
+            yield (i,), selector
 
 
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None and v != []}
-    return value
+def load_engine(path: str | Path, backends: Sequence[Backend]) -> PolicyEngine:
+    """Read, validate and build a policy file against these backends: the one way a policy is loaded.
 
-
-def _describe(r: Ranked, per_plugin: dict[str, Sequence[float]], index: int) -> dict[str, Any]:
-    b = r.backend
-    return {
-        "backend": b.name,
-        "pool": b.pool.name,
-        "vendor": b.pool.vendor,
-        "accelerator": b.pool.accelerator,
-        "tier": _TIER_NAMES[min(r.tier, 1)],
-        "scores": {name: round(scores[index], 4) for name, scores in per_plugin.items()},
-        "total": round(r.score, 4),
-        "can_take_more": r.can_take_more,
-        "why_not": r.why_not,
-        "inflight": b.inflight,
-        "waiting": b.load.waiting,
-        "running": b.load.running,
-        "kv_cache_usage": b.load.kv_cache_usage,
-        "predicted_ttft_ms": round(predicted_ttft(b) * 1000, 2),
-        "predicted_tpot_ms": round(predicted_tpot(b) * 1000, 3),
-    }
+    Validation is building: the engine that passed is the engine to run (`policy check`, the gateway's
+    start and its hot reload all call this). Raises ConfigError naming the file and line.
+    """
+    return PolicyEngine(load_policy(path), backends)

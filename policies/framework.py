@@ -15,8 +15,8 @@ the plugin, measures how long routing takes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from backends.models import Backend
@@ -60,18 +60,6 @@ class Scorer(Protocol):
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> Sequence[float]: ...
 
 
-@dataclass(slots=True)
-class Ranked:
-    """One candidate as an explanation shows it."""
-
-    backend: Backend
-    tier: int
-    score: float
-    can_take_more: bool
-    """False when the backend is saturated or predicted to miss the route's SLO: tried after the others."""
-    why_not: str | None = None
-
-
 class Picker(Protocol):
     """Orders the candidates; the lists are parallel to `candidates`. Returns indices, best first."""
 
@@ -96,7 +84,6 @@ class Decision:
     why_none: str | None = None
     """When `candidates` is empty: why, in words a client can act on."""
     rejected_for_context: bool = False
-    explanation: dict[str, Any] | None = field(default=None, repr=False)
 
 
 class Router(Protocol):

@@ -37,13 +37,16 @@ def test_parse_args_defaults_and_limits() -> None:
 
 
 def test_session_cpu_of_a_pinned_child(tmp_path) -> None:
-    spin = "import time\nt = time.time()\nwhile time.time() - t < 0.4: pass\ntime.sleep(30)"
+    # Spins for 0.4 s of its own CPU time (not wall time), so a busy machine only makes it slower.
+    spin = "import time\nwhile time.process_time() < 0.4: pass\ntime.sleep(30)"
     group = ProcessGroup(tmp_path)
     child = group.start("spin", [sys.executable, "-c", spin], cpu=pick_cpus()[0])
     try:
-        time.sleep(0.6)
+        deadline = time.monotonic() + 20
+        while session_cpu_seconds(child.pid) <= 0.3 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert child.alive()
-        assert session_cpu_seconds(child.pid) > 0.2
+        assert session_cpu_seconds(child.pid) > 0.3
     finally:
         group.stop(child)
     assert not child.alive() and group.children == []

@@ -7,6 +7,7 @@ import sys
 import textwrap
 from collections import Counter
 
+import msgspec
 import pytest
 
 from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, build_backends
@@ -15,6 +16,8 @@ from gateway.request.parse import parse
 from policies import registry
 from policies.config import parse_policy
 from policies.engine import PolicyEngine
+from policies.explain import Explanation, explain
+from policies.least_inflight import LeastInflight
 from policies.profile import RequestProfile
 
 MODEL = "m"
@@ -382,59 +385,79 @@ def _explained_state() -> list[Backend]:
     return backends
 
 
+def _explanation(engine: PolicyEngine, profile: RequestProfile, backends: list[Backend]) -> Explanation:
+    explained = explain(engine, profile, backends)
+    assert explained.explanation is not None
+    return explained.explanation
+
+
 def test_explain():
     backends = _explained_state()
-    decision = _engine(EXPLAINED, backends).explain(_profile(stream=True), backends)
-    e = decision.explanation
-    assert e["policy"] == "unnamed"
-    assert e["request_class"] == "chat"
-    assert e["matched_by"] == "rule 1"
-    assert e["route"]["slo"] == {"ttft_ms": 300.0}
-    candidates = e["candidates"]
-    assert [c["backend"] for c in candidates] == _names(decision.candidates)
+    engine = _engine(EXPLAINED, backends)
+    explained = explain(engine, _profile(stream=True), backends)
+    e = explained.explanation
+    assert e is not None
+    assert e.policy == "unnamed"
+    assert e.version == engine.version != ""
+    assert e.request_class == explained.request_class == "chat"
+    assert e.matched_by == "rule 1"
+    assert e.route["slo"] == {"ttft_ms": 300.0}
+    candidates = e.candidates
+    assert [c.backend for c in candidates] == explained.order
     # both others are unable to take more: among those, preferred before fallback
-    assert [c["backend"] for c in candidates] == ["h100-0", "h100-1", "mi300x-0"]
-    assert [c["tier"] for c in candidates] == ["preferred", "preferred", "fallback"]
+    assert [c.backend for c in candidates] == ["h100-0", "h100-1", "mi300x-0"]
+    assert [c.tier for c in candidates] == ["preferred", "preferred", "fallback"]
     for c in candidates:
-        assert set(c["scores"]) == {"least-outstanding", "kv-headroom", "cheapest"}
-        assert all(0.0 <= s <= 1.0 for s in c["scores"].values())
-        weighted = (
-            2 * c["scores"]["least-outstanding"] + c["scores"]["kv-headroom"] + c["scores"]["cheapest"]
-        ) / 4
-        assert c["total"] == pytest.approx(weighted, abs=1e-3)
-        assert 0.0 <= c["total"] <= 1.0
+        assert set(c.scores) == {"least-outstanding", "kv-headroom", "cheapest"}
+        assert all(0.0 <= s <= 1.0 for s in c.scores.values())
+        weighted = (2 * c.scores["least-outstanding"] + c.scores["kv-headroom"] + c.scores["cheapest"]) / 4
+        assert c.total == pytest.approx(weighted, abs=1e-3)
+        assert 0.0 <= c.total <= 1.0
     h100_0, h100_1, mi300x_0 = candidates
-    assert h100_0["can_take_more"] is True and h100_0["why_not"] is None
-    assert h100_1["can_take_more"] is False and "3 requests waiting (limit 2)" in h100_1["why_not"]
-    assert mi300x_0["can_take_more"] is False
-    assert mi300x_0["why_not"] == "predicted TTFT 400 ms > SLO 300 ms"
-    assert h100_0["scores"]["least-outstanding"] == 1.0
-    assert e["dropped"] == [
+    assert h100_0.can_take_more is True and h100_0.why_not is None
+    assert h100_1.can_take_more is False and "3 requests waiting (limit 2)" in (h100_1.why_not or "")
+    assert mi300x_0.can_take_more is False
+    assert mi300x_0.why_not == "predicted TTFT 400 ms > SLO 300 ms"
+    assert h100_0.scores["least-outstanding"] == 1.0
+    assert msgspec.to_builtins(e.dropped) == [
         {"backend": "mi300x-1", "reason": "failed its health check"},
         {"backend": "spare-0", "reason": "its pool `spare` is not in route `chat`"},
     ]
-    assert e["choice"] == "h100-0"
-    assert e["decision_us"] >= 0
+    assert e.choice == "h100-0"
+    assert e.decision_us >= 0
+    assert engine.decisions == 0, "explaining is not routing: the statistics stay the traffic's"
 
 
 def test_explain_choice_matches_choose():
     backends = _explained_state()
     engine = _engine(EXPLAINED, backends)
-    explained = engine.explain(_profile(stream=True), backends)
+    explained = explain(engine, _profile(stream=True), backends)
     chosen = engine.choose(_profile(stream=True), backends)
-    assert explained.explanation["choice"] == chosen.candidates[0].name
-    assert _names(explained.candidates) == _names(chosen.candidates)
+    assert explained.explanation is not None
+    assert explained.explanation.choice == chosen.candidates[0].name
+    assert explained.order == _names(chosen.candidates)
 
 
 def test_explain_when_nothing_fits():
     backends = _fleet()
     for b in backends:
         b.healthy = False
-    decision = _engine(EXPLAINED, backends).explain(_profile(), backends)
-    assert decision.candidates == []
-    assert "choice" not in decision.explanation
-    assert decision.explanation["request_class"] == "default"
-    assert {d["reason"] for d in decision.explanation["dropped"]} == {"failed its health check"}
+    explained = explain(_engine(EXPLAINED, backends), _profile(), backends)
+    assert explained.order == []
+    assert explained.why_none is not None and "failed its health check" in explained.why_none
+    e = explained.explanation
+    assert e is not None
+    wire = msgspec.json.decode(msgspec.json.encode(e))
+    assert "choice" not in wire and "candidates" not in wire
+    assert e.request_class == "default"
+    assert {d.reason for d in e.dropped} == {"failed its health check"}
+
+
+def test_explain_of_a_router_without_a_policy_has_the_decision_only():
+    backends = _fleet()
+    explained = explain(LeastInflight(), _profile(), backends)
+    assert explained.explanation is None
+    assert sorted(explained.order) == sorted(_names(backends))
 
 
 # --- third-party plugins ------------------------------------------------------------------------------
@@ -491,9 +514,9 @@ def test_third_party_scorer_changes_the_choice(plugin_module):
     engine = _engine(
         PLUGIN_POLICY.format(module=module, strategy="{least-outstanding: 1, likes-amd: 3}"), backends
     )
-    decision = engine.explain(_profile(), backends)
-    assert decision.candidates[0].pool.name == "mi300x"
-    scores = {c["backend"]: c["scores"]["likes-amd"] for c in decision.explanation["candidates"]}
+    e = _explanation(engine, _profile(), backends)
+    assert e.candidates[0].pool == "mi300x"
+    scores = {c.backend: c.scores["likes-amd"] for c in e.candidates}
     assert scores == {"h100-0": 0.0, "h100-1": 0.0, "mi300x-0": 1.0, "mi300x-1": 1.0}
 
 
@@ -503,9 +526,9 @@ def test_plugin_scores_outside_unit_range_are_clamped(plugin_module):
     engine = _engine(
         PLUGIN_POLICY.format(module=module, strategy="{wild: 1, least-outstanding: 1}"), backends
     )
-    decision = engine.explain(_profile(), backends)
-    for c in decision.explanation["candidates"]:
-        expected = 1.0 if c["vendor"] == "amd" else 0.0
-        assert c["scores"]["wild"] == expected
-        assert c["total"] == pytest.approx((expected + 1.0) / 2)
-    assert decision.candidates[0].pool.vendor == "amd"
+    e = _explanation(engine, _profile(), backends)
+    for c in e.candidates:
+        expected = 1.0 if c.vendor == "amd" else 0.0
+        assert c.scores["wild"] == expected
+        assert c.total == pytest.approx((expected + 1.0) / 2)
+    assert e.candidates[0].vendor == "amd"

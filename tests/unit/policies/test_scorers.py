@@ -13,6 +13,7 @@ from gateway.request.classify import Caller, classify
 from gateway.request.parse import parse
 from policies.config import Route, Slo, parse_policy
 from policies.engine import PolicyEngine
+from policies.explain import explain
 from policies.framework import RouteContext
 from policies.profile import RequestProfile
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
@@ -155,12 +156,13 @@ def test_slo_predicted_through_the_engine_reads_observed_latency_and_queue():
         ),
         [h100, mi300x],
     )
-    e = engine.explain(
-        RequestProfile(model=MODEL, prompt_tokens_estimate=10, context_needed=11), [h100, mi300x]
+    e = explain(
+        engine, RequestProfile(model=MODEL, prompt_tokens_estimate=10, context_needed=11), [h100, mi300x]
     )
-    scores = {c["backend"]: c["scores"]["slo-predicted"] for c in e.explanation["candidates"]}
+    assert e.explanation is not None
+    scores = {c.backend: c.scores["slo-predicted"] for c in e.explanation.candidates}
     assert scores == {"h100-0": 1.0, "mi300x-0": 0.5}
-    assert e.candidates[0] is h100
+    assert e.order[0] == h100.name
 
 
 # --- prefix-affinity ----------------------------------------------------------------------------------
