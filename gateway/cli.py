@@ -90,7 +90,7 @@ def _backends(args: argparse.Namespace) -> int:
 def _sim_fleet(args: argparse.Namespace) -> int:
     from backends.sim.fleet import main as fleet_main
 
-    return fleet_main(args.rest)
+    return fleet_main(args.fleet_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,16 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True)
+    # The fleet's own parser (backends.sim.fleet.main) reads its options, --help included: main()
+    # hands it what this parser does not know, so the simulator is imported only when it runs.
     fleet = sim_commands.add_parser(
         "fleet", help="start simulated backends from a fleet file", add_help=False
     )
-    fleet.add_argument("rest", nargs=argparse.REMAINDER)
     fleet.set_defaults(run=_sim_fleet)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.run is _sim_fleet:
+        args.fleet_args = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     level = logging.WARNING if args.command in ("demo", "costs", "backends") else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.run(args))
