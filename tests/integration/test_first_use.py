@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import RecordingBackend, running_gateway
+from tests.support import RecordingBackend, free_port, running_gateway
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -120,3 +120,28 @@ def test_ready_when_every_backend_is_drained(gateway: Gateway) -> None:
         for name in names:
             httpx.post(f"{gateway.base_url}/admin/v1/backends/{name}/undrain").raise_for_status()
     assert httpx.get(gateway.base_url + "/ready").status_code == 200
+
+
+def test_shutdown_with_redis_away_says_the_record_is_lost(tmp_path: Path) -> None:
+    redis_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with RecordingBackend(MODEL) as backend:
+        config = {
+            "pools": [
+                {
+                    "name": "h100",
+                    "vendor": "nvidia",
+                    "accelerator": "h100",
+                    "price_per_gpu_hour": 2.9,
+                    "backends": [{"url": backend.url, "models": [MODEL], "max_model_len": 4096}],
+                }
+            ],
+            "ledger": {"store": "redis", "redis_url": redis_url, "redis_timeout": 0.2},
+        }
+        with running_gateway(config, tmp_path) as base_url:
+            sdk = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", max_retries=0)
+            sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    log = (tmp_path / "gateway.log").read_text()
+    said = [line for line in log.splitlines() if "ledger" in line and "shutdown" in line]
+    assert len(said) == 1, log
+    assert "1 record could not be written to Redis at shutdown and is lost" in said[0]
+    assert "ledger flushed" not in log
