@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from litestar import Response, asgi, get
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
 
 from backends.catalog import Catalog
 from gateway.asgi_io import ClientGone, read_body, send_body, send_error, send_stream
@@ -138,7 +139,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     # `:path` because model names hold slashes (`meta-llama/Llama-3.1-8B-Instruct`), which the SDK sends
     # as %2F and the ASGI path carries decoded.
     @get("/v1/models/{model:path}", name="model")
-    async def model(model: str) -> Response[bytes]:
+    async def model(model: FromPath[str]) -> Response[bytes]:
         name = model.removeprefix("/")
         body = model_bodies.get(name)
         if body is None:
