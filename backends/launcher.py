@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from backends.lifetime import die_with_parent
+
 Target = Literal["amd", "nvidia", "cpu"]
 TARGETS: tuple[Target, ...] = ("amd", "nvidia", "cpu")
 
@@ -221,7 +223,10 @@ def _url_host(host: str) -> str:
 def start(
     launch: Launch, log_path: Path, base_env: Mapping[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start the server in its own process group, stdout and stderr into `log_path`."""
+    """Start the server in its own process group, stdout and stderr into `log_path`.
+
+    The server gets SIGTERM when this process dies, even by SIGKILL, so it never outlives it.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         return subprocess.Popen(
@@ -231,6 +236,7 @@ def start(
             stdin=subprocess.DEVNULL,
             env=launch.full_env(base_env),
             start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
 
 

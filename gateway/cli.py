@@ -115,7 +115,7 @@ def _sim_fleet(args: argparse.Namespace) -> int:
     fleet = _tooling("backends.sim.fleet", "sim")
     if fleet is None:
         return 2
-    return fleet.main(args.rest)
+    return fleet.main(args.fleet_args)
 
 
 def _loadtest(argv: list[str]) -> int:
@@ -190,10 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True)
+    # The fleet's own parser (backends.sim.fleet.main) reads its options, --help included: main()
+    # hands it what this parser does not know, so the simulator is imported only when it runs.
     fleet = sim_commands.add_parser(
         "fleet", help="start simulated backends from a fleet file", add_help=False
     )
-    fleet.add_argument("rest", nargs=argparse.REMAINDER)
     fleet.set_defaults(run=_sim_fleet)
     return parser
 
@@ -207,7 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["loadtest"]:  # its options (and --help) belong to loadtest/cli.py, imported only now
         args = argparse.Namespace(command="loadtest", run=lambda _: _loadtest(argv[1:]))
     else:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if args.run is _sim_fleet:
+            args.fleet_args = unknown
+        elif unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     level = logging.WARNING if args.command in ("demo", "costs", "backends") else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

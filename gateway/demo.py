@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 
+from backends.lifetime import die_with_parent, exit_on_termination
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import DEMO_FLEET, load_fleet_spec
 
@@ -108,7 +110,33 @@ def _print_report(base_url: str, sent: list[tuple[str, str]]) -> None:
     print("\n" + costs.rstrip())
 
 
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on host:port, or None when it can (binds as uvicorn does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def run_demo(port: int = 8080, exit_after_traffic: bool = False, requests: int = 14) -> int:
+    taken = _port_taken("127.0.0.1", port)
+    if taken is not None:
+        print(
+            f"switchyard demo: cannot serve on 127.0.0.1:{port}: {taken}. "
+            "Stop what listens there or pick another port with --port.",
+            file=sys.stderr,
+        )
+        return 1
+    # SIGTERM or SIGHUP (a service manager, a container runtime, a CI timeout) ends the demo as
+    # Ctrl-C does, through the clean-up below; the children also die with it on SIGKILL.
+    with exit_on_termination():
+        return _run(port, exit_after_traffic, requests)
+
+
+def _run(port: int, exit_after_traffic: bool, requests: int) -> int:
     spec = load_fleet_spec(DEMO_FLEET)
     with tempfile.TemporaryDirectory(prefix="switchyard-demo-") as tmp, Fleet(spec, log_dir=tmp) as fleet:
         config = fleet.write_gateway_config(Path(tmp) / "gateway.yaml", port=port)
@@ -118,6 +146,7 @@ def run_demo(port: int = 8080, exit_after_traffic: bool = False, requests: int =
         gateway = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--log-level", "warning"],
             start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         base_url = f"http://127.0.0.1:{port}"
         try:

@@ -84,11 +84,11 @@ def lifespan(settings: Settings, pipeline: Pipeline):
                 backend.breaker.close()
             await pipeline.settle_pending()  # streams cut short, still asking their backend for a count
             await pipeline.upstream.close()
-            await pipeline.ledger.close()  # flushes what is still buffered
+            await pipeline.ledger.close()  # flushes what is still buffered, logs what it could not
             if pipeline.telemetry is not None:
                 pipeline.telemetry.close()  # the access log's last lines
             if pipeline.tracing is not None:
                 pipeline.tracing.shutdown()  # exports the last spans
-            log.info("switchyard stopped; ledger flushed")
+            log.info("switchyard stopped")
 
     return run

@@ -29,14 +29,19 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
 
     @get("/ready", name="ready")
     async def ready() -> Response[dict[str, Any]]:
-        healthy = [b.name for b in catalog.backends if b.healthy]
-        body = {
-            "status": "ready" if healthy else "not ready",
-            "backends_healthy": len(healthy),
-            "backends_total": len(catalog.backends),
+        backends = catalog.backends
+        serving = sum(b.healthy for b in backends)
+        body: dict[str, Any] = {
+            "status": "ready" if serving else "not ready",
+            "backends_serving": serving,
+            "backends_healthy": sum(b.health_ok for b in backends),
+            "backends_drained": sum(b.draining for b in backends),
+            "backends_total": len(backends),
             "ledger": ledger.stats(),
         }
-        return Response(body, status_code=200 if healthy else 503)
+        if not serving:
+            body["reason"] = not_serving_reason(backends)
+        return Response(body, status_code=200 if serving else 503)
 
     @get("/admin/v1/usage", name="usage")
     async def usage(by: FromQuery[str] = "backend") -> dict[str, Any]:
@@ -59,6 +64,21 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         return {"data": [asdict(record) for record in ledger.recent(limit)]}
 
     return [health, ready, usage, recent_requests]
+
+
+def not_serving_reason(backends: list[Backend]) -> str:
+    """Why no backend can take a request (`/ready` answers 503 with it)."""
+    passing = [b for b in backends if b.health_ok]
+    if not backends:
+        return "no backends configured"
+    if not passing:
+        return "no backend passes its health check"
+    if all(b.draining for b in passing):
+        return (
+            f"all drained: {len(passing)} of {len(backends)} backends pass their health check, "
+            "every one of them drained by an operator"
+        )
+    return "every backend that passes its health check is drained, paused or has its circuit breaker open"
 
 
 def backend_state(backend: Backend) -> dict[str, Any]:
@@ -129,8 +149,11 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
 def metrics_handler(metrics: Metrics) -> HTTPRouteHandler:
     """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py)."""
 
+    # The header is given whole: from a `text/` media type alone, Litestar would add a second charset.
+    headers = {"content-type": CONTENT_TYPE}
+
     @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
     async def prometheus() -> Response[bytes]:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(metrics.render(), headers=headers)
 
     return prometheus

@@ -12,10 +12,11 @@ from typing import Any
 import msgspec
 from litestar import Response, asgi, get
 from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
 
 from backends.catalog import Catalog
 from gateway.asgi_io import ClientGone, read_body, send_body, send_error, send_stream
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, model_not_found
 from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
 from gateway.request.parse import Endpoint
@@ -124,17 +125,25 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
         await serve(scope, receive, send, "embeddings")
 
     created = int(time.time())
-    models_body = _encoder.encode(
-        ModelList(
-            data=[
-                Model(id=m, created=created, owned_by="switchyard", max_model_len=catalog.max_model_len(m))
-                for m in catalog.models()
-            ]
-        )
-    )
+    cards = [
+        Model(id=m, created=created, owned_by="switchyard", max_model_len=catalog.max_model_len(m))
+        for m in catalog.models()
+    ]
+    models_body = _encoder.encode(ModelList(data=cards))
+    model_bodies = {card.id: _encoder.encode(card) for card in cards}
 
     @get("/v1/models", name="models")
     async def models() -> Response[bytes]:
         return Response(models_body, media_type="application/json")
 
-    return [chat_completions, completions, embeddings, models]
+    # `:path` because model names hold slashes (`meta-llama/Llama-3.1-8B-Instruct`), which the SDK sends
+    # as %2F and the ASGI path carries decoded.
+    @get("/v1/models/{model:path}", name="model")
+    async def model(model: FromPath[str]) -> Response[bytes]:
+        name = model.removeprefix("/")
+        body = model_bodies.get(name)
+        if body is None:
+            raise model_not_found(name)
+        return Response(body, media_type="application/json")
+
+    return [chat_completions, completions, embeddings, models, model]

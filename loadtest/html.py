@@ -28,7 +28,8 @@ def _summary_table(report: dict[str, Any]) -> str:
     rows = [
         "<tr><th class=l>policy</th><th>requests</th><th>errors</th><th>SLO attainment</th>"
         "<th>goodput req/s</th>"
-        "<th>output tok/s</th><th>$/Mtok</th><th>$/M tokens that met the SLO</th>"
+        "<th>output tok/s</th><th>run s (real)</th><th>paid GPU s</th><th>$/Mtok</th>"
+        "<th>$/M tokens that met the SLO</th>"
         "<th>ledger $/Mtok (real clock)</th><th class=l>split by vendor</th></tr>"
     ]
     for policy, data in report["policies"].items():
@@ -37,7 +38,8 @@ def _summary_table(report: dict[str, Any]) -> str:
         rows.append(
             f"<tr><td class=l><b>{escape(policy)}</b></td><td>{m['requests']}</td><td>{m['errors']}</td>"
             f"<td>{_pct(m['slo_attainment'])}</td><td>{m['goodput_rps']:.2f}</td>"
-            f"<td>{m['output_tokens_per_s']:.0f}</td><td>{_num(cost['usd_per_mtok'], '.4f')}</td>"
+            f"<td>{m['output_tokens_per_s']:.0f}</td><td>{cost['wall_s']:.2f}</td>"
+            f"<td>{cost['paid_gpu_s']:.2f}</td><td>{_num(cost['usd_per_mtok'], '.4f')}</td>"
             f"<td>{_num(cost['usd_per_good_mtok'], '.4f')}</td>"
             f"<td>{_num(cost['ledger_usd_per_mtok'], '.5f')}</td><td class=l>{split}</td></tr>"
         )
@@ -91,9 +93,10 @@ def render_html(report: dict[str, Any]) -> str:
         "<h2>Summary</h2>",
         _summary_table(report),
         "<p class=note>SLO attainment: answered without error within the class's TTFT, TPOT and end-to-end "
-        "bounds. Goodput: requests per simulated second that met their SLO. $/Mtok: the ledger's paid GPU "
-        "time over tokens served (prompt + output), scaled by the time scale to the simulated GPUs' "
-        "speed.</p>",
+        "bounds. Goodput: requests per simulated second that met their SLO. Paid GPU s: every GPU of the "
+        "fleet for the run's real duration. $/Mtok: that paid time's price over tokens served (prompt + "
+        "output), scaled by the time scale to the simulated GPUs' speed. The ledger's figure pays from the "
+        "gateway's start to its last claim, so it differs on short runs.</p>",
         "<div class=grid>",
         grouped_bars(
             "SLO attainment by class",
@@ -109,17 +112,24 @@ def render_html(report: dict[str, Any]) -> str:
             y_max=1.0,
             y_fmt="{:.2f}",
         ),
+        # Two charts, each on its own axis: goodput (a few req/s) and cost (dollars) share no scale.
         grouped_bars(
-            "Goodput and cost per policy",
-            ["goodput (req/s)", "$/Mtok x 10"],
+            "Goodput per policy",
+            ["all classes"],
+            {p: [report["policies"][p]["overall"]["goodput_rps"]] for p in policies},
+            "requests/s that met the SLO",
+        ),
+        grouped_bars(
+            "Cost per policy",
+            ["all tokens", "tokens that met the SLO"],
             {
                 p: [
-                    report["policies"][p]["overall"]["goodput_rps"],
-                    (report["policies"][p]["cost"]["usd_per_mtok"] or 0) * 10,
+                    report["policies"][p]["cost"]["usd_per_mtok"],
+                    report["policies"][p]["cost"]["usd_per_good_mtok"],
                 ]
                 for p in policies
             },
-            "value",
+            "$ per million tokens",
         ),
         "</div>",
         "<h2>Latency distributions</h2><div class=grid>",

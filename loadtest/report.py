@@ -1,5 +1,5 @@
 """From outcomes to the report: per policy and class latency percentiles, SLO attainment, goodput,
-errors, throughput, where requests went, and the ledger's cost per million tokens.
+errors, throughput, where requests went, and the fleet's cost per million tokens.
 
 All times are simulated (the fleet's clock); rates are per simulated second of the arrival window.
 """
@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from backends.sim.fleet_spec import FleetSpec
 from loadtest.client import Outcome
 from loadtest.scenario import Scenario, Slo
 from loadtest.stats import summary
@@ -71,28 +72,59 @@ def split_over_time(outcomes: Sequence[Outcome], duration_s: float, bins: int = 
     return {"bin_s": width, "vendors": vendors, "bins": counts}
 
 
-def cost_summary(vendor_rows: Sequence[dict[str, Any]], time_scale: float) -> dict[str, Any]:
-    """Fleet spend over tokens served, from `/admin/v1/costs?by=vendor`.
+def paid_gpu_time(fleet: FleetSpec, wall_s: float) -> dict[str, dict[str, float]]:
+    """What the run paid for, by vendor: every GPU of the fleet for the run's whole wall time.
 
-    The ledger pays GPU time by the real clock, while the simulated GPUs did `time_scale` times as much
-    work per real second; `usd_per_mtok` scales the spend back to the simulated GPUs' speed.
+    Taken from the run's own start and end, not from the ledger, whose paid time starts with the
+    gateway (before the run) and ends at its last claim (up to a claim interval before the run's end).
     """
-    spend = sum(float(r.get("spend_usd") or 0.0) for r in vendor_rows)
-    tokens = sum(int(r["prompt_tokens"]) + int(r["completion_tokens"]) for r in vendor_rows)
-    raw = spend / tokens * 1e6 if tokens else None
+    paid: dict[str, dict[str, float]] = {}
+    for g in fleet.groups:
+        gpus = g.count * g.gpus_per_backend
+        vendor = paid.setdefault(g.vendor, {"gpus": 0, "paid_gpu_s": 0.0, "spend_usd": 0.0})
+        vendor["gpus"] += gpus
+        vendor["paid_gpu_s"] += gpus * wall_s
+        vendor["spend_usd"] += gpus * wall_s * g.price_per_gpu_hour / 3600.0
+    return paid
+
+
+def cost_summary(
+    vendor_rows: Sequence[dict[str, Any]], time_scale: float, fleet: FleetSpec, wall_s: float
+) -> dict[str, Any]:
+    """Fleet spend over the run (real clock) over tokens served (from `/admin/v1/costs?by=vendor`).
+
+    The fleet is paid by the real clock while the simulated GPUs did `time_scale` times as much work
+    per real second; `usd_per_mtok` scales the spend back to the simulated GPUs' speed. The ledger's
+    own figure is kept (`ledger_*`) to compare with.
+    """
+    paid = paid_gpu_time(fleet, wall_s)
+    spend = sum(v["spend_usd"] for v in paid.values())
+    ledger_spend = sum(float(r.get("spend_usd") or 0.0) for r in vendor_rows)
+    tokens_of = {r["name"]: int(r["prompt_tokens"]) + int(r["completion_tokens"]) for r in vendor_rows}
+    tokens = sum(tokens_of.values())
+    rows = {r["name"]: r for r in vendor_rows}
     return {
-        "spend_usd_ledger": spend,
+        "wall_s": wall_s,
+        "gpus": sum(v["gpus"] for v in paid.values()),
+        "paid_gpu_s": sum(v["paid_gpu_s"] for v in paid.values()),
+        "spend_usd": spend,
         "tokens": tokens,
-        "ledger_usd_per_mtok": raw,
-        "usd_per_mtok": raw * time_scale if raw is not None else None,
+        "usd_per_mtok": spend / tokens * 1e6 * time_scale if tokens else None,
+        "spend_usd_ledger": ledger_spend,
+        "ledger_usd_per_mtok": ledger_spend / tokens * 1e6 if tokens else None,
         "by_vendor": {
-            r["name"]: {
-                "requests": r["requests"],
-                "spend_usd_ledger": r["spend_usd"],
-                "utilisation": r["utilisation"],
-                "usd_per_mtok": r["blended_usd_per_mtok"] * time_scale if r["blended_usd_per_mtok"] else None,
+            name: {
+                "requests": rows[name]["requests"] if name in rows else 0,
+                "gpus": v["gpus"],
+                "paid_gpu_s": v["paid_gpu_s"],
+                "spend_usd": v["spend_usd"],
+                "spend_usd_ledger": rows[name]["spend_usd"] if name in rows else 0.0,
+                "utilisation_ledger": rows[name]["utilisation"] if name in rows else None,
+                "usd_per_mtok": v["spend_usd"] / tokens_of[name] * 1e6 * time_scale
+                if tokens_of.get(name)
+                else None,
             }
-            for r in vendor_rows
+            for name, v in sorted(paid.items())
         },
     }
 
@@ -106,11 +138,11 @@ def policy_report(
 ) -> dict[str, Any]:
     duration = scenario.spec.duration_s
     slo_of = {c.name: c.slo for c in scenario.spec.classes}
-    cost = cost_summary(cost_rows, scenario.time_scale)
+    cost = cost_summary(cost_rows, scenario.time_scale, scenario.fleet, wall_s)
     good_tokens = sum(
         o.prompt_tokens + o.completion_tokens for o in outcomes if met_slo(o, slo_of[o.request_class])
     )
-    spend = cost["spend_usd_ledger"] * scenario.time_scale
+    spend = cost["spend_usd"] * scenario.time_scale
     cost["usd_per_good_mtok"] = spend / good_tokens * 1e6 if good_tokens else None
     """Spend over the tokens of requests that met their SLO: what a useful token cost."""
     return {

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from backends.lifetime import die_with_parent
 from backends.sim.faults import Faults
 from backends.sim.fleet_spec import DEMO_FLEET, FleetSpec, GroupSpec, ProfileSpec, load_fleet_spec
 from backends.yamlfile import ConfigError
@@ -164,6 +165,7 @@ class Fleet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")]))
+        preexec = die_with_parent()
         try:
             for backend in self.backends:
                 with self.log_path(backend).open("wb") as log:
@@ -174,6 +176,7 @@ class Fleet:
                         stderr=subprocess.STDOUT,
                         env=env,
                         start_new_session=True,
+                        preexec_fn=preexec,
                     )
             self._wait_ready()
         except BaseException:
@@ -294,7 +297,7 @@ def _print_table(fleet: Fleet) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`switchyard sim fleet`: run a simulated fleet until SIGINT or SIGTERM."""
+    """`switchyard sim fleet`: run a simulated fleet until SIGINT, SIGTERM or SIGHUP."""
     parser = argparse.ArgumentParser(prog="switchyard sim fleet", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEMO_FLEET, help="fleet file (default: the demo)")
     parser.add_argument("--base-port", type=int, default=None, help="first port; default: free ports")
@@ -307,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set())
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
     fleet = Fleet(spec, base_port=args.base_port, log_dir=args.log_dir)
     try:
         try:

@@ -6,7 +6,8 @@ batch leaves the buffer only after Redis acknowledged it; a failed or timed-out 
 the flusher retries with a growing pause (up to 2 s). Re-sending a batch that Redis did apply is harmless:
 each request id is counted once (SET NX). When the buffer is full, new records are dropped, counted
 (`dropped` in `stats()`, shown by /ready and /admin/v1/costs) and logged, never silently.
-`close()` flushes what is left (bounded by a few seconds) and logs anything it could not write.
+`close()` flushes what is left (bounded by a few seconds) and logs whether every record reached Redis
+or how many are lost.
 """
 
 from __future__ import annotations
@@ -167,8 +168,19 @@ class RedisLedger(LedgerBase):
             if await self.flush() or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
-        if self._buffer:
-            log.error("ledger: %d records could not be written to Redis at shutdown", len(self._buffer))
+        lost = len(self._buffer)
+        if lost:
+            one = lost == 1
+            log.error(
+                "ledger: %s could not be written to Redis at shutdown and %s lost: the usage and cost "
+                "totals in Redis do not include %s (last error: %s)",
+                "1 record" if one else f"{lost} records",
+                "is" if one else "are",
+                "it" if one else "them",
+                self.last_error,
+            )
+        else:
+            log.info("ledger: every record is written to Redis")
         if self._started_at is not None:
             try:
                 async with asyncio.timeout(self.options.redis_timeout):

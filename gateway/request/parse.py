@@ -101,7 +101,9 @@ def _validation_error(exc: msgspec.ValidationError) -> GatewayError:
             f"Missing required parameter: `{field}`.", param=field, code="missing_required"
         )
     where = f" at `{param}`" if param else ""
-    return invalid_request(f"Invalid value{where}: {reason}.", param=param or None, code="invalid_type")
+    # msgspec says "Expected `int | null`, got `str`" for a wrong type, "Expected `int` >= 1" for a bad value.
+    code = "invalid_type" if ", got `" in reason else "invalid_value"
+    return invalid_request(f"Invalid value{where}: {reason}.", param=param or None, code=code)
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
@@ -158,6 +160,8 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         max_tokens = completion.max_tokens
     else:
         request = embedding = _decode(embedding_decoder, body)
+        if not embedding.input:
+            raise invalid_request("`input` must not be empty.", param="input", code="invalid_value")
         prompt_chars = _text_chars(embedding.input)
         model, stream, options, n, max_tokens = embedding.model, False, None, 1, None
     if not model:

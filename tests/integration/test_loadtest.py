@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from loadtest.compare import compare
 from loadtest.scenario import parse_scenario
 from loadtest.workload import plan
@@ -56,6 +58,10 @@ def test_two_policies_on_the_same_traffic(tmp_path: Path) -> None:
         assert overall["ttft_ms"]["p50"] is not None and overall["tpot_ms"]["p99"] is not None
         assert sum(data["split"]["vendor"].values()) == sent
         assert data["cost"]["tokens"] > 0 and data["cost"]["usd_per_mtok"] > 0
+        # Paid: the fleet's three GPUs for the whole run, not what the ledger had claimed by then.
+        cost = data["cost"]
+        assert cost["gpus"] == 3 and cost["paid_gpu_s"] == pytest.approx(3 * cost["wall_s"])
+        assert cost["wall_s"] == pytest.approx(data["wall_s"], abs=0.01)
     # round robin visits every backend; balanced keeps the n=2 batch jobs on MI300X (its batch route)
     assert set(report["policies"]["round-robin"]["split"]["backend"]) == {"h100-0", "h100-1", "mi300x-0"}
     assert report["policies"]["balanced"]["classes"]["batch"]["requests"] > 0

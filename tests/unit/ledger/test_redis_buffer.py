@@ -65,7 +65,7 @@ async def test_close_gives_up_after_a_deadline_and_says_so(
         started = time.monotonic()
         await ledger.close()
     assert time.monotonic() - started < 3
-    assert "could not be written" in caplog.text
+    assert "1 record could not be written to Redis at shutdown and is lost" in caplog.text
 
 
 def test_store_choice() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -157,7 +158,13 @@ def test_report_contents(tmp_path: Path) -> None:
     assert data["split"]["backend"]["h100-0"] == 4
     assert sum(sum(b.values()) for b in data["split_over_time"]["bins"]) == 9
     assert data["cost"]["ledger_usd_per_mtok"] == pytest.approx(0.0015 / 970 * 1e6)
-    assert data["cost"]["usd_per_mtok"] == pytest.approx(0.0015 / 970 * 1e6 * 10)
+    # Paid: both GPUs for the run's 3 s, whatever the ledger had claimed when it was read.
+    spend = 3.0 * (2.9 + 1.75) / 3600
+    assert (data["cost"]["gpus"], data["cost"]["paid_gpu_s"]) == (2, pytest.approx(6.0))
+    assert data["cost"]["spend_usd"] == pytest.approx(spend)
+    assert data["cost"]["usd_per_mtok"] == pytest.approx(spend / 970 * 1e6 * 10)
+    assert data["cost"]["by_vendor"]["amd"]["paid_gpu_s"] == pytest.approx(3.0)
+    assert data["cost"]["by_vendor"]["amd"]["usd_per_mtok"] == pytest.approx(3.0 * 1.75 / 3600 / 410 * 1e7)
     report = {
         "generated_at": "now",
         "command": "switchyard loadtest small",
@@ -171,3 +178,60 @@ def test_report_contents(tmp_path: Path) -> None:
     assert page.count("<svg") >= 6 and "<script" not in page
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "SLO attainment" in page and "nvidia" in page
+
+
+def _bar_heights(page: str, title: str) -> dict[str, float]:
+    """{bar title: height} of the chart called `title` in the page."""
+    start = page.index(f'aria-label="{title}"')
+    chart = page[start : page.index("</svg>", start)]
+    bars = re.findall(r'height="([\d.]+)" fill="[^"]+"><title>([^<]+)</title>', chart)
+    return {label: float(height) for height, label in bars}
+
+
+def test_goodput_and_cost_each_have_their_own_axis(tmp_path: Path) -> None:
+    """Goodput (a fraction of a request a second) next to dollars per Mtok used to be a flat line."""
+    scenario = small(tmp_path)
+    outcomes = [
+        Outcome(
+            i,
+            "chat",
+            i * 0.5,
+            status=200,
+            ttft=0.05,
+            tpot=0.005,
+            e2e=0.2,
+            prompt_tokens=50,
+            completion_tokens=20,
+            backend="h100-0",
+            pool="h100",
+            vendor="nvidia",
+        )
+        for i in range(4)
+    ]
+    rows = [
+        {
+            "name": "nvidia",
+            "requests": 4,
+            "prompt_tokens": 200,
+            "completion_tokens": 80,
+            "spend_usd": 0.01,
+            "utilisation": 0.5,
+            "blended_usd_per_mtok": 30.0,
+        }
+    ]
+    data = policy_report(scenario, outcomes, rows, wall_s=20.0, max_lag_s=0.0)
+    assert data["overall"]["goodput_rps"] == pytest.approx(0.2)
+    assert data["cost"]["usd_per_mtok"] > 100  # dollars: three orders above the goodput
+    report = {
+        "generated_at": "now",
+        "command": None,
+        "scenario": scenario_header(scenario, 4),
+        "policies": {"balanced": data},
+    }
+    page = render_html(report)
+    plot_h = 260 - 28 - 44
+    goodput = _bar_heights(page, "Goodput per policy")
+    assert list(goodput) == ["balanced all classes: 0.2"]
+    assert goodput["balanced all classes: 0.2"] > 0.4 * plot_h
+    cost = _bar_heights(page, "Cost per policy")
+    assert len(cost) == 2 and all(h > 0.4 * plot_h for h in cost.values())

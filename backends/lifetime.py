@@ -1,0 +1,58 @@
+"""Child processes that do not outlive the process that started them, whatever signal ends it.
+
+Two halves: `die_with_parent()` is a `preexec_fn` for `subprocess.Popen` that asks Linux to signal
+the child when its parent dies (PR_SET_PDEATHSIG: covers SIGKILL of the parent, which no handler
+sees), and `exit_on_termination()` turns SIGTERM and SIGHUP into `SystemExit` in the parent so its
+`finally` blocks and context managers stop the children cleanly, as Ctrl-C already does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+_PR_SET_PDEATHSIG = 1
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child receive `sig` when the parent dies (None off Linux).
+
+    Linux sends it when the thread that started the child ends, so start children from the
+    thread that lives as long as they should (the main thread, in every caller here).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        # The parent may have died between fork and prctl: then nobody will send `sig` any more.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def _exit(signum: int, _frame: FrameType | None) -> None:
+    # Later signals must not interrupt the clean-up this exception starts.
+    for sig in TERMINATION_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def exit_on_termination() -> Iterator[None]:
+    """In the block, SIGTERM and SIGHUP raise SystemExit(128 + signal) as Ctrl-C raises KeyboardInterrupt."""
+    previous = {sig: signal.signal(sig, _exit) for sig in TERMINATION_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
