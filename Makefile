@@ -96,3 +96,17 @@ vllm-model: vllm-venv
 test-vllm: venv vllm-model
 	SWITCHYARD_VLLM=1 SWITCHYARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python SWITCHYARD_VLLM_MODEL=$(VLLM_MODEL) \
 	  $(PY) -m pytest tests/vllm -p no:cacheprovider --timeout 600 $(PYTEST_ARGS)
+
+# Several replicas for real (gateway/cluster.py): Redis, three gateway replicas, HAProxy health-checking
+# /ready, and the simulated fleet, all local processes; Ctrl-C stops everything. HAProxy is installed from
+# Debian's packages when missing.
+.PHONY: cluster test-cluster haproxy
+haproxy:
+	@command -v haproxy >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq haproxy)
+
+cluster: venv haproxy
+	$(VENV)/bin/switchyard cluster up $(ARGS)
+
+# Drain propagation, a replica killed under load, a rolling restart, and `--workers` (about a minute).
+test-cluster: venv haproxy
+	SWITCHYARD_CLUSTER=1 $(PY) -m pytest tests/cluster -p no:cacheprovider $(PYTEST_ARGS)

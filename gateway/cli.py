@@ -9,8 +9,10 @@ import logging
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from backends.yamlfile import ConfigError
+from gateway import cluster as cluster_cli
 from gateway import policy_cli
 
 _PROJECT = ("gateway", "backends", "policies", "loadtest")
@@ -46,11 +48,26 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
+    workers = settings.server.workers if args.workers is None else args.workers
+    if workers < 1:
+        print("switchyard: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if workers > 1:
+        return _serve_workers(args, settings, host, port, workers)
     # The JSON access log (gateway/telemetry/logs.py) follows --log-level: `warning` silences it.
     logging.getLogger("switchyard.access").setLevel(args.log_level.upper())
     with contextlib.suppress(KeyboardInterrupt):
         run_server(settings, host=host, port=port, log_level=args.log_level)
     return 0
+
+
+def _serve_workers(args: argparse.Namespace, settings: Any, host: str, port: int, workers: int) -> int:
+    from gateway.workers import serve_workers
+
+    if not settings.ledger.redis_url:
+        logging.warning("switchyard: %d workers without ledger.redis_url: each has its own view", workers)
+    grace = settings.server.shutdown_grace
+    return serve_workers(args.config, host, port, workers, args.log_level, grace)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -145,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log level (default: %(default)s; `warning` also silences the access log)",
     )
+    serve.add_argument("--workers", type=int, default=None, help="override gateway.workers (processes)")
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser(
@@ -184,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     backends.set_defaults(run=_backends)
 
     policy_cli.add_commands(commands)
+    cluster_cli.add_commands(commands)
     loadtest = commands.add_parser("loadtest", help=_LOADTEST_HELP, add_help=False)
     loadtest.add_argument("rest", nargs=argparse.REMAINDER)
     loadtest.set_defaults(run=lambda args: _loadtest(args.rest))

@@ -17,6 +17,7 @@ from litestar import Litestar
 
 from backends.health import HealthChecker
 from backends.scraper import MetricsScraper
+from gateway.fleet_sync import start_fleet_sync
 from gateway.policy_reload import PolicyWatcher
 from gateway.request.pipeline import Pipeline
 from gateway.settings import Settings
@@ -53,6 +54,8 @@ def lifespan(settings: Settings, pipeline: Pipeline):
             watcher.start()
             app.state.policy_watcher = watcher
         await pipeline.ledger.start()
+        fleet = start_fleet_sync(settings.ledger.redis_url, settings.ledger.key_prefix, pipeline)
+        app.state.fleet = fleet
         healthy = sum(b.healthy for b in pipeline.catalog.backends)
         log.info(
             "switchyard ready: %d pools, %d backends (%d healthy), models %s",
@@ -79,6 +82,8 @@ def lifespan(settings: Settings, pipeline: Pipeline):
             if watcher is not None:
                 await watcher.stop()
             await scraper.stop()
+            if fleet is not None:
+                await fleet.stop()
             await checker.stop()
             for backend in pipeline.catalog.backends:
                 backend.breaker.close()

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from litestar import Response, get, post
+from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
@@ -28,8 +29,9 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         return {"status": "ok"}
 
     @get("/ready", name="ready")
-    async def ready() -> Response[dict[str, Any]]:
+    async def ready(state: State) -> Response[dict[str, Any]]:
         backends = catalog.backends
+        fleet = state.get("fleet")
         serving = sum(b.healthy for b in backends)
         body: dict[str, Any] = {
             "status": "ready" if serving else "not ready",
@@ -38,6 +40,7 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
             "backends_drained": sum(b.draining for b in backends),
             "backends_total": len(backends),
             "ledger": ledger.stats(),
+            "fleet": fleet.summary() if fleet is not None else {"sync": "off"},
         }
         if not serving:
             body["reason"] = not_serving_reason(backends)
@@ -58,9 +61,13 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         }
 
     @get("/admin/v1/requests", name="recent-requests")
-    async def recent_requests(limit: FromQuery[int] = 100) -> dict[str, Any]:
+    async def recent_requests(state: State, limit: FromQuery[int] = 100) -> dict[str, Any]:
         if not 1 <= limit <= 1000:
             raise invalid_request("`limit` must be between 1 and 1000.", param="limit")
+        fleet = state.get("fleet")
+        shared = await fleet.recent(limit) if fleet is not None else None
+        if shared is not None:
+            return {"data": shared, "scope": "fleet"}
         return {"data": [asdict(record) for record in ledger.recent(limit)]}
 
     return [health, ready, usage, recent_requests]
@@ -101,6 +108,13 @@ def backend_state(backend: Backend) -> dict[str, Any]:
     }
 
 
+async def share_drain(state: State, backend: Backend) -> dict[str, Any]:
+    """Tell the other replicas (gateway/fleet_sync.py); `fleet` says whether they have been told."""
+    fleet = state.get("fleet")
+    shared = await fleet.set_drain(backend.name, backend.draining) if fleet is not None else None
+    return {**backend_state(backend), "fleet": "off" if shared is None else ("shared" if shared else "local")}
+
+
 def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
     """`GET /admin/v1/backends`; `POST /admin/v1/backends/{name}/drain` and `/undrain`."""
     by_name = {b.name: b for b in pipeline.catalog.backends}
@@ -113,9 +127,11 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         return backend
 
     @get("/admin/v1/backends", name="backends")
-    async def backends() -> dict[str, Any]:
+    async def backends(state: State) -> dict[str, Any]:
         upstream = pipeline.upstream
+        fleet = state.get("fleet")
         return {
+            "fleet": fleet.fleet_view() if fleet is not None else {"sync": "off"},
             "data": [backend_state(b) for b in pipeline.catalog.backends],
             "retry_budget": upstream.budget.stats(),
             "queues": {
@@ -125,23 +141,23 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         }
 
     @post("/admin/v1/backends/{name:str}/drain", name="drain", status_code=200)
-    async def drain(name: FromPath[str]) -> dict[str, Any]:
+    async def drain(name: FromPath[str], state: State) -> dict[str, Any]:
         """No new requests; those in flight finish. Lasts until undrained (or the gateway restarts)."""
         backend = find(name)
         if not backend.draining:
             log.warning("backend %s drained by an operator (%d in flight)", name, backend.inflight)
         backend.draining = True
         backend.breaker.refresh()
-        return backend_state(backend)
+        return await share_drain(state, backend)
 
     @post("/admin/v1/backends/{name:str}/undrain", name="undrain", status_code=200)
-    async def undrain(name: FromPath[str]) -> dict[str, Any]:
+    async def undrain(name: FromPath[str], state: State) -> dict[str, Any]:
         backend = find(name)
         if backend.draining:
             log.warning("backend %s undrained by an operator", name)
         backend.draining = False
         backend.breaker.refresh()
-        return backend_state(backend)
+        return await share_drain(state, backend)
 
     return [backends, drain, undrain]
 
@@ -153,7 +169,9 @@ def metrics_handler(metrics: Metrics) -> HTTPRouteHandler:
     headers = {"content-type": CONTENT_TYPE}
 
     @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
-    async def prometheus() -> Response[bytes]:
-        return Response(metrics.render(), headers=headers)
+    async def prometheus(state: State) -> Response[bytes]:
+        fleet = state.get("fleet")
+        body = metrics.render() if fleet is None else metrics.render() + fleet.metrics_text().encode()
+        return Response(body, headers=headers)
 
     return prometheus

@@ -23,12 +23,14 @@ from policies.engine import PolicyEngine, load_engine
 log = logging.getLogger("switchyard.policy")
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+    """What identifies the file's content; the inode catches Kubernetes' ConfigMap update (a symlink swap
+    to a new file), which may keep the size and, on coarse-timestamp filesystems, the mtime."""
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return stat.st_mtime_ns, stat.st_size
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 class PolicyWatcher:

@@ -101,6 +101,8 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     scrape: Scrape = msgspec.field(default_factory=Scrape)
     shutdown_grace: _Seconds = 30.0
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
+    """Gateway processes on one port (SO_REUSEPORT, gateway/workers.py), sharing state as replicas do."""
 
 
 class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
