@@ -8,7 +8,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Response, get, post
+from collections.abc import Callable
+
+from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
@@ -18,6 +20,7 @@ from gateway.errors import GatewayError, invalid_request
 from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry.metrics import CONTENT_TYPE, Metrics
+from gateway.tenants.admin import visible_rows
 
 log = logging.getLogger("switchyard")
 
@@ -39,18 +42,13 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         return Response(body, status_code=200 if healthy else 503)
 
     @get("/admin/v1/usage", name="usage")
-    async def usage(by: FromQuery[str] = "backend") -> dict[str, Any]:
+    async def usage(request: Request[Any, Any, Any], by: FromQuery[str] = "backend") -> dict[str, Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
         dimension: Dimension = by  # type: ignore[assignment]
         totals = await ledger.read_totals(dimension)
-        return {
-            "by": dimension,
-            "data": [
-                {"name": name, **asdict(t), "total_tokens": t.total_tokens}
-                for name, t in sorted(totals.items())
-            ],
-        }
+        rows = [{"name": name, **asdict(t), "total_tokens": t.total_tokens} for name, t in sorted(totals.items())]
+        return {"by": dimension, "data": visible_rows(request, rows)}
 
     @get("/admin/v1/requests", name="recent-requests")
     async def recent_requests(limit: FromQuery[int] = 100) -> dict[str, Any]:
@@ -126,11 +124,14 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
     return [backends, drain, undrain]
 
 
-def metrics_handler(metrics: Metrics) -> HTTPRouteHandler:
-    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py)."""
+def metrics_handler(metrics: Metrics, extra: Callable[[], str] | None = None) -> HTTPRouteHandler:
+    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py), plus `extra` series."""
 
     @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
     async def prometheus() -> Response[bytes]:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        text = metrics.render()
+        if extra is not None:
+            text += extra().encode()
+        return Response(text, media_type=CONTENT_TYPE)
 
     return prometheus
