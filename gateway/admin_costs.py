@@ -23,7 +23,9 @@ def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
     @get("/admin/v1/costs", name="costs")
     async def costs(
         request: Request[Any, Any, Any],
-        by: FromQuery[str] = "backend", window: FromQuery[str] = "15m", format: FromQuery[str] = "json"
+        by: FromQuery[str] = "backend",
+        window: FromQuery[str] = "15m",
+        format: FromQuery[str] = "json",
     ) -> Response[Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
-
-from collections.abc import Callable
 
 from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
@@ -47,7 +46,9 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
         dimension: Dimension = by  # type: ignore[assignment]
         totals = await ledger.read_totals(dimension)
-        rows = [{"name": name, **asdict(t), "total_tokens": t.total_tokens} for name, t in sorted(totals.items())]
+        rows = [
+            {"name": name, **asdict(t), "total_tokens": t.total_tokens} for name, t in sorted(totals.items())
+        ]
         return {"by": dimension, "data": visible_rows(request, rows)}
 
     @get("/admin/v1/requests", name="recent-requests")

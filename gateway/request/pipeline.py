@@ -28,8 +28,8 @@ from policies.framework import Decision, Router
 
 if TYPE_CHECKING:
     from gateway.telemetry import Telemetry
-    from gateway.tenants.admission import Tenants
     from gateway.telemetry.tracing import RequestTrace, Tracing
+    from gateway.tenants.admission import Tenants
 
 
 @dataclass(slots=True)
@@ -313,7 +313,9 @@ class Pipeline:
         trace: RequestTrace | None = None,
     ) -> None:
         """A stream that ended without its usage chunk: ask the backend to count the prompt, then record."""
-        task = asyncio.get_running_loop().create_task(self._settle(caller, parsed, profile, route, served, trace))
+        task = asyncio.get_running_loop().create_task(
+            self._settle(caller, parsed, profile, route, served, trace)
+        )
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 

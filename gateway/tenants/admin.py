@@ -19,7 +19,15 @@ from litestar.params import FromPath, FromQuery
 from gateway.errors import GatewayError, invalid_request
 from gateway.tenants import errors
 from gateway.tenants.admission import Tenant, Tenants
-from gateway.tenants.keys import KeyFields, KeyRecord, TeamRecord, apply_fields, hash_key, new_key, new_key_material
+from gateway.tenants.keys import (
+    KeyFields,
+    KeyRecord,
+    TeamRecord,
+    apply_fields,
+    hash_key,
+    new_key,
+    new_key_material,
+)
 from gateway.tenants.limits import budget_period
 
 ADMIN_PREFIX = "/admin/"
@@ -28,7 +36,7 @@ _STATE_TENANT = "switchyard_tenant"
 _STATE_VISIBLE = "switchyard_visible_keys"
 
 
-def admin_guard(tenants: Tenants):  # noqa: ANN201 - a Litestar guard
+def admin_guard(tenants: Tenants):
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         path = connection.scope["path"]
         if not path.startswith(ADMIN_PREFIX):
@@ -168,4 +176,16 @@ def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
         tenants.changed()
         return {"deleted": name}
 
-    return [create, list_keys, own, read, update, rotate, revoke, list_teams, read_team, put_team, delete_team]
+    return [
+        create,
+        list_keys,
+        own,
+        read,
+        update,
+        rotate,
+        revoke,
+        list_teams,
+        read_team,
+        put_team,
+        delete_team,
+    ]

@@ -165,7 +165,9 @@ class Tenants:
 
     async def _lookup(self, digest: str) -> _Cached:
         if self.admin_hash is not None and hmac.compare_digest(digest, self.admin_hash):
-            cached = _Cached(Tenant(KeyRecord(id="admin", name="admin (environment)", scopes=["admin"]), None, True))
+            cached = _Cached(
+                Tenant(KeyRecord(id="admin", name="admin (environment)", scopes=["admin"]), None, True)
+            )
         else:
             try:
                 async with asyncio.timeout(self.options.redis_timeout):
@@ -252,9 +254,7 @@ class Tenants:
             raise _refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
         return Admission(scopes, tokens, cost, verdict.window, local, headers)
 
-    def _away(
-        self, scopes: list[ScopeCounters], tokens: int, cost: int, budgeted: bool, why: str
-    ) -> Verdict:
+    def _away(self, scopes: list[ScopeCounters], tokens: int, cost: int, budgeted: bool, why: str) -> Verdict:
         if self.options.redis_away == "fail_closed":
             raise errors.limits_unavailable(f"Redis {why}")
         if budgeted:
@@ -267,7 +267,12 @@ class Tenants:
         ns = self._ns
         keys: list[str] = []
         for s in scopes:
-            keys += [f"{ns}:rq:{s.name}", f"{ns}:tk:{s.name}", f"{ns}:pa:{s.name}", f"{ns}:sp:{s.name}:{s.period}"]
+            keys += [
+                f"{ns}:rq:{s.name}",
+                f"{ns}:tk:{s.name}",
+                f"{ns}:pa:{s.name}",
+                f"{ns}:sp:{s.name}:{s.period}",
+            ]
         return keys
 
     def _args(self, scopes: list[ScopeCounters], tokens: int, cost: int) -> list[int]:
@@ -275,12 +280,21 @@ class Tenants:
         for s in scopes:
             lim = s.limits
             budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
-            args += [lim.rpm or 0, lim.tpm or 0, lim.max_parallel or 0, budget, s.period_ttl_s, PARALLEL_TTL_S]
+            args += [
+                lim.rpm or 0,
+                lim.tpm or 0,
+                lim.max_parallel or 0,
+                budget,
+                s.period_ttl_s,
+                PARALLEL_TTL_S,
+            ]
         return args
 
     # --- the request's end ------------------------------------------------------------------------------
 
-    def settle(self, admission: Admission, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
+    def settle(
+        self, admission: Admission, prompt_tokens: int, completion_tokens: int, cost_usd: float
+    ) -> None:
         """Replace the reservation by what the request used (once; later calls are ignored)."""
         if admission.settled:
             return
@@ -314,7 +328,9 @@ class Tenants:
 def _verdict(reply: list[object]) -> Verdict:
     admitted, scope, limit, reset_ms, window, *counts = reply
     text = limit.decode() if isinstance(limit, bytes) else str(limit)
-    return Verdict(admitted == 1, int(scope), text, int(reset_ms) / 1000.0, int(window), [int(c) for c in counts])  # type: ignore[call-overload]
+    return Verdict(
+        admitted == 1, int(scope), text, int(reset_ms) / 1000.0, int(window), [int(c) for c in counts]
+    )  # type: ignore[call-overload]
 
 
 def _rate_headers(scopes: list[ScopeCounters], verdict: Verdict) -> dict[str, str]:
@@ -357,8 +373,10 @@ def _refusal(scope: ScopeCounters, verdict: Verdict, headers: dict[str, str], to
         return errors.rate_limited("requests", message, 1.0, headers)
     if why == "tokens":
         if lim.tpm is not None and tokens > lim.tpm:
-            message = f"Request too large for {who}: {tokens} tokens (prompt + max_tokens), limit {lim.tpm} per window."
-            return errors.rate_limited("tokens", message, verdict.reset_s, {**headers, "x-should-retry": "false"})
+            message = f"Request too large for {who}: {tokens} tokens (prompt + max_tokens), limit {lim.tpm}."
+            return errors.rate_limited(
+                "tokens", message, verdict.reset_s, {**headers, "x-should-retry": "false"}
+            )
         message = f"Rate limit reached for {who} on tokens per window: limit {lim.tpm}, requested {tokens}."
         return errors.rate_limited("tokens", message, verdict.reset_s, headers)
     message = f"Rate limit reached for {who} on requests per window: limit {lim.rpm}."

@@ -6,6 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from litestar import Litestar
 
 from gateway.ledger.records import Ledger
@@ -27,8 +30,14 @@ def build_tenants(settings: Settings, ledger: Ledger) -> Tenants | None:
     if options.store == "redis" or (options.store == "auto" and url):
         if not url:
             raise ValueError("auth.store is redis but neither auth.redis_url nor ledger.redis_url is set")
+        # One immediate reconnect: after Redis (or the path to it) comes back, every pooled connection is
+        # stale once; without the retry each would fail one request.
         client = aioredis.Redis.from_url(
-            url, socket_connect_timeout=options.redis_timeout, socket_timeout=options.redis_timeout
+            url,
+            socket_connect_timeout=options.redis_timeout,
+            socket_timeout=options.redis_timeout,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         store = RedisTenantStore(client, settings.ledger.key_prefix)
     else:
@@ -36,7 +45,7 @@ def build_tenants(settings: Settings, ledger: Ledger) -> Tenants | None:
     return Tenants(options, store, ledger, settings.ledger.key_prefix, client=client, admin_hash=admin_hash)
 
 
-def tenants_lifespan(tenants: Tenants):  # noqa: ANN201 - a Litestar lifespan
+def tenants_lifespan(tenants: Tenants):
     @asynccontextmanager
     async def run(app: Litestar) -> AsyncIterator[None]:
         await tenants.start()

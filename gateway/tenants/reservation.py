@@ -20,7 +20,9 @@ def charged_cost(record: UsageRecord) -> float:
     return record.cost_usd
 
 
-def max_output_tokens(candidates: Sequence[Backend], prompt_tokens: int, max_tokens: int | None, n: int) -> int:
+def max_output_tokens(
+    candidates: Sequence[Backend], prompt_tokens: int, max_tokens: int | None, n: int
+) -> int:
     """`max_tokens` (per choice) times `n`; without it, what the largest context left after the prompt."""
     if max_tokens is None:
         longest = max((b.max_model_len for b in candidates), default=0)

@@ -65,7 +65,7 @@ class BudgetWatch:
             for k, n in sorted(self.refused.items())
         ]
         out += [
-            "# HELP switchyard_budget_used_ratio Share of a budget spent or reserved (key k:<id>, team t:<name>).",
+            "# HELP switchyard_budget_used_ratio Share of a budget spent or reserved (k:<key id>, t:<team>).",
             "# TYPE switchyard_budget_used_ratio gauge",
         ]
         out += [f'switchyard_budget_used_ratio{{scope="{s}"}} {r:.6f}' for s, r in sorted(self.used.items())]
