@@ -174,7 +174,12 @@ def _spend_test(fleet: Fleet3, urls: list[str], warm: bool) -> None:
     # A probe key (with a large budget) reads one request's reservation; the budget is worth ten.
     probe, _ = fleet.create_key(name="probe", budget_usd=1000.0)
     # Each replica reserves at the rates its own ledger measured: take the dearest.
-    reserved = max(_reservation(fleet, probe, url) for url in fleet.urls for _ in range(2))
+    reserved = max(
+        _reservation(fleet, probe, url)
+        for url in urls
+        if not fleet.proxy.cut or url != fleet.urls[2]
+        for _ in range(2)
+    )
     budget = reserved * 10
     key, key_id = fleet.create_key(name="budgeted", budget_usd=budget, budget_period="total")
     if warm:
@@ -372,7 +377,8 @@ def test_one_redis_round_trip_per_request_on_the_hot_path(replicas: Fleet3) -> N
         with client.monitor() as monitor:
             for command in monitor.listen():
                 text = command["command"]
-                if f"syt:{replicas.prefix}" in text:
+                # Commands a script runs inside Redis are listed too (client "lua"): not round trips.
+                if f"syt:{replicas.prefix}" in text and command.get("client_type") != "lua":
                     seen.append(text)
                 if stop:
                     return
@@ -388,6 +394,6 @@ def test_one_redis_round_trip_per_request_on_the_hot_path(replicas: Fleet3) -> N
     admissions = [c for c in seen if f":rq:k:{key_id}" in c]
     lookups = [c for c in seen if ":hash:" in c or f":key:{key_id}" in c]
     settles = [c for c in seen if f":pa:k:{key_id}" in c and f":rq:k:{key_id}" not in c]
-    assert len(admissions) == 31, admissions[:3]  # 30 on A + the wake-up on B
+    assert len(admissions) in (30, 31), admissions[:3]  # one per request (30 on A, maybe the wake-up on B)
     assert len(lookups) <= 2, lookups  # B's first lookup (key and its team); none on A: cached
     assert 1 <= len(settles) <= 31, len(settles)
