@@ -26,6 +26,8 @@ from gateway.request.pipeline import Pipeline
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
+from gateway.tenants.admin import admin_guard, key_handlers
+from gateway.tenants.factory import build_tenants, tenants_lifespan
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
 
@@ -39,6 +41,7 @@ CONFIG_ENV = "SWITCHYARD_CONFIG"
 _STATUS_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -126,6 +129,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         upstream = Upstream(server.timeouts, server.max_connections_per_backend, server.retries)
         ledger = ledger or build_ledger(settings.ledger, catalog.backends)
         self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
+        pipeline.tenants = build_tenants(settings, ledger)
         self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
@@ -142,9 +146,16 @@ class SwitchyardPlugin(InitPluginProtocol):
         app_config.route_handlers.extend(backend_handlers(pipeline))
         app_config.route_handlers.extend(policy_handlers(pipeline))
         app_config.route_handlers.append(costs_handler(pipeline.ledger))
+        tenants = pipeline.tenants
+        if tenants is not None:
+            app_config.route_handlers.extend(key_handlers(tenants))
+            app_config.guards.append(admin_guard(tenants))
         if self.telemetry.metrics is not None:
-            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics))
+            extra = tenants.watch.render if tenants is not None else None
+            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))
         app_config.lifespan.append(lifespan(self.settings, pipeline))
+        if tenants is not None:
+            app_config.lifespan.append(tenants_lifespan(tenants))
         app_config.exception_handlers.update(
             {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected_error}
         )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Response, get, post
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
@@ -19,6 +20,7 @@ from gateway.errors import GatewayError, invalid_request
 from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry.metrics import CONTENT_TYPE, Metrics
+from gateway.tenants.admin import visible_rows
 
 log = logging.getLogger("switchyard")
 
@@ -47,18 +49,15 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
         return Response(body, status_code=200 if serving else 503)
 
     @get("/admin/v1/usage", name="usage")
-    async def usage(by: FromQuery[str] = "backend") -> dict[str, Any]:
+    async def usage(request: Request[Any, Any, Any], by: FromQuery[str] = "backend") -> dict[str, Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
         dimension: Dimension = by  # type: ignore[assignment]
         totals = await ledger.read_totals(dimension)
-        return {
-            "by": dimension,
-            "data": [
-                {"name": name, **asdict(t), "total_tokens": t.total_tokens}
-                for name, t in sorted(totals.items())
-            ],
-        }
+        rows = [
+            {"name": name, **asdict(t), "total_tokens": t.total_tokens} for name, t in sorted(totals.items())
+        ]
+        return {"by": dimension, "data": visible_rows(request, rows)}
 
     @get("/admin/v1/requests", name="recent-requests")
     async def recent_requests(state: State, limit: FromQuery[int] = 100) -> dict[str, Any]:
@@ -162,16 +161,20 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
     return [backends, drain, undrain]
 
 
-def metrics_handler(metrics: Metrics) -> HTTPRouteHandler:
-    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py)."""
+def metrics_handler(metrics: Metrics, extra: Callable[[], str] | None = None) -> HTTPRouteHandler:
+    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py), plus `extra` series."""
 
     # The header is given whole: from a `text/` media type alone, Litestar would add a second charset.
     headers = {"content-type": CONTENT_TYPE}
 
     @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
     async def prometheus(state: State) -> Response[bytes]:
+        text = metrics.render()
+        if extra is not None:
+            text += extra().encode()
         fleet = state.get("fleet")
-        body = metrics.render() if fleet is None else metrics.render() + fleet.metrics_text().encode()
-        return Response(body, headers=headers)
+        if fleet is not None:
+            text += fleet.metrics_text().encode()
+        return Response(text, headers=headers)
 
     return prometheus

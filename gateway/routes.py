@@ -77,6 +77,9 @@ _INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
 def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -> list[BaseRouteHandler]:
     """The `/v1` endpoints, bound to one pipeline."""
 
+    tenants = pipeline.tenants
+    authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
+
     async def serve(scope: Any, receive: Any, send: Any, endpoint: Endpoint) -> None:
         caller = read_caller(scope)
         if scope["method"] != "POST":
@@ -87,6 +90,8 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             return
         body = b""
         try:
+            if authenticate is not None:
+                caller.key = await authenticate(caller.authorization)
             body = await read_body(scope, receive, max_body_bytes)
             reply = await pipeline.handle(endpoint, body, caller)
         except GatewayError as error:

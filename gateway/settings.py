@@ -99,6 +99,8 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     breaker: BreakerOptions = msgspec.field(default_factory=BreakerOptions)
     retries: Retries = msgspec.field(default_factory=Retries)
     scrape: Scrape = msgspec.field(default_factory=Scrape)
+    admin_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
+    """Serve `/admin/...` on this port only (the main port then answers 404 there)."""
     shutdown_grace: _Seconds = 30.0
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
@@ -161,12 +163,36 @@ class TelemetryOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     access_log: AccessLog = msgspec.field(default_factory=AccessLog)
 
 
+class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """API keys, rate limits and budgets (gateway/tenants/, README "Keys, limits and budgets")."""
+
+    mode: Literal["keys", "open"] = "open"
+    """`keys`: every request needs a key (`sy-...`); `open`: anyone may call (the demo, tests)."""
+    admin_key_env: Annotated[str, msgspec.Meta(min_length=1)] = "SWITCHYARD_ADMIN_KEY"
+    """Environment variable holding the bootstrap admin key (read at start; may be unset)."""
+    store: Literal["auto", "redis", "memory"] = "auto"
+    """`auto`: Redis when `redis_url` (or `ledger.redis_url`) is set, else memory (one replica)."""
+    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(rediss?|unix)://")] | None = None
+    """Defaults to `ledger.redis_url`; the key prefix is `ledger.key_prefix`."""
+    window_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60
+    """The rate-limit window: `rpm` and `tpm` count requests and tokens per this many seconds."""
+    redis_away: Literal["fail_open", "fail_closed"] = "fail_open"
+    """Redis unreachable: `fail_open` enforces each rate limit from a local share (limit / replicas) and
+    refuses only keys with a budget; `fail_closed` answers 503 `limits_unavailable`."""
+    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
+    """Replicas sharing the limits: each one's share while Redis is away."""
+    refresh_interval: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
+    """How often each replica checks for changed keys (revocations reach it within this)."""
+    redis_timeout: _Seconds = 0.5
+
+
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pools: Annotated[list[PoolConfig], msgspec.Meta(min_length=1)]
     policy: PolicyOptions = msgspec.field(default_factory=PolicyOptions)
     gateway: ServerOptions = msgspec.field(default_factory=ServerOptions)
     ledger: LedgerOptions = msgspec.field(default_factory=LedgerOptions)
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
+    auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -182,6 +208,7 @@ class Settings(msgspec.Struct, kw_only=True):
     """The routing policy, built (so validated) against these backends: the engine the gateway runs.
     None only for settings built in code."""
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
+    auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
 
     @property
     def models(self) -> list[str]:
@@ -263,4 +290,5 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
         policy_options=config.policy,
         policy=_load_policy(config, backends, lines, source),
         telemetry=config.telemetry,
+        auth=config.auth,
     )

@@ -16,6 +16,7 @@ from policies.profile import RequestProfile
 
 if TYPE_CHECKING:
     from gateway.telemetry.tracing import RequestTrace
+    from gateway.tenants.admission import Admission, Tenant
 
 CHARS_PER_TOKEN = 4
 """Fast prompt-size estimate; backends count exactly and still enforce their own limits."""
@@ -41,6 +42,10 @@ class Caller:
     """All request headers as received, for policy rules on arbitrary headers."""
     trace: RequestTrace | None = None
     """The request's spans, when tracing is on (gateway/telemetry/tracing.py)."""
+    key: Tenant | None = None
+    """The authenticated API key (`auth.mode: keys`), set at the edge."""
+    admission: Admission | None = None
+    """Its reservation in the key's and team's limits, settled once at the request's end."""
 
 
 @lru_cache(maxsize=4096)

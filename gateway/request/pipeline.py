@@ -22,6 +22,7 @@ from gateway.request.forward import OpenStream, RelayedStream, Upstream, upstrea
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import Endpoint, ParsedRequest, parse
 from gateway.request.sse import SseRelay
+from gateway.tenants.reservation import charged_cost
 from policies.engine import PolicyEngine
 from policies.framework import Decision, Router
 from policies.profile import RequestProfile
@@ -29,6 +30,7 @@ from policies.profile import RequestProfile
 if TYPE_CHECKING:
     from gateway.telemetry import Telemetry
     from gateway.telemetry.tracing import RequestTrace, Tracing
+    from gateway.tenants.admission import Tenants
 
 
 @dataclass(slots=True)
@@ -59,6 +61,8 @@ class Pipeline:
         self.tracing = None
         self.telemetry: Telemetry | None = None
         """Metrics and the access log, for errors the gateway answers itself (gateway/routes.py)."""
+        self.tenants: Tenants | None = None
+        """Keys, limits and budgets (gateway/tenants/); None when `auth.mode` is open."""
 
     @property
     def tracing(self) -> Tracing | None:
@@ -79,6 +83,8 @@ class Pipeline:
     async def _untraced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
         parsed = parse(endpoint, body)
         profile = classify(parsed, caller)
+        if caller.key is not None:
+            return await self._admitted(parsed, profile, caller)
         decision = self.route(profile)
         limits = self.limits(decision.request_class)
         if limits.backpressure is not None:
@@ -86,6 +92,27 @@ class Pipeline:
         if parsed.stream:
             return await self._stream(parsed, profile, decision, caller, limits)
         return await self._complete(parsed, profile, decision, caller, limits)
+
+    async def _admitted(self, parsed: ParsedRequest, profile: RequestProfile, caller: Caller) -> Reply:
+        """The request of an API key: capped hints, routed, admitted by its limits, released on failure."""
+        tenants, tenant = self.tenants, caller.key
+        assert tenants is not None and tenant is not None
+        ignored = tenants.check(tenant, profile)
+        decision = self.route(profile)
+        limits = self.limits(decision.request_class)
+        if limits.backpressure is not None:
+            decision = await self.wait_for_room(profile, decision, limits)
+        if caller.trace is not None:
+            caller.trace.decision = decision
+            caller.trace.routed_ns = time_ns()
+        admission = caller.admission = await tenants.admit(tenant, profile, decision.candidates, ignored)
+        try:
+            if parsed.stream:
+                return await self._stream(parsed, profile, decision, caller, limits)
+            return await self._complete(parsed, profile, decision, caller, limits)
+        except BaseException:
+            tenants.release(admission)  # no record was made; a stream that started settles in `finish`
+            raise
 
     async def _traced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
         """`handle` with spans (gateway/telemetry/tracing.py); the request span ends once accounted.
@@ -101,6 +128,8 @@ class Pipeline:
             if trace is not None:
                 trace.profile = profile
                 trace.classified_ns = time_ns()
+            if caller.key is not None:
+                return await self._admitted(parsed, profile, caller)
             decision = self.route(profile)
             limits = self.limits(decision.request_class)
             if limits.backpressure is not None:
@@ -218,6 +247,10 @@ class Pipeline:
         )
         accounting = time_ns() if trace is not None else 0
         record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
+        if caller.admission is not None:
+            self.tenants.settle(  # type: ignore[union-attr]
+                caller.admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
+            )
         observe(backend, record)
         if self.recorded is not None:
             self.recorded(record, parsed)
@@ -225,6 +258,8 @@ class Pipeline:
             trace.finish(record, accounting, time_ns(), answer.attempts)
         headers = _reply_headers(caller.request_id, backend, decision, profile)
         headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
+        if caller.admission is not None:
+            headers.update(caller.admission.headers)
         if answer.attempts > 1:
             headers["x-switchyard-attempts"] = str(answer.attempts)
         return Reply(headers=headers, body=answer.body, content_type=answer.content_type)
@@ -247,10 +282,14 @@ class Pipeline:
                 self._room_made()
             served = _served_stream(opened, sse, ended_at)
             if served.usage is None:
-                self._settle_later(caller.request_id, parsed, profile, decision.route, served, trace)
+                self._settle_later(caller, parsed, profile, decision.route, served, trace)
                 return
             accounting = time_ns() if trace is not None else 0
             record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
+            if caller.admission is not None:
+                self.tenants.settle(  # type: ignore[union-attr]
+                    caller.admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
+                )
             observe(opened.backend, record)
             if self.recorded is not None:
                 self.recorded(record, parsed)
@@ -259,13 +298,15 @@ class Pipeline:
 
         stream = self.upstream.relay(opened, sse, finish, limits)
         headers = _reply_headers(caller.request_id, opened.backend, decision, profile)
+        if caller.admission is not None:
+            headers.update(caller.admission.headers)
         if opened.attempts > 1:
             headers["x-switchyard-attempts"] = str(opened.attempts)
         return Reply(headers=headers, content_type="text/event-stream", stream=stream)
 
     def _settle_later(
         self,
-        request_id: str,
+        caller: Caller,
         parsed: ParsedRequest,
         profile: RequestProfile,
         route: str,
@@ -274,14 +315,14 @@ class Pipeline:
     ) -> None:
         """A stream that ended without its usage chunk: ask the backend to count the prompt, then record."""
         task = asyncio.get_running_loop().create_task(
-            self._settle(request_id, parsed, profile, route, served, trace)
+            self._settle(caller, parsed, profile, route, served, trace)
         )
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
     async def _settle(
         self,
-        request_id: str,
+        caller: Caller,
         parsed: ParsedRequest,
         profile: RequestProfile,
         route: str,
@@ -292,7 +333,11 @@ class Pipeline:
             served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, parsed)
         finally:
             accounting = time_ns()
-            record = account(self.ledger, request_id, parsed, profile, route, served)
+            record = account(self.ledger, caller.request_id, parsed, profile, route, served)
+            if caller.admission is not None:
+                self.tenants.settle(  # type: ignore[union-attr]
+                    caller.admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
+                )
             if self.recorded is not None:
                 self.recorded(record, parsed)
             if trace is not None:

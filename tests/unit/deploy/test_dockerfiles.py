@@ -37,7 +37,9 @@ def test_the_image_installs_the_runtime_only_from_everything_the_package_needs(p
     assert sum(op == "FROM" for op, _ in steps) == 2, "multi-stage: a build stage and a runtime stage"
     command = install_command(path)
     # The gateway image is the runtime install alone; the simulator's adds the `[sim]` extra only.
-    wanted = r"pip install [^&]*\.$" if path.name == "gateway.Dockerfile" else r"pip install [^&]*\"\.\[sim\]\"$"
+    wanted = (
+        r"pip install [^&]*\.$" if path.name == "gateway.Dockerfile" else r"pip install [^&]*\"\.\[sim\]\"$"
+    )
     assert re.search(wanted, command), command
     copied = {arg.split()[0] for op, arg in steps if op == "COPY" and not arg.startswith("--from")}
     copied |= {word for op, arg in steps if op == "COPY" for word in arg.split()[:-1]}

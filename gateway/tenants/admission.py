@@ -1,0 +1,383 @@
+"""The seam the request path calls: `authenticate` at the edge, `check` + `admit` once the request is
+routed, `settle` once from the request's end (README "Keys, limits and budgets").
+
+Hot path cost: a cached key lookup (no I/O) and one Redis round trip (`limits.ADMIT`). Settling is
+batched in the background (`Settler`). Key lookups are cached per replica; a background task polls the
+store's version every `auth.refresh_interval` and drops the cache when anything changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from backends.models import Backend
+from gateway.errors import GatewayError
+from gateway.ledger.records import Ledger
+from gateway.request.classify import RequestProfile
+from gateway.settings import AuthOptions
+from gateway.tenants import errors
+from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
+from gateway.tenants.limits import (
+    ADMIT,
+    NANO,
+    PARALLEL_TTL_S,
+    LocalCounters,
+    ScopeCounters,
+    Verdict,
+    budget_period,
+    nano,
+)
+from gateway.tenants.reservation import max_cost_usd, max_output_tokens
+from gateway.tenants.settler import Settler
+from gateway.tenants.store import TenantStore
+from gateway.tenants.usage_watch import BudgetWatch
+
+log = logging.getLogger("switchyard.tenants")
+
+_CACHE_MAX = 50_000
+_REDIS_RETRY_S = 1.0
+"""After a failed Redis call, admissions use the local share for this long before trying Redis again."""
+
+
+@dataclass(slots=True)
+class Tenant:
+    key: KeyRecord
+    team: TeamRecord | None
+    admin: bool
+
+
+@dataclass(slots=True)
+class Admission:
+    scopes: list[ScopeCounters]
+    tokens: int
+    cost_nano: int
+    window: int
+    local: bool
+    """Admitted from this replica's local share (Redis away): settled locally."""
+    headers: dict[str, str]
+    """`x-ratelimit-*` and `x-switchyard-hints-ignored`, for the answer."""
+    settled: bool = False
+
+
+@dataclass(slots=True)
+class _Cached:
+    tenant: Tenant | None
+    why: str = ""
+
+
+@dataclass
+class Tenants:
+    options: AuthOptions
+    store: TenantStore
+    ledger: Ledger
+    prefix: str
+    client: aioredis.Redis | None = None
+    """Redis for the shared counters; None: this replica's counters are the whole truth (memory store)."""
+    admin_hash: str | None = None
+    _cache: dict[str, _Cached] = field(default_factory=dict)
+    _version: int = -1
+    _redis_down_until: float = 0.0
+    _task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        ns = "{syt:" + self.prefix + "}"
+        self._ns = ns
+        self.local = LocalCounters(self.options.window_s)
+        self.away = LocalCounters(self.options.window_s, share=1.0 / self.options.replicas)
+        self.settler = Settler(self.client, self.options.redis_timeout) if self.client is not None else None
+        self.watch = BudgetWatch()
+        self._admit = self.client.register_script(ADMIT) if self.client is not None else None
+        self.window_ms = self.options.window_s * 1000
+
+    @classmethod
+    def admin_hash_from_env(cls, options: AuthOptions) -> str | None:
+        material = os.environ.get(options.admin_key_env)
+        return hash_key(material) if material else None
+
+    # --- lifetime ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        with contextlib.suppress(Exception):
+            self._version = await self.store.version()
+        self._task = asyncio.create_task(self._watch_versions())
+        if self.settler is not None:
+            self.settler.start()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.settler is not None:
+            await self.settler.close()
+        await self.store.close()
+
+    async def _watch_versions(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(self.options.refresh_interval)
+            try:
+                async with asyncio.timeout(self.options.redis_timeout):
+                    version = await self.store.version()
+            except Exception as exc:
+                if not failing:
+                    log.warning("tenants: cannot read the key store (%s); cached keys stay in use", exc)
+                failing = True
+                continue
+            failing = False
+            if version != self._version:
+                self._version = version
+                self._cache.clear()
+
+    def changed(self) -> None:
+        """This replica changed a key or team: forget cached lookups now (others notice by polling)."""
+        self._cache.clear()
+
+    # --- the edge ------------------------------------------------------------------------------------
+
+    async def authenticate(self, authorization: str | None) -> Tenant:
+        """The caller's tenant, or 401 `invalid_api_key` (no key, unknown, revoked, expired)."""
+        token = bearer_token(authorization)
+        if token is None:
+            raise errors.invalid_api_key(
+                "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
+            )
+        digest = hash_key(token)
+        cached = self._cache.get(digest)
+        if cached is None:
+            cached = await self._lookup(digest)
+        tenant = cached.tenant
+        if tenant is None:
+            raise errors.invalid_api_key(cached.why)
+        expires = tenant.key.expires_at
+        if expires is not None and time.time() >= expires:
+            raise errors.invalid_api_key("This API key has expired.")
+        return tenant
+
+    async def _lookup(self, digest: str) -> _Cached:
+        if self.admin_hash is not None and hmac.compare_digest(digest, self.admin_hash):
+            cached = _Cached(
+                Tenant(KeyRecord(id="admin", name="admin (environment)", scopes=["admin"]), None, True)
+            )
+        else:
+            try:
+                async with asyncio.timeout(self.options.redis_timeout):
+                    key = await self.store.key_by_hash(digest)
+                    team = await self.store.get_team(key.team) if key is not None else None
+            except Exception as exc:
+                raise errors.limits_unavailable(f"key store unreachable: {exc.__class__.__name__}") from None
+            if key is None:
+                cached = _Cached(None, "Incorrect API key provided.")
+            elif key.revoked:
+                cached = _Cached(None, "This API key has been revoked.")
+            else:
+                cached = _Cached(Tenant(key, team, "admin" in key.scopes))
+        if len(self._cache) >= _CACHE_MAX:
+            self._cache.clear()
+        self._cache[digest] = cached
+        return cached
+
+    # --- after classify: what the key may ask for ------------------------------------------------------
+
+    def check(self, tenant: Tenant, profile: RequestProfile) -> list[str]:
+        """403 for a model the key may not use; caps the client's hints. Returns the hints ignored."""
+        key = tenant.key
+        if key.models and profile.model not in key.models:
+            raise errors.model_not_allowed(profile.model)
+        ignored: list[str] = []
+        ceiling = PRIORITY_RANK[key.max_priority]
+        if profile.priority is not None and PRIORITY_RANK.get(profile.priority, 1) < ceiling:
+            ignored.append("priority")
+            profile.priority = None
+        if ceiling > 1 and profile.priority is None:
+            profile.priority = key.max_priority
+        if profile.explicit_class is not None and key.classes and profile.explicit_class not in key.classes:
+            ignored.append("class")
+            profile.explicit_class = None
+        profile.key_id = key.id
+        profile.tenant = key.team
+        return ignored
+
+    # --- after routing: limits and budget ---------------------------------------------------------------
+
+    def _scopes(self, tenant: Tenant, now: float) -> list[ScopeCounters]:
+        key, team = tenant.key, tenant.team
+        period, ttl = budget_period(key.budget_period, now)
+        scopes = [ScopeCounters("k:" + key.id, key, period, ttl)]
+        if team is not None:
+            period, ttl = budget_period(team.budget_period, now)
+            scopes.append(ScopeCounters("t:" + team.name, team, period, ttl))
+        return scopes
+
+    async def admit(
+        self, tenant: Tenant, profile: RequestProfile, candidates: Sequence[Backend], ignored: list[str]
+    ) -> Admission:
+        """Reserve the request in every counter of its key and team, or raise 429 / 503."""
+        now = time.time()
+        scopes = self._scopes(tenant, now)
+        prompt = profile.prompt_tokens_estimate
+        completion = max_output_tokens(candidates, prompt, profile.max_tokens, profile.n)
+        tokens = prompt + completion
+        budgeted = any(s.limits.budget_usd is not None for s in scopes)
+        cost = nano(max_cost_usd(self.ledger, candidates, prompt, completion)) if budgeted else 0
+        local = False
+        if self._admit is None:
+            verdict = self.local.admit(scopes, tokens, cost)
+        elif time.monotonic() < self._redis_down_until:
+            verdict, local = self._away(scopes, tokens, cost, budgeted, "recently unreachable"), True
+        else:
+            try:
+                async with asyncio.timeout(self.options.redis_timeout):
+                    reply = await self._admit(keys=self._keys(scopes), args=self._args(scopes, tokens, cost))
+                verdict = _verdict(reply)
+            except Exception as exc:
+                self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
+                log.warning("tenants: Redis unreachable for limits (%s); %s", exc, self.options.redis_away)
+                verdict, local = self._away(scopes, tokens, cost, budgeted, exc.__class__.__name__), True
+        shown = scopes if verdict.admitted else [scopes[verdict.refused_scope]]
+        headers = _rate_headers(shown, verdict)
+        if ignored:
+            headers["x-switchyard-hints-ignored"] = ",".join(ignored)
+        if budgeted:
+            headers["x-switchyard-budget-reserved-usd"] = f"{cost / NANO:.10f}"
+        self.watch.observe(scopes, verdict, cost)
+        if not verdict.admitted:
+            raise _refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
+        return Admission(scopes, tokens, cost, verdict.window, local, headers)
+
+    def _away(self, scopes: list[ScopeCounters], tokens: int, cost: int, budgeted: bool, why: str) -> Verdict:
+        if self.options.redis_away == "fail_closed":
+            raise errors.limits_unavailable(f"Redis {why}")
+        if budgeted:
+            # A budget is one number shared by every replica: a local share could be spent by each while
+            # the others spend the rest, so money is only promised against the shared counter.
+            raise errors.limits_unavailable(f"Redis {why}; budgets need the shared counter")
+        return self.away.admit(scopes, tokens, cost)
+
+    def _keys(self, scopes: list[ScopeCounters]) -> list[str]:
+        ns = self._ns
+        keys: list[str] = []
+        for s in scopes:
+            keys += [
+                f"{ns}:rq:{s.name}",
+                f"{ns}:tk:{s.name}",
+                f"{ns}:pa:{s.name}",
+                f"{ns}:sp:{s.name}:{s.period}",
+            ]
+        return keys
+
+    def _args(self, scopes: list[ScopeCounters], tokens: int, cost: int) -> list[int]:
+        args = [tokens, cost, self.window_ms, 0]
+        for s in scopes:
+            lim = s.limits
+            budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
+            args += [
+                lim.rpm or 0,
+                lim.tpm or 0,
+                lim.max_parallel or 0,
+                budget,
+                s.period_ttl_s,
+                PARALLEL_TTL_S,
+            ]
+        return args
+
+    # --- the request's end ------------------------------------------------------------------------------
+
+    def settle(
+        self, admission: Admission, prompt_tokens: int, completion_tokens: int, cost_usd: float
+    ) -> None:
+        """Replace the reservation by what the request used (once; later calls are ignored)."""
+        if admission.settled:
+            return
+        admission.settled = True
+        token_delta = prompt_tokens + completion_tokens - admission.tokens
+        cost_delta = nano(cost_usd) - admission.cost_nano
+        if admission.local or self.settler is None:
+            counters = self.away if admission.local else self.local
+            counters.settle(admission.scopes, admission.window, token_delta, cost_delta)
+            return
+        ns, window = self._ns, admission.window
+        add = self.settler.add
+        for s in admission.scopes:
+            add(f"{ns}:pa:{s.name}", -1)
+            add(f"{ns}:tk:{s.name}:{window}", token_delta)
+            if s.limits.budget_usd is not None:
+                add(f"{ns}:sp:{s.name}:{s.period}", cost_delta)
+
+    def release(self, admission: Admission) -> None:
+        """The request ended without a ledger record (it failed before a backend served it)."""
+        self.settle(admission, 0, 0, 0.0)
+
+    async def spent_usd(self, scope: str, period: str) -> float:
+        """Spend recorded against a budget counter (`k:<id>` or `t:<team>`), reservations included."""
+        if self.client is None:
+            return self.local._counts.get(f"sp:{scope}:{period}", 0) / NANO
+        raw = await self.client.get(f"{self._ns}:sp:{scope}:{period}")
+        return int(raw or 0) / NANO
+
+
+def _verdict(reply: list[object]) -> Verdict:
+    admitted, scope, limit, reset_ms, window, *counts = reply
+    text = limit.decode() if isinstance(limit, bytes) else str(limit)
+    return Verdict(
+        admitted == 1, int(scope), text, int(reset_ms) / 1000.0, int(window), [int(c) for c in counts]
+    )  # type: ignore[call-overload]
+
+
+def _rate_headers(scopes: list[ScopeCounters], verdict: Verdict) -> dict[str, str]:
+    """The OpenAI SDK's `x-ratelimit-*` headers for the tightest of the key's and team's limits."""
+    headers: dict[str, str] = {}
+    reset = f"{verdict.reset_s:.3f}s"
+    best_requests: tuple[int, int] | None = None
+    best_tokens: tuple[int, int] | None = None
+    counts = verdict.counts
+    for i, s in enumerate(scopes):
+        if 3 * i + 1 >= len(counts):
+            break
+        lim = s.limits
+        if lim.rpm is not None:
+            left = max(0, lim.rpm - counts[3 * i])
+            if best_requests is None or left < best_requests[1]:
+                best_requests = (lim.rpm, left)
+        if lim.tpm is not None:
+            left = max(0, lim.tpm - counts[3 * i + 1])
+            if best_tokens is None or left < best_tokens[1]:
+                best_tokens = (lim.tpm, left)
+    if best_requests is not None:
+        headers["x-ratelimit-limit-requests"] = str(best_requests[0])
+        headers["x-ratelimit-remaining-requests"] = str(best_requests[1])
+        headers["x-ratelimit-reset-requests"] = reset
+    if best_tokens is not None:
+        headers["x-ratelimit-limit-tokens"] = str(best_tokens[0])
+        headers["x-ratelimit-remaining-tokens"] = str(best_tokens[1])
+        headers["x-ratelimit-reset-tokens"] = reset
+    return headers
+
+
+def _refusal(scope: ScopeCounters, verdict: Verdict, headers: dict[str, str], tokens: int) -> GatewayError:
+    lim, who = scope.limits, ("team " + scope.name[2:]) if scope.name.startswith("t:") else "this key"
+    why = verdict.refused_by
+    if why == "budget":
+        return errors.insufficient_quota(who, lim.budget_usd or 0.0, lim.budget_period, headers)
+    if why == "parallel":
+        message = f"Too many requests in flight for {who}: limit {lim.max_parallel}."
+        return errors.rate_limited("requests", message, 1.0, headers)
+    if why == "tokens":
+        if lim.tpm is not None and tokens > lim.tpm:
+            message = f"Request too large for {who}: {tokens} tokens (prompt + max_tokens), limit {lim.tpm}."
+            return errors.rate_limited(
+                "tokens", message, verdict.reset_s, {**headers, "x-should-retry": "false"}
+            )
+        message = f"Rate limit reached for {who} on tokens per window: limit {lim.tpm}, requested {tokens}."
+        return errors.rate_limited("tokens", message, verdict.reset_s, headers)
+    message = f"Rate limit reached for {who} on requests per window: limit {lim.rpm}."
+    return errors.rate_limited("requests", message, verdict.reset_s, headers)

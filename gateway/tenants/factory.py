@@ -1,0 +1,57 @@
+"""Build the tenants service from the settings (None when nobody needs it: `open` and no admin key)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from litestar import Litestar
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.ledger.records import Ledger
+from gateway.settings import Settings
+from gateway.tenants.admission import Tenants
+from gateway.tenants.store import TenantStore
+from gateway.tenants.store_memory import MemoryTenantStore
+from gateway.tenants.store_redis import RedisTenantStore
+
+
+def build_tenants(settings: Settings, ledger: Ledger) -> Tenants | None:
+    options = settings.auth
+    admin_hash = Tenants.admin_hash_from_env(options)
+    if options.mode == "open" and admin_hash is None:
+        return None
+    url = options.redis_url or settings.ledger.redis_url
+    client = None
+    store: TenantStore
+    if options.store == "redis" or (options.store == "auto" and url):
+        if not url:
+            raise ValueError("auth.store is redis but neither auth.redis_url nor ledger.redis_url is set")
+        # One immediate reconnect: after Redis (or the path to it) comes back, every pooled connection is
+        # stale once; without the retry each would fail one request.
+        client = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=options.redis_timeout,
+            socket_timeout=options.redis_timeout,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
+        )
+        store = RedisTenantStore(client, settings.ledger.key_prefix)
+    else:
+        store = MemoryTenantStore()
+    return Tenants(options, store, ledger, settings.ledger.key_prefix, client=client, admin_hash=admin_hash)
+
+
+def tenants_lifespan(tenants: Tenants):
+    @asynccontextmanager
+    async def run(app: Litestar) -> AsyncIterator[None]:
+        await tenants.start()
+        try:
+            yield
+        finally:
+            await tenants.close()
+
+    return run

@@ -1,0 +1,206 @@
+"""Counters shared by every replica: requests and tokens per window, requests in flight, dollars spent.
+
+One Redis round trip admits a request: `ADMIT` checks every counter of the key and of its team and, only
+if all fit, reserves in all of them (a Lua script runs atomically, so concurrent first requests of a new
+key cannot both squeeze under a limit). Settling (actual tokens and cost, the parallel slot) is batched
+off the request path: one `SETTLE` call for every request that ended in the last few milliseconds.
+
+Windows are fixed, aligned on Redis's clock (`TIME`, so replicas with skewed clocks agree): within one
+window exactly `rpm` requests are admitted, and the reset time the client is told is exact. The price is
+the classic fixed-window edge: a client may use a full window at the end of one and again at the start of
+the next. A sliding log would avoid that at O(limit) memory per key; the OpenAI SDK's retry logic reads
+the reset header, which a fixed window answers exactly.
+
+Amounts of money are integer nano-dollars in Redis (exact sums, no float drift).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from gateway.tenants.keys import Limits
+
+NANO = 1_000_000_000
+
+ADMIT = """
+local tokens = tonumber(ARGV[1])
+local cost = tonumber(ARGV[2])
+local window_ms = tonumber(ARGV[3])
+local n = #KEYS / 4
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local window = math.floor(now_ms / window_ms)
+local reset_ms = (window + 1) * window_ms - now_ms
+local suffix = ':' .. window
+local counts = {}
+for i = 0, n - 1 do
+  local a = 5 + i * 6
+  local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a+1])
+  local par, budget = tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
+  local rq = tonumber(redis.call('GET', KEYS[1+i*4] .. suffix) or '0')
+  local tk = tonumber(redis.call('GET', KEYS[2+i*4] .. suffix) or '0')
+  local pa = tonumber(redis.call('GET', KEYS[3+i*4]) or '0')
+  local sp = tonumber(redis.call('GET', KEYS[4+i*4]) or '0')
+  if rpm > 0 and rq + 1 > rpm then return {0, i, 'requests', reset_ms, window, rq, tk, sp} end
+  if tpm > 0 and tk + tokens > tpm then return {0, i, 'tokens', reset_ms, window, rq, tk, sp} end
+  if par > 0 and pa + 1 > par then return {0, i, 'parallel', reset_ms, window, rq, tk, sp} end
+  if budget >= 0 and sp + cost > budget then return {0, i, 'budget', reset_ms, window, rq, tk, sp} end
+  counts[#counts+1] = rq + 1
+  counts[#counts+1] = tk + tokens
+  counts[#counts+1] = sp + cost
+end
+local ttl = window_ms + 2000
+for i = 0, n - 1 do
+  local a = 5 + i * 6
+  local rk, tk = KEYS[1+i*4] .. suffix, KEYS[2+i*4] .. suffix
+  if redis.call('INCR', rk) == 1 then redis.call('PEXPIRE', rk, ttl) end
+  if redis.call('INCRBY', tk, tokens) == tokens then redis.call('PEXPIRE', tk, ttl) end
+  redis.call('INCR', KEYS[3+i*4])
+  redis.call('EXPIRE', KEYS[3+i*4], tonumber(ARGV[a+5]))
+  if tonumber(ARGV[a+3]) >= 0 then
+    redis.call('INCRBY', KEYS[4+i*4], cost)
+    local bttl = tonumber(ARGV[a+4])
+    if bttl > 0 then redis.call('EXPIRE', KEYS[4+i*4], bttl) end
+  end
+end
+local out = {1, -1, '', reset_ms, window}
+for _, c in ipairs(counts) do out[#out+1] = c end
+return out
+"""
+"""KEYS: per scope (key, then team) its requests, tokens, parallel and spend counters (the first two get
+the window appended). ARGV: tokens, cost (nano-USD), window ms, unused, then per scope rpm, tpm,
+max_parallel, budget (nano-USD; 0 = unlimited except budget, -1 = none), spend TTL s, parallel TTL s.
+Returns {admitted, scope index refused, limit refused, ms to window reset, window, counts...}."""
+
+SETTLE = """
+for i = 1, #KEYS do
+  local delta = tonumber(ARGV[i])
+  if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+    local left = redis.call('INCRBY', KEYS[i], delta)
+    if left < 0 then redis.call('INCRBY', KEYS[i], -left) end
+  end
+end
+return #KEYS
+"""
+"""Adds ARGV[i] to KEYS[i] where that counter still exists (an ended window or period is left alone),
+never below zero. One call settles a batch of requests."""
+
+PARALLEL_TTL_S = 600
+"""A replica that dies holding parallel slots leaks them; the counter expires once the scope is idle."""
+
+
+@dataclass(slots=True)
+class ScopeCounters:
+    """One set of limits being enforced: a key's (`k:<id>`) or a team's (`t:<name>`)."""
+
+    name: str
+    limits: Limits
+    period: str
+    """The budget period's id (`d2026-11-23`, `w2026-47`, `m2026-11`, `total`)."""
+    period_ttl_s: int
+    """Seconds the period's spend counter must live (0: forever)."""
+
+
+@dataclass(slots=True)
+class Verdict:
+    admitted: bool
+    refused_scope: int
+    refused_by: str
+    """`requests`, `tokens`, `parallel`, `budget` or `` when admitted."""
+    reset_s: float
+    window: int
+    counts: list[int]
+    """Per scope: requests and tokens in the window and spend (nano-USD), after the reservation if
+    admitted, before it if refused."""
+
+
+def budget_period(period: str, now: float) -> tuple[str, int]:
+    """(id, seconds the counter must outlive) of the budget period containing `now`, in UTC."""
+    if period == "total":
+        return "total", 0
+    t = time.gmtime(now)
+    if period == "day":
+        ident, left = time.strftime("d%Y-%m-%d", t), 86_400 - (int(now) % 86_400)
+    elif period == "week":
+        year, week, _ = _iso(now)
+        ident, left = f"w{year}-{week:02d}", 7 * 86_400
+    else:
+        ident, left = time.strftime("m%Y-%m", t), 31 * 86_400
+    return ident, left + 86_400
+
+
+def _iso(now: float) -> tuple[int, int, int]:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).isocalendar()
+
+
+def nano(usd: float) -> int:
+    return round(usd * NANO)
+
+
+class LocalCounters:
+    """The same counters in this process: the whole limit (memory store, one replica) or this replica's
+    share of it while Redis is away (`share` = 1 / replicas)."""
+
+    def __init__(self, window_s: float, share: float = 1.0) -> None:
+        self.window_s = window_s
+        self.share = share
+        self._counts: dict[str, int] = {}
+        self._window = -1
+
+    def _roll(self, now: float) -> tuple[int, float]:
+        window = int(now // self.window_s)
+        if window != self._window:
+            self._window = window
+            for name in [n for n in self._counts if n.startswith(("rq:", "tk:"))]:
+                del self._counts[name]
+        return window, (window + 1) * self.window_s - now
+
+    def _cap(self, limit: int | None) -> int:
+        return 0 if limit is None else max(1, int(limit * self.share))
+
+    def admit(self, scopes: list[ScopeCounters], tokens: int, cost: int) -> Verdict:
+        window, reset = self._roll(time.time())
+        get = self._counts.get
+        counts: list[int] = []
+        for i, scope in enumerate(scopes):
+            lim, name = scope.limits, scope.name
+            rq, tk = get("rq:" + name, 0), get("tk:" + name, 0)
+            pa, sp = get("pa:" + name, 0), get(f"sp:{name}:{scope.period}", 0)
+            rpm, tpm, par = self._cap(lim.rpm), self._cap(lim.tpm), self._cap(lim.max_parallel)
+            budget = -1 if lim.budget_usd is None else int(nano(lim.budget_usd) * self.share)
+            refused = (
+                "requests"
+                if rpm and rq + 1 > rpm
+                else "tokens"
+                if tpm and tk + tokens > tpm
+                else "parallel"
+                if par and pa + 1 > par
+                else "budget"
+                if budget >= 0 and sp + cost > budget
+                else ""
+            )
+            if refused:
+                return Verdict(False, i, refused, reset, window, [rq, tk, sp])
+            counts += [rq + 1, tk + tokens, sp + cost]
+        for scope in scopes:
+            name, spend = scope.name, f"sp:{scope.name}:{scope.period}"
+            self._counts["rq:" + name] = get("rq:" + name, 0) + 1
+            self._counts["tk:" + name] = get("tk:" + name, 0) + tokens
+            self._counts["pa:" + name] = get("pa:" + name, 0) + 1
+            if scope.limits.budget_usd is not None:
+                self._counts[spend] = get(spend, 0) + cost
+        return Verdict(True, -1, "", reset, window, counts)
+
+    def settle(self, scopes: list[ScopeCounters], window: int, token_delta: int, cost_delta: int) -> None:
+        counts = self._counts
+        for scope in scopes:
+            name = scope.name
+            counts["pa:" + name] = max(0, counts.get("pa:" + name, 0) - 1)
+            if window == self._window and "tk:" + name in counts:
+                counts["tk:" + name] = max(0, counts["tk:" + name] + token_delta)
+            spend = f"sp:{name}:{scope.period}"
+            if spend in counts:
+                counts[spend] = max(0, counts[spend] + cost_delta)

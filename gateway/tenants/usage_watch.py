@@ -1,0 +1,80 @@
+"""Budget alerts: a log line and a metric when a key's or team's budget passes 80% and 100%, and the
+admission counters /metrics shows (gateway/tenants/admission.py feeds it once per admission)."""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.tenants.limits import NANO, ScopeCounters, Verdict, nano
+
+log = logging.getLogger("switchyard.tenants")
+
+THRESHOLDS = (0.8, 1.0)
+
+
+class BudgetWatch:
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.refused: dict[str, int] = {}
+        self.used: dict[str, float] = {}
+        """Per budgeted scope: the share of its budget spent or reserved, as of the last admission."""
+        self.crossed: dict[tuple[str, float], int] = {}
+        self._alerted: set[tuple[str, str, float]] = set()
+
+    def observe(self, scopes: list[ScopeCounters], verdict: Verdict, cost: int) -> None:
+        if verdict.admitted:
+            self.admitted += 1
+        else:
+            self.refused[verdict.refused_by] = self.refused.get(verdict.refused_by, 0) + 1
+        counts = verdict.counts
+        for i, scope in enumerate(scopes):
+            budget = scope.limits.budget_usd
+            if budget is None:
+                continue
+            if verdict.admitted:
+                spent = counts[3 * i + 2]
+            elif i == verdict.refused_scope:
+                spent = counts[2] + (cost if verdict.refused_by == "budget" else 0)
+            else:
+                continue
+            ratio = spent / nano(budget) if budget > 0 else 1.0
+            self.used[scope.name] = min(ratio, 10.0)
+            for threshold in THRESHOLDS:
+                mark = (scope.name, scope.period, threshold)
+                if ratio >= threshold and mark not in self._alerted:
+                    self._alerted.add(mark)
+                    key = (scope.name, threshold)
+                    self.crossed[key] = self.crossed.get(key, 0) + 1
+                    log.warning(
+                        "budget of %s for %s at %d%%: $%.6f of $%g spent or reserved",
+                        scope.name,
+                        scope.period,
+                        int(threshold * 100),
+                        spent / NANO,
+                        budget,
+                    )
+
+    def render(self) -> str:
+        out = [
+            "# HELP switchyard_tenant_admissions_total Requests admitted or refused by key and team limits.",
+            "# TYPE switchyard_tenant_admissions_total counter",
+            f'switchyard_tenant_admissions_total{{outcome="admitted"}} {self.admitted}',
+        ]
+        out += [
+            f'switchyard_tenant_admissions_total{{outcome="refused",limit="{k}"}} {n}'
+            for k, n in sorted(self.refused.items())
+        ]
+        out += [
+            "# HELP switchyard_budget_used_ratio Share of a budget spent or reserved (k:<key id>, t:<team>).",
+            "# TYPE switchyard_budget_used_ratio gauge",
+        ]
+        out += [f'switchyard_budget_used_ratio{{scope="{s}"}} {r:.6f}' for s, r in sorted(self.used.items())]
+        out += [
+            "# HELP switchyard_budget_threshold_total Times a budget passed 80% or 100% in this replica.",
+            "# TYPE switchyard_budget_threshold_total counter",
+        ]
+        out += [
+            f'switchyard_budget_threshold_total{{scope="{s}",threshold="{t:g}"}} {n}'
+            for (s, t), n in sorted(self.crossed.items())
+        ]
+        return "\n".join(out) + "\n"
