@@ -22,7 +22,6 @@ import redis.asyncio as aioredis
 from backends.models import Backend
 from gateway.errors import GatewayError
 from gateway.ledger.records import Ledger
-from gateway.request.classify import RequestProfile
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
@@ -40,6 +39,7 @@ from gateway.tenants.reservation import max_cost_usd, max_output_tokens
 from gateway.tenants.settler import Settler
 from gateway.tenants.store import TenantStore
 from gateway.tenants.usage_watch import BudgetWatch
+from policies.profile import RequestProfile
 
 log = logging.getLogger("switchyard.tenants")
 
