@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, RecordingBackend, free_port
+from tests.support import ROOT, RecordingBackend, free_port, free_port_block
 
 _URL = re.compile(r"http://127\.0\.0\.1:(\d+)")
 _ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -161,7 +161,7 @@ def test_make_demo_stops_everything_on_sigterm() -> None:
     ids=["switchyard-SIGTERM", "switchyard-SIGKILL", "module-SIGHUP", "module-SIGKILL"],
 )
 def test_fleet_children_die_with_the_fleet(command: list[str], sig: signal.Signals, tmp_path: Path) -> None:
-    base = free_port()
+    base = free_port_block(4)
     config = tmp_path / "gateway.yaml"
     argv = [sys.executable, "-m", *command, "--base-port", str(base), "--write-config", str(config)]
     with _started(argv) as fleet:
