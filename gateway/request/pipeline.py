@@ -1,4 +1,12 @@
-"""The request path end to end: parse → classify → route → forward → account, one call per step."""
+"""The request path end to end: start → parse → classify → route → forward → end, one call per step.
+
+Each step fills the request's context (gateway/request/context.py). A request ends in one place,
+`Pipeline.end`, whatever happened (answered, streamed, cut short, failed, cancelled): it gives back the
+backend's in-flight slot, accounts what was served, feeds the backend's latency averages and tells the
+observers (metrics and the access log through `recorded`/`telemetry`, the trace through `ctx.trace`).
+The HTTP layer (gateway/routes.py) ends the requests that raised; answers end here, streams when their
+relay ends.
+"""
 
 from __future__ import annotations
 
@@ -14,20 +22,21 @@ from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import usage_decoder
+from gateway.openai.responses import Usage, usage_decoder
 from gateway.request.account import Served, account
 from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
-from gateway.request.classify import Caller, RequestProfile, classify
-from gateway.request.forward import OpenStream, RelayedStream, Upstream, upstream_status_error
+from gateway.request.classify import RequestProfile, classify
+from gateway.request.context import RequestContext
+from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
-from gateway.request.parse import Endpoint, ParsedRequest, parse
+from gateway.request.parse import ParsedRequest, parse
 from gateway.request.sse import SseRelay
 from policies.engine import PolicyEngine
 from policies.framework import Decision, Router
 
 if TYPE_CHECKING:
     from gateway.telemetry import Telemetry
-    from gateway.telemetry.tracing import RequestTrace, Tracing
+    from gateway.telemetry.tracing import Tracing
 
 
 @dataclass(slots=True)
@@ -54,70 +63,124 @@ class Pipeline:
         self._settling: set[asyncio.Task[None]] = set()
         self.recorded: Callable[[UsageRecord, ParsedRequest], None] | None = None
         """Telemetry fed once per ledger record (metrics, access log); None when both are off."""
-        self._tracing: Tracing | None = None
-        self.tracing = None
-        self.telemetry: Telemetry | None = None
-        """Metrics and the access log, for errors the gateway answers itself (gateway/routes.py)."""
-
-    @property
-    def tracing(self) -> Tracing | None:
+        self.tracing: Tracing | None = None
         """OpenTelemetry tracing; None when off (then no span is ever made)."""
-        return self._tracing
+        self.telemetry: Telemetry | None = None
+        """Metrics and the access log, told of requests that end in an error."""
 
-    @tracing.setter
-    def tracing(self, tracing: Tracing | None) -> None:
-        # `handle` becomes the traced variant itself rather than awaiting it: one coroutine frame fewer
-        # for every resumption of the request.
-        self._tracing = tracing
-        self.handle = self._untraced if tracing is None else self._traced  # type: ignore[method-assign]
+    async def handle(self, ctx: RequestContext) -> Reply:
+        """Serve one request whose body has been read; an error raised here is ended by the caller."""
+        self.start(ctx)
+        self.parse(ctx)
+        self.classify(ctx)
+        self.route(ctx)
+        if ctx.limits.backpressure is not None:
+            await self.wait_for_room(ctx)
+        if ctx.parsed.stream:
+            return await self.stream(ctx)
+        return await self.complete(ctx)
 
-    async def handle(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        """Serve one request (replaced by `_untraced` or `_traced` when tracing is set)."""
-        return await self._untraced(endpoint, body, caller)
+    def start(self, ctx: RequestContext) -> None:
+        ctx.started_ns = time_ns()
+        tracing = self.tracing
+        if tracing is not None:
+            ctx.trace = tracing.start(ctx.endpoint, ctx.caller)
 
-    async def _untraced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        parsed = parse(endpoint, body)
-        profile = classify(parsed, caller)
-        decision = self.route(profile)
-        limits = self.limits(decision.request_class)
-        if limits.backpressure is not None:
-            decision = await self.wait_for_room(profile, decision, limits)
-        if parsed.stream:
-            return await self._stream(parsed, profile, decision, caller, limits)
-        return await self._complete(parsed, profile, decision, caller, limits)
+    def parse(self, ctx: RequestContext) -> None:
+        ctx.parsed = parse(ctx.endpoint, ctx.body)
 
-    async def _traced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        """`handle` with spans (gateway/telemetry/tracing.py); the request span ends once accounted.
+    def classify(self, ctx: RequestContext) -> None:
+        ctx.profile = classify(ctx.parsed, ctx.caller)
+        ctx.classified_ns = time_ns()
 
-        An unsampled request (no trace) runs here too rather than awaiting `_untraced`: a coroutine
-        layer costs something at every resumption of the request, and most requests of a busy gateway
-        that traces are not sampled.
-        """
-        trace = caller.trace = self._tracing.start(endpoint, caller)  # type: ignore[union-attr]
+    def route(self, ctx: RequestContext) -> None:
+        """The policy's decision and the limits of the class it chose."""
+        ctx.decision = decision = self.decide(ctx.profile)
+        ctx.limits = self.limits(decision.request_class)
+        ctx.routed_ns = time_ns()
+
+    async def complete(self, ctx: RequestContext) -> Reply:
+        """Forward a non-streaming request; its answer ends it."""
+        answer = await self.upstream.complete(ctx)
+        backend = ctx.backend
+        assert backend is not None
+        if not 200 <= ctx.status < 300:
+            raise with_attempts(upstream_status_error(ctx.status, answer.body, backend), ctx)
+        ctx.usage = _usage(answer.body)
+        ctx.ended_at = ctx.first_byte_at
+        record = self.end(ctx)
+        headers = _reply_headers(ctx, backend)
+        if record is not None:
+            headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
+        return Reply(headers=headers, body=answer.body, content_type=answer.content_type)
+
+    async def stream(self, ctx: RequestContext) -> Reply:
+        """Open a stream; the relay ends the request when the stream ends."""
+        opened = await self.upstream.open_stream(ctx)
+        ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
+        stream = self.upstream.relay(ctx, opened, sse, self.end)
+        headers = _reply_headers(ctx, opened.backend)
+        return Reply(headers=headers, content_type="text/event-stream", stream=stream)
+
+    # --- the end of every request ---------------------------------------------------------------------
+
+    def end(self, ctx: RequestContext, error: BaseException | None = None) -> UsageRecord | None:
+        """The request is over: give back the in-flight slot, account, observe. Runs once per request."""
+        if ctx.ended:
+            return None
+        ctx.ended = True
+        ctx.release()
+        if self.queued:
+            self._room_made()
+        if error is not None:
+            self._failed(ctx, error)
+            return None
+        served = _served(ctx)
+        if served.usage is None and ctx.parsed.stream:
+            self._settle_later(ctx, served)  # a stream cut short: ask the backend for the prompt's count
+            return None
+        return self._account(ctx, served, observe_latency=True)
+
+    def _account(self, ctx: RequestContext, served: Served, observe_latency: bool) -> UsageRecord:
+        ctx.accounting_ns = time_ns()
+        parsed = ctx.parsed
+        record = account(self.ledger, ctx.caller.request_id, parsed, ctx.profile, ctx.decision.route, served)
+        if observe_latency:
+            observe(served.backend, record)
+        if self.recorded is not None:
+            self.recorded(record, parsed)
+        ctx.trace.finish(ctx, record)
+        return record
+
+    def _failed(self, ctx: RequestContext, error: BaseException) -> None:
+        if isinstance(error, GatewayError):
+            status, code, message = error.status, error.body.code, error.body.message
+        else:
+            status, code, message = 500, "server_error", error.__class__.__name__
+        ctx.trace.fail(ctx, status, code, message)
+        telemetry = self.telemetry
+        if telemetry is not None and isinstance(error, Exception):
+            if not isinstance(error, GatewayError):
+                message = "Internal gateway error."
+            telemetry.failed(ctx.caller.request_id, ctx.endpoint, status, code, message, ctx.body)
+
+    def _settle_later(self, ctx: RequestContext, served: Served) -> None:
+        task = asyncio.get_running_loop().create_task(self._settle(ctx, served))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, ctx: RequestContext, served: Served) -> None:
         try:
-            parsed = parse(endpoint, body)
-            profile = classify(parsed, caller)
-            if trace is not None:
-                trace.profile = profile
-                trace.classified_ns = time_ns()
-            decision = self.route(profile)
-            limits = self.limits(decision.request_class)
-            if limits.backpressure is not None:
-                decision = await self.wait_for_room(profile, decision, limits)
-            if trace is not None:
-                trace.decision = decision
-                trace.routed_ns = time_ns()
-            if parsed.stream:
-                return await self._stream(parsed, profile, decision, caller, limits)
-            return await self._complete(parsed, profile, decision, caller, limits)
-        except GatewayError as error:
-            if trace is not None:
-                trace.fail(error.status, error.body.code, error.body.message)
-            raise
-        except BaseException as exc:
-            if trace is not None:
-                trace.fail(500, "server_error", exc.__class__.__name__)
-            raise
+            served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, ctx.parsed)
+        finally:
+            self._account(ctx, served, observe_latency=False)
+
+    async def settle_pending(self) -> None:
+        """Wait for streams still being settled (at shutdown, before the ledger is flushed)."""
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
+
+    # --- routing ------------------------------------------------------------------------------------------
 
     def limits(self, request_class: str) -> Limits:
         """The class's timeouts, retries and back-pressure; resolved once per policy and class."""
@@ -134,8 +197,12 @@ class Pipeline:
             self._limits[request_class] = limits
         return limits
 
-    async def wait_for_room(self, profile: RequestProfile, decision: Decision, limits: Limits) -> Decision:
+    async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
+        ctx.decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
+        ctx.routed_ns = time_ns()
+
+    async def _room(self, profile: RequestProfile, decision: Decision, limits: Limits) -> Decision:
         options, saturation = limits.backpressure, limits.saturation
         assert options is not None and saturation is not None
         cls = decision.request_class
@@ -158,7 +225,7 @@ class Pipeline:
                     queue.refused += 1
                     raise overloaded(cls, options.retry_after_s, f"waited {options.max_wait_ms:g} ms")
                 if queue.waiters[0] is waiter:
-                    decision = self.route(profile)
+                    decision = self.decide(profile)
                     if not all_saturated(decision.candidates, saturation):
                         queue.served += 1
                         return decision
@@ -171,7 +238,8 @@ class Pipeline:
         for queue in self.queues.values():
             queue.wake_head()
 
-    def route(self, profile: RequestProfile) -> Decision:
+    def decide(self, profile: RequestProfile) -> Decision:
+        """The policy's choice of candidates; an error when none can serve."""
         serving = self.catalog.serving(profile.model)
         if not serving:
             raise model_not_found(profile.model)
@@ -184,123 +252,6 @@ class Pipeline:
                 f"Request too long: {why}.", param="messages", code="context_length_exceeded"
             )
         raise no_backend(profile.model, why)
-
-    async def _complete(
-        self,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        decision: Decision,
-        caller: Caller,
-        limits: Limits,
-    ) -> Reply:
-        trace = caller.trace
-        answer = await self.upstream.complete(decision.candidates, parsed, caller.forwarded, limits, trace)
-        backend = answer.backend
-        backend.inflight -= 1
-        if self.queued:
-            self._room_made()
-        if not 200 <= answer.status < 300:
-            raise upstream_status_error(answer.status, answer.body, backend)
-        try:
-            usage = usage_decoder.decode(answer.body).usage
-        except msgspec.DecodeError:
-            usage = None
-        served = Served(
-            backend=backend,
-            concurrency=answer.concurrency,
-            status=answer.status,
-            usage=usage,
-            completion_events=0,
-            started_at=answer.started_at,
-            first_byte_at=answer.first_byte_at,
-            ended_at=answer.first_byte_at,
-        )
-        accounting = time_ns() if trace is not None else 0
-        record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
-        observe(backend, record)
-        if self.recorded is not None:
-            self.recorded(record, parsed)
-        if trace is not None:
-            trace.finish(record, accounting, time_ns(), answer.attempts)
-        headers = _reply_headers(caller.request_id, backend, decision, profile)
-        headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
-        if answer.attempts > 1:
-            headers["x-switchyard-attempts"] = str(answer.attempts)
-        return Reply(headers=headers, body=answer.body, content_type=answer.content_type)
-
-    async def _stream(
-        self,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        decision: Decision,
-        caller: Caller,
-        limits: Limits,
-    ) -> Reply:
-        trace = caller.trace
-        opened = await self.upstream.open_stream(decision.candidates, parsed, caller.forwarded, limits, trace)
-        sse = SseRelay(keep_usage_chunk=parsed.client_wants_usage)
-
-        def finish(ended_at: float) -> None:
-            opened.backend.inflight -= 1
-            if self.queued:
-                self._room_made()
-            served = _served_stream(opened, sse, ended_at)
-            if served.usage is None:
-                self._settle_later(caller.request_id, parsed, profile, decision.route, served, trace)
-                return
-            accounting = time_ns() if trace is not None else 0
-            record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
-            observe(opened.backend, record)
-            if self.recorded is not None:
-                self.recorded(record, parsed)
-            if trace is not None:
-                trace.finish(record, accounting, time_ns(), opened.attempts)
-
-        stream = self.upstream.relay(opened, sse, finish, limits)
-        headers = _reply_headers(caller.request_id, opened.backend, decision, profile)
-        if opened.attempts > 1:
-            headers["x-switchyard-attempts"] = str(opened.attempts)
-        return Reply(headers=headers, content_type="text/event-stream", stream=stream)
-
-    def _settle_later(
-        self,
-        request_id: str,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        route: str,
-        served: Served,
-        trace: RequestTrace | None = None,
-    ) -> None:
-        """A stream that ended without its usage chunk: ask the backend to count the prompt, then record."""
-        task = asyncio.get_running_loop().create_task(
-            self._settle(request_id, parsed, profile, route, served, trace)
-        )
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-
-    async def _settle(
-        self,
-        request_id: str,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        route: str,
-        served: Served,
-        trace: RequestTrace | None = None,
-    ) -> None:
-        try:
-            served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, parsed)
-        finally:
-            accounting = time_ns()
-            record = account(self.ledger, request_id, parsed, profile, route, served)
-            if self.recorded is not None:
-                self.recorded(record, parsed)
-            if trace is not None:
-                trace.finish(record, accounting, time_ns(), 1)
-
-    async def settle_pending(self) -> None:
-        """Wait for streams still being settled (at shutdown, before the ledger is flushed)."""
-        if self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
 
 
 def observe(backend: Backend, record: UsageRecord) -> None:
@@ -320,27 +271,42 @@ def observe(backend: Backend, record: UsageRecord) -> None:
         backend.observed.add(None, record.duration_s / tokens)
 
 
-def _served_stream(opened: OpenStream, sse: SseRelay, ended_at: float) -> Served:
+def _usage(body: bytes) -> Usage | None:
+    try:
+        return usage_decoder.decode(body).usage
+    except msgspec.DecodeError:
+        return None
+
+
+def _served(ctx: RequestContext) -> Served:
+    """What the backend served, as accounting reads it."""
+    sse = ctx.sse
+    if sse is None:
+        status, usage, events = ctx.status, ctx.usage, 0
+    else:
+        status = sse.failed.status if sse.failed is not None else 200
+        usage, events = sse.usage, sse.events
     return Served(
-        backend=opened.backend,
-        concurrency=opened.concurrency,
-        status=sse.failed.status if sse.failed is not None else 200,
-        usage=sse.usage,
-        completion_events=sse.events,
-        started_at=opened.started_at,
-        first_byte_at=opened.first_byte_at,
-        ended_at=ended_at,
+        backend=ctx.backend,  # type: ignore[arg-type]
+        concurrency=ctx.concurrency,
+        status=status,
+        usage=usage,
+        completion_events=events,
+        started_at=ctx.started_at,
+        first_byte_at=ctx.first_byte_at,
+        ended_at=ctx.ended_at,
     )
 
 
-def _reply_headers(
-    request_id: str, backend: Backend, decision: Decision, profile: RequestProfile
-) -> dict[str, str]:
-    return {
-        "x-request-id": request_id,
+def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:
+    headers = {
+        "x-request-id": ctx.caller.request_id,
         "x-switchyard-backend": backend.name,
         "x-switchyard-pool": backend.pool.name,
         "x-switchyard-vendor": backend.pool.vendor,
-        "x-switchyard-route": decision.route,
-        "x-switchyard-class": profile.request_class,
+        "x-switchyard-route": ctx.decision.route,
+        "x-switchyard-class": ctx.profile.request_class,
     }
+    if ctx.attempts > 1:
+        headers["x-switchyard-attempts"] = str(ctx.attempts)
+    return headers
