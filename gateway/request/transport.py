@@ -1,7 +1,7 @@
 """The one seam between the request path and the network: a `Transport` sends a request to a backend.
 
 The gateway's transport is `BackendClient` (gateway/request/backend_http.py, pooled HTTP/1.1 sockets);
-tests give `Upstream` an in-memory one instead (tests/support_transport.py), as httpx's transports allow.
+tests give `Upstream` an in-memory one instead (tests/memory_transport.py), as httpx's transports allow.
 Failures are raised as `UpstreamError` subclasses (gateway/request/backend_connection.py) by either.
 """
 
