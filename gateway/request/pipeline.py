@@ -22,7 +22,7 @@ from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import Usage, usage_decoder
+from gateway.openai.responses import usage_decoder
 from gateway.request.account import Served, account
 from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
 from gateway.request.classify import RequestProfile, classify
@@ -70,7 +70,6 @@ class Pipeline:
 
     async def handle(self, ctx: RequestContext) -> Reply:
         """Serve one request whose body has been read; an error raised here is ended by the caller."""
-        self.start(ctx)
         self.parse(ctx)
         self.classify(ctx)
         self.route(ctx)
@@ -80,13 +79,12 @@ class Pipeline:
             return await self.stream(ctx)
         return await self.complete(ctx)
 
-    def start(self, ctx: RequestContext) -> None:
+    def parse(self, ctx: RequestContext) -> None:
+        """The request starts (its clock, its trace context) and its body is read."""
         ctx.started_ns = time_ns()
         tracing = self.tracing
         if tracing is not None:
             ctx.trace = tracing.start(ctx.endpoint, ctx.caller)
-
-    def parse(self, ctx: RequestContext) -> None:
         ctx.parsed = parse(ctx.endpoint, ctx.body)
 
     def classify(self, ctx: RequestContext) -> None:
@@ -106,7 +104,10 @@ class Pipeline:
         assert backend is not None
         if not 200 <= ctx.status < 300:
             raise with_attempts(upstream_status_error(ctx.status, answer.body, backend), ctx)
-        ctx.usage = _usage(answer.body)
+        try:
+            ctx.usage = usage_decoder.decode(answer.body).usage
+        except msgspec.DecodeError:  # not OpenAI's shape: accounted from estimates
+            ctx.usage = None
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
         headers = _reply_headers(ctx, backend)
@@ -135,11 +136,26 @@ class Pipeline:
         if error is not None:
             self._failed(ctx, error)
             return None
-        served = _served(ctx)
-        if served.usage is None and ctx.parsed.stream:
+        sse = ctx.sse
+        if sse is None:
+            status, usage, events = ctx.status, ctx.usage, 0
+        else:
+            status = sse.failed.status if sse.failed is not None else 200
+            usage, events = sse.usage, sse.events
+        served = Served(
+            ctx.backend,  # type: ignore[arg-type]
+            ctx.concurrency,
+            status,
+            usage,
+            events,
+            ctx.started_at,
+            ctx.first_byte_at,
+            ctx.ended_at,
+        )
+        if usage is None and sse is not None:
             self._settle_later(ctx, served)  # a stream cut short: ask the backend for the prompt's count
             return None
-        return self._account(ctx, served, observe_latency=True)
+        return self._account(ctx, served, True)
 
     def _account(self, ctx: RequestContext, served: Served, observe_latency: bool) -> UsageRecord:
         ctx.accounting_ns = time_ns()
@@ -173,7 +189,7 @@ class Pipeline:
         try:
             served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, ctx.parsed)
         finally:
-            self._account(ctx, served, observe_latency=False)
+            self._account(ctx, served, False)
 
     async def settle_pending(self) -> None:
         """Wait for streams still being settled (at shutdown, before the ledger is flushed)."""
@@ -269,33 +285,6 @@ def observe(backend: Backend, record: UsageRecord) -> None:
         backend.observed.add(record.ttft_s, tpot)
     elif tokens >= 16:
         backend.observed.add(None, record.duration_s / tokens)
-
-
-def _usage(body: bytes) -> Usage | None:
-    try:
-        return usage_decoder.decode(body).usage
-    except msgspec.DecodeError:
-        return None
-
-
-def _served(ctx: RequestContext) -> Served:
-    """What the backend served, as accounting reads it."""
-    sse = ctx.sse
-    if sse is None:
-        status, usage, events = ctx.status, ctx.usage, 0
-    else:
-        status = sse.failed.status if sse.failed is not None else 200
-        usage, events = sse.usage, sse.events
-    return Served(
-        backend=ctx.backend,  # type: ignore[arg-type]
-        concurrency=ctx.concurrency,
-        status=status,
-        usage=usage,
-        completion_events=events,
-        started_at=ctx.started_at,
-        first_byte_at=ctx.first_byte_at,
-        ended_at=ctx.ended_at,
-    )
 
 
 def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:
