@@ -31,7 +31,12 @@ from gateway.request.backend_connection import (
     UpstreamError,
 )
 
+KEEPALIVE_SECONDS = 4.0
+"""How long an idle pooled connection is kept: shorter than uvicorn's default of 5 s (vLLM's server), so
+we never reuse a connection it is closing."""
+
 __all__ = [
+    "KEEPALIVE_SECONDS",
     "BackendClient",
     "ConnectFailed",
     "ConnectTimeout",

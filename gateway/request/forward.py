@@ -22,7 +22,7 @@ import aiohttp
 
 from backends.models import Backend
 from gateway.request.attempts import Attempts, upstream_status_error, with_attempts
-from gateway.request.backend_http import BackendClient
+from gateway.request.backend_http import KEEPALIVE_SECONDS
 from gateway.request.context import RequestContext
 from gateway.request.limits import RetryBudget, resolve_limits
 from gateway.request.parse import ParsedRequest
@@ -42,9 +42,6 @@ __all__ = [
     "with_attempts",
 ]
 
-KEEPALIVE_SECONDS = 4.0
-"""Shorter than uvicorn's default of 5 s (vLLM's server), so we never reuse a connection it is closing."""
-
 
 @dataclass(slots=True)
 class Answer:
@@ -55,14 +52,16 @@ class Answer:
 
 
 class Upstream:
-    """The gateway's HTTP client towards backends; `transport` replaces the socket client (tests)."""
+    """The gateway's client towards backends: requests go through `transport` (the socket client,
+    `BackendClient`, in the gateway; an in-memory one in tests), the calls off the request path through
+    an aiohttp session opened by `start`."""
 
     def __init__(
         self,
+        transport: Transport,
         timeouts: Timeouts,
         max_connections_per_backend: int,
         retries: Retries | None = None,
-        transport: Transport | None = None,
     ) -> None:
         self._max_per_backend = max_connections_per_backend
         self.retries = retries = retries or Retries()
@@ -70,7 +69,7 @@ class Upstream:
         self.defaults = resolve_limits(timeouts, retries)
         """The limits of a request whose class sets none of its own."""
         self.budget = RetryBudget(retries)
-        self.transport: Transport = transport or BackendClient(max_connections_per_backend, KEEPALIVE_SECONDS)
+        self.transport = transport
         self.attempts = Attempts(self.transport, self.budget)
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()

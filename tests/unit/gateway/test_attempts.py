@@ -49,7 +49,7 @@ def routed(upstream: Upstream, *candidates: Backend, stream: bool = False) -> Re
 
 
 def upstream_of(transport: MemoryTransport, retries: Retries = NO_BACKOFF) -> Upstream:
-    return Upstream(TIMEOUTS, 8, retries, transport=transport)
+    return Upstream(transport, TIMEOUTS, 8, retries)
 
 
 async def test_a_503_moves_the_request_to_the_next_candidate() -> None:

@@ -15,6 +15,7 @@ from aiohttp import web
 from backends.models import Backend, Pool
 from gateway.errors import GatewayError
 from gateway.request import relay
+from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.forward import OpenStream, RelayedStream, Upstream
@@ -120,7 +121,7 @@ async def server() -> AsyncIterator[tuple[str, web.Application]]:
 
 @pytest.fixture
 async def upstream() -> AsyncIterator[Upstream]:
-    client = Upstream(TIMEOUTS, max_connections_per_backend=8)
+    client = Upstream(BackendClient(8, KEEPALIVE_SECONDS), TIMEOUTS, max_connections_per_backend=8)
     await client.start()
     try:
         yield client

@@ -69,7 +69,7 @@ def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemory
         for i in range(len(answers))
     ]
     transport = MemoryTransport({b.url: list(a) for b, a in zip(backends, answers, strict=True)})
-    upstream = Upstream(TIMEOUTS, 8, Retries(backoff_ms=0, backoff_max_ms=0), transport=transport)
+    upstream = Upstream(transport, TIMEOUTS, 8, Retries(backoff_ms=0, backoff_max_ms=0))
     ledger = InMemoryLedger()
     pipeline = Pipeline(Catalog(backends), InOrder(), upstream, ledger)
     seen = Seen()
