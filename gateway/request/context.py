@@ -1,8 +1,7 @@
 """One request as it goes through the steps: each step fills its part, and the end reads all of it.
 
     step        fills
-    start       started_ns, trace
-    parse       parsed
+    parse       started_ns and trace (with tracing on), parsed
     classify    profile, classified_ns
     route       decision, limits, routed_ns
     forward     backend (holding one of its in-flight slots), concurrency, attempts, tried, started_at,

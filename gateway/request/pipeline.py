@@ -80,10 +80,10 @@ class Pipeline:
         return await self.complete(ctx)
 
     def parse(self, ctx: RequestContext) -> None:
-        """The request starts (its clock, its trace context) and its body is read."""
-        ctx.started_ns = time_ns()
+        """The request starts (its trace context, with tracing on) and its body is read."""
         tracing = self.tracing
         if tracing is not None:
+            ctx.started_ns = time_ns()
             ctx.trace = tracing.start(ctx.endpoint, ctx.caller)
         ctx.parsed = parse(ctx.endpoint, ctx.body)
 
