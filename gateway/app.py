@@ -21,6 +21,7 @@ from gateway.ledger.factory import build_ledger
 from gateway.ledger.records import Ledger
 from gateway.lifespan import lifespan
 from gateway.ops import backend_handlers, metrics_handler, ops_handlers
+from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
@@ -126,7 +127,8 @@ class SwitchyardPlugin(InitPluginProtocol):
         for backend in catalog.backends:
             backend.breaker.options = settings.server.breaker
         server = settings.server
-        upstream = Upstream(server.timeouts, server.max_connections_per_backend, server.retries)
+        transport = BackendClient(server.max_connections_per_backend, KEEPALIVE_SECONDS)
+        upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
         ledger = ledger or build_ledger(settings.ledger, catalog.backends)
         self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
         pipeline.tenants = build_tenants(settings, ledger)

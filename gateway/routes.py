@@ -19,6 +19,7 @@ from gateway.asgi_io import ClientGone, read_body, send_body, send_error, send_s
 from gateway.errors import GatewayError, model_not_found
 from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
+from gateway.request.context import RequestContext
 from gateway.request.parse import Endpoint
 from gateway.request.pipeline import Pipeline
 
@@ -88,30 +89,26 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             )
             await send_error(send, error, caller.request_id)
             return
-        body = b""
+        ctx = RequestContext(endpoint, caller)
         try:
             if authenticate is not None:
                 caller.key = await authenticate(caller.authorization)
-            body = await read_body(scope, receive, max_body_bytes)
-            reply = await pipeline.handle(endpoint, body, caller)
+            ctx.body = await read_body(scope, receive, max_body_bytes)
+            reply = await pipeline.handle(ctx)
         except GatewayError as error:
-            if pipeline.telemetry is not None:
-                pipeline.telemetry.failed(
-                    caller.request_id, endpoint, error.status, error.body.code, error.body.message, body
-                )
+            pipeline.end(ctx, error)
             await send_error(send, error, caller.request_id)
             return
         except ClientGone:
             return
-        except Exception:
+        except Exception as exc:
             log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
-            error = _INTERNAL_ERROR
-            if pipeline.telemetry is not None:
-                pipeline.telemetry.failed(
-                    caller.request_id, endpoint, 500, error.body.code, error.body.message, body
-                )
-            await send_error(send, error, caller.request_id)
+            pipeline.end(ctx, exc)
+            await send_error(send, _INTERNAL_ERROR, caller.request_id)
             return
+        except BaseException as exc:  # cancelled: the request still ends
+            pipeline.end(ctx, exc)
+            raise
         if reply.stream is not None:
             await send_stream(send, receive, reply.headers, reply.content_type, reply.stream)
         else:

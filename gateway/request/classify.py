@@ -15,7 +15,6 @@ from gateway.request.parse import ParsedRequest
 from policies.profile import RequestProfile
 
 if TYPE_CHECKING:
-    from gateway.telemetry.tracing import RequestTrace
     from gateway.tenants.admission import Admission, Tenant
 
 CHARS_PER_TOKEN = 4
@@ -40,8 +39,6 @@ class Caller:
     """`x-session-id`: requests of one session prefer one backend (its prefix cache is warm)."""
     headers: list[tuple[bytes, bytes]] | None = None
     """All request headers as received, for policy rules on arbitrary headers."""
-    trace: RequestTrace | None = None
-    """The request's spans, when tracing is on (gateway/telemetry/tracing.py)."""
     key: Tenant | None = None
     """The authenticated API key (`auth.mode: keys`), set at the edge."""
     admission: Admission | None = None

@@ -1,4 +1,12 @@
-"""The request path end to end: parse → classify → route → forward → account, one call per step."""
+"""The request path end to end: start → parse → classify → route → forward → end, one call per step.
+
+Each step fills the request's context (gateway/request/context.py). A request ends in one place,
+`Pipeline.end`, whatever happened (answered, streamed, cut short, failed, cancelled): it gives back the
+backend's in-flight slot, accounts what was served, feeds the backend's latency averages and tells the
+observers (metrics and the access log through `recorded`/`telemetry`, the trace through `ctx.trace`).
+The HTTP layer (gateway/routes.py) ends the requests that raised; answers end here, streams when their
+relay ends.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +25,11 @@ from gateway.ledger.records import Ledger, UsageRecord
 from gateway.openai.responses import usage_decoder
 from gateway.request.account import Served, account
 from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
-from gateway.request.classify import Caller, classify
-from gateway.request.forward import OpenStream, RelayedStream, Upstream, upstream_status_error
+from gateway.request.classify import classify
+from gateway.request.context import FailureListener, RequestContext, Tracer
+from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
-from gateway.request.parse import Endpoint, ParsedRequest, parse
+from gateway.request.parse import ParsedRequest, parse
 from gateway.request.sse import SseRelay
 from gateway.tenants.reservation import charged_cost
 from policies.engine import PolicyEngine
@@ -28,8 +37,6 @@ from policies.framework import Decision, Router
 from policies.profile import RequestProfile
 
 if TYPE_CHECKING:
-    from gateway.telemetry import Telemetry
-    from gateway.telemetry.tracing import RequestTrace, Tracing
     from gateway.tenants.admission import Tenants
 
 
@@ -57,97 +64,170 @@ class Pipeline:
         self._settling: set[asyncio.Task[None]] = set()
         self.recorded: Callable[[UsageRecord, ParsedRequest], None] | None = None
         """Telemetry fed once per ledger record (metrics, access log); None when both are off."""
-        self._tracing: Tracing | None = None
-        self.tracing = None
-        self.telemetry: Telemetry | None = None
-        """Metrics and the access log, for errors the gateway answers itself (gateway/routes.py)."""
+        self.tracing: Tracer | None = None
+        """OpenTelemetry tracing; None when off (then no span is ever made)."""
+        self.telemetry: FailureListener | None = None
+        """Metrics and the access log, told of requests that end in an error."""
         self.tenants: Tenants | None = None
         """Keys, limits and budgets (gateway/tenants/); None when `auth.mode` is open."""
 
-    @property
-    def tracing(self) -> Tracing | None:
-        """OpenTelemetry tracing; None when off (then no span is ever made)."""
-        return self._tracing
+    async def handle(self, ctx: RequestContext) -> Reply:
+        """Serve one request whose body has been read; an error raised here is ended by the caller."""
+        self.parse(ctx)
+        self.classify(ctx)
+        if ctx.caller.key is not None:
+            return await self.admitted(ctx)
+        self.route(ctx)
+        if ctx.limits.backpressure is not None:
+            await self.wait_for_room(ctx)
+        if ctx.parsed.stream:
+            return await self.stream(ctx)
+        return await self.complete(ctx)
 
-    @tracing.setter
-    def tracing(self, tracing: Tracing | None) -> None:
-        # `handle` becomes the traced variant itself rather than awaiting it: one coroutine frame fewer
-        # for every resumption of the request.
-        self._tracing = tracing
-        self.handle = self._untraced if tracing is None else self._traced  # type: ignore[method-assign]
+    async def admitted(self, ctx: RequestContext) -> Reply:
+        """The request of an API key: hints capped by the key, routed, then admitted by the key's and its
+        team's limits and budget (one Redis round trip); `end` settles or releases the admission."""
+        tenants, caller = self.tenants, ctx.caller
+        assert tenants is not None and caller.key is not None
+        ignored = tenants.check(caller.key, ctx.profile)
+        self.route(ctx)
+        if ctx.limits.backpressure is not None:
+            await self.wait_for_room(ctx)
+        caller.admission = await tenants.admit(caller.key, ctx.profile, ctx.decision.candidates, ignored)
+        if ctx.parsed.stream:
+            return await self.stream(ctx)
+        return await self.complete(ctx)
 
-    async def handle(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        """Serve one request (replaced by `_untraced` or `_traced` when tracing is set)."""
-        return await self._untraced(endpoint, body, caller)
+    def parse(self, ctx: RequestContext) -> None:
+        """The request starts (its trace context, with tracing on) and its body is read."""
+        tracing = self.tracing
+        if tracing is not None:
+            ctx.started_ns = time_ns()
+            ctx.trace = tracing.start(ctx.endpoint, ctx.caller)
+        ctx.parsed = parse(ctx.endpoint, ctx.body)
 
-    async def _untraced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        parsed = parse(endpoint, body)
-        profile = classify(parsed, caller)
-        if caller.key is not None:
-            return await self._admitted(parsed, profile, caller)
-        decision = self.route(profile)
-        limits = self.limits(decision.request_class)
-        if limits.backpressure is not None:
-            decision = await self.wait_for_room(profile, decision, limits)
-        if parsed.stream:
-            return await self._stream(parsed, profile, decision, caller, limits)
-        return await self._complete(parsed, profile, decision, caller, limits)
+    def classify(self, ctx: RequestContext) -> None:
+        ctx.profile = classify(ctx.parsed, ctx.caller)
+        ctx.classified_ns = time_ns()
 
-    async def _admitted(self, parsed: ParsedRequest, profile: RequestProfile, caller: Caller) -> Reply:
-        """The request of an API key: capped hints, routed, admitted by its limits, released on failure."""
-        tenants, tenant = self.tenants, caller.key
-        assert tenants is not None and tenant is not None
-        ignored = tenants.check(tenant, profile)
-        decision = self.route(profile)
-        limits = self.limits(decision.request_class)
-        if limits.backpressure is not None:
-            decision = await self.wait_for_room(profile, decision, limits)
-        if caller.trace is not None:
-            caller.trace.decision = decision
-            caller.trace.routed_ns = time_ns()
-        admission = caller.admission = await tenants.admit(tenant, profile, decision.candidates, ignored)
+    def route(self, ctx: RequestContext) -> None:
+        """The policy's decision and the limits of the class it chose."""
+        ctx.decision = decision = self.decide(ctx.profile)
+        ctx.limits = self.limits(decision.request_class)
+        ctx.routed_ns = time_ns()
+
+    async def complete(self, ctx: RequestContext) -> Reply:
+        """Forward a non-streaming request; its answer ends it."""
+        answer = await self.upstream.complete(ctx)
+        backend = ctx.backend
+        assert backend is not None
+        if not 200 <= ctx.status < 300:
+            raise with_attempts(upstream_status_error(ctx.status, answer.body, backend), ctx)
         try:
-            if parsed.stream:
-                return await self._stream(parsed, profile, decision, caller, limits)
-            return await self._complete(parsed, profile, decision, caller, limits)
-        except BaseException:
-            tenants.release(admission)  # no record was made; a stream that started settles in `finish`
-            raise
+            ctx.usage = usage_decoder.decode(answer.body).usage
+        except msgspec.DecodeError:  # not OpenAI's shape: accounted from estimates
+            ctx.usage = None
+        ctx.ended_at = ctx.first_byte_at
+        record = self.end(ctx)
+        headers = _reply_headers(ctx, backend)
+        if record is not None:
+            headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
+        if ctx.caller.admission is not None:
+            headers.update(ctx.caller.admission.headers)
+        return Reply(headers=headers, body=answer.body, content_type=answer.content_type)
 
-    async def _traced(self, endpoint: Endpoint, body: bytes, caller: Caller) -> Reply:
-        """`handle` with spans (gateway/telemetry/tracing.py); the request span ends once accounted.
+    async def stream(self, ctx: RequestContext) -> Reply:
+        """Open a stream; the relay ends the request when the stream ends."""
+        opened = await self.upstream.open_stream(ctx)
+        ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
+        stream = self.upstream.relay(ctx, opened, sse, self.end)
+        headers = _reply_headers(ctx, opened.backend)
+        if ctx.caller.admission is not None:
+            headers.update(ctx.caller.admission.headers)
+        return Reply(headers=headers, content_type="text/event-stream", stream=stream)
 
-        An unsampled request (no trace) runs here too rather than awaiting `_untraced`: a coroutine
-        layer costs something at every resumption of the request, and most requests of a busy gateway
-        that traces are not sampled.
-        """
-        trace = caller.trace = self._tracing.start(endpoint, caller)  # type: ignore[union-attr]
+    # --- the end of every request ---------------------------------------------------------------------
+
+    def end(self, ctx: RequestContext, error: BaseException | None = None) -> UsageRecord | None:
+        """The request is over: give back the in-flight slot, account, observe. Runs once per request."""
+        if ctx.ended:
+            return None
+        ctx.ended = True
+        ctx.release()
+        if self.queued:
+            self._room_made()
+        if error is not None:
+            self._failed(ctx, error)
+            return None
+        sse = ctx.sse
+        if sse is None:
+            status, usage, events = ctx.status, ctx.usage, 0
+        else:
+            status = sse.failed.status if sse.failed is not None else 200
+            usage, events = sse.usage, sse.events
+        served = Served(
+            ctx.backend,  # type: ignore[arg-type]
+            ctx.concurrency,
+            status,
+            usage,
+            events,
+            ctx.started_at,
+            ctx.first_byte_at,
+            ctx.ended_at,
+        )
+        if usage is None and sse is not None:
+            self._settle_later(ctx, served)  # a stream cut short: ask the backend for the prompt's count
+            return None
+        return self._account(ctx, served, True)
+
+    def _account(self, ctx: RequestContext, served: Served, observe_latency: bool) -> UsageRecord:
+        ctx.accounting_ns = time_ns()
+        parsed = ctx.parsed
+        record = account(self.ledger, ctx.caller.request_id, parsed, ctx.profile, ctx.decision.route, served)
+        admission = ctx.caller.admission
+        if admission is not None:
+            self.tenants.settle(  # type: ignore[union-attr]
+                admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
+            )
+        if observe_latency:
+            observe(served.backend, record)
+        if self.recorded is not None:
+            self.recorded(record, parsed)
+        ctx.trace.finish(ctx, record)
+        return record
+
+    def _failed(self, ctx: RequestContext, error: BaseException) -> None:
+        if isinstance(error, GatewayError):
+            status, code, message = error.status, error.body.code, error.body.message
+        else:
+            status, code, message = 500, "server_error", error.__class__.__name__
+        admission = ctx.caller.admission
+        if admission is not None:
+            self.tenants.release(admission)  # type: ignore[union-attr]  # nothing was served: no record
+        ctx.trace.fail(ctx, status, code, message)
+        telemetry = self.telemetry
+        if telemetry is not None and isinstance(error, Exception):
+            if not isinstance(error, GatewayError):
+                message = "Internal gateway error."
+            telemetry.failed(ctx.caller.request_id, ctx.endpoint, status, code, message, ctx.body)
+
+    def _settle_later(self, ctx: RequestContext, served: Served) -> None:
+        task = asyncio.get_running_loop().create_task(self._settle(ctx, served))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, ctx: RequestContext, served: Served) -> None:
         try:
-            parsed = parse(endpoint, body)
-            profile = classify(parsed, caller)
-            if trace is not None:
-                trace.profile = profile
-                trace.classified_ns = time_ns()
-            if caller.key is not None:
-                return await self._admitted(parsed, profile, caller)
-            decision = self.route(profile)
-            limits = self.limits(decision.request_class)
-            if limits.backpressure is not None:
-                decision = await self.wait_for_room(profile, decision, limits)
-            if trace is not None:
-                trace.decision = decision
-                trace.routed_ns = time_ns()
-            if parsed.stream:
-                return await self._stream(parsed, profile, decision, caller, limits)
-            return await self._complete(parsed, profile, decision, caller, limits)
-        except GatewayError as error:
-            if trace is not None:
-                trace.fail(error.status, error.body.code, error.body.message)
-            raise
-        except BaseException as exc:
-            if trace is not None:
-                trace.fail(500, "server_error", exc.__class__.__name__)
-            raise
+            served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, ctx.parsed)
+        finally:
+            self._account(ctx, served, False)
+
+    async def settle_pending(self) -> None:
+        """Wait for streams still being settled (at shutdown, before the ledger is flushed)."""
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
+
+    # --- routing ------------------------------------------------------------------------------------------
 
     def limits(self, request_class: str) -> Limits:
         """The class's timeouts, retries and back-pressure; resolved once per policy and class."""
@@ -164,8 +244,12 @@ class Pipeline:
             self._limits[request_class] = limits
         return limits
 
-    async def wait_for_room(self, profile: RequestProfile, decision: Decision, limits: Limits) -> Decision:
+    async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
+        ctx.decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
+        ctx.routed_ns = time_ns()
+
+    async def _room(self, profile: RequestProfile, decision: Decision, limits: Limits) -> Decision:
         options, saturation = limits.backpressure, limits.saturation
         assert options is not None and saturation is not None
         cls = decision.request_class
@@ -188,7 +272,7 @@ class Pipeline:
                     queue.refused += 1
                     raise overloaded(cls, options.retry_after_s, f"waited {options.max_wait_ms:g} ms")
                 if queue.waiters[0] is waiter:
-                    decision = self.route(profile)
+                    decision = self.decide(profile)
                     if not all_saturated(decision.candidates, saturation):
                         queue.served += 1
                         return decision
@@ -201,7 +285,8 @@ class Pipeline:
         for queue in self.queues.values():
             queue.wake_head()
 
-    def route(self, profile: RequestProfile) -> Decision:
+    def decide(self, profile: RequestProfile) -> Decision:
+        """The policy's choice of candidates; an error when none can serve."""
         serving = self.catalog.serving(profile.model)
         if not serving:
             raise model_not_found(profile.model)
@@ -214,139 +299,6 @@ class Pipeline:
                 f"Request too long: {why}.", param="messages", code="context_length_exceeded"
             )
         raise no_backend(profile.model, why)
-
-    async def _complete(
-        self,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        decision: Decision,
-        caller: Caller,
-        limits: Limits,
-    ) -> Reply:
-        trace = caller.trace
-        answer = await self.upstream.complete(decision.candidates, parsed, caller.forwarded, limits, trace)
-        backend = answer.backend
-        backend.inflight -= 1
-        if self.queued:
-            self._room_made()
-        if not 200 <= answer.status < 300:
-            raise upstream_status_error(answer.status, answer.body, backend)
-        try:
-            usage = usage_decoder.decode(answer.body).usage
-        except msgspec.DecodeError:
-            usage = None
-        served = Served(
-            backend=backend,
-            concurrency=answer.concurrency,
-            status=answer.status,
-            usage=usage,
-            completion_events=0,
-            started_at=answer.started_at,
-            first_byte_at=answer.first_byte_at,
-            ended_at=answer.first_byte_at,
-        )
-        accounting = time_ns() if trace is not None else 0
-        record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
-        if caller.admission is not None:
-            self.tenants.settle(  # type: ignore[union-attr]
-                caller.admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
-            )
-        observe(backend, record)
-        if self.recorded is not None:
-            self.recorded(record, parsed)
-        if trace is not None:
-            trace.finish(record, accounting, time_ns(), answer.attempts)
-        headers = _reply_headers(caller.request_id, backend, decision, profile)
-        headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
-        if caller.admission is not None:
-            headers.update(caller.admission.headers)
-        if answer.attempts > 1:
-            headers["x-switchyard-attempts"] = str(answer.attempts)
-        return Reply(headers=headers, body=answer.body, content_type=answer.content_type)
-
-    async def _stream(
-        self,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        decision: Decision,
-        caller: Caller,
-        limits: Limits,
-    ) -> Reply:
-        trace = caller.trace
-        opened = await self.upstream.open_stream(decision.candidates, parsed, caller.forwarded, limits, trace)
-        sse = SseRelay(keep_usage_chunk=parsed.client_wants_usage)
-
-        def finish(ended_at: float) -> None:
-            opened.backend.inflight -= 1
-            if self.queued:
-                self._room_made()
-            served = _served_stream(opened, sse, ended_at)
-            if served.usage is None:
-                self._settle_later(caller, parsed, profile, decision.route, served, trace)
-                return
-            accounting = time_ns() if trace is not None else 0
-            record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
-            if caller.admission is not None:
-                self.tenants.settle(  # type: ignore[union-attr]
-                    caller.admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
-                )
-            observe(opened.backend, record)
-            if self.recorded is not None:
-                self.recorded(record, parsed)
-            if trace is not None:
-                trace.finish(record, accounting, time_ns(), opened.attempts)
-
-        stream = self.upstream.relay(opened, sse, finish, limits)
-        headers = _reply_headers(caller.request_id, opened.backend, decision, profile)
-        if caller.admission is not None:
-            headers.update(caller.admission.headers)
-        if opened.attempts > 1:
-            headers["x-switchyard-attempts"] = str(opened.attempts)
-        return Reply(headers=headers, content_type="text/event-stream", stream=stream)
-
-    def _settle_later(
-        self,
-        caller: Caller,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        route: str,
-        served: Served,
-        trace: RequestTrace | None = None,
-    ) -> None:
-        """A stream that ended without its usage chunk: ask the backend to count the prompt, then record."""
-        task = asyncio.get_running_loop().create_task(
-            self._settle(caller, parsed, profile, route, served, trace)
-        )
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-
-    async def _settle(
-        self,
-        caller: Caller,
-        parsed: ParsedRequest,
-        profile: RequestProfile,
-        route: str,
-        served: Served,
-        trace: RequestTrace | None = None,
-    ) -> None:
-        try:
-            served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, parsed)
-        finally:
-            accounting = time_ns()
-            record = account(self.ledger, caller.request_id, parsed, profile, route, served)
-            if caller.admission is not None:
-                self.tenants.settle(  # type: ignore[union-attr]
-                    caller.admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
-                )
-            if self.recorded is not None:
-                self.recorded(record, parsed)
-            if trace is not None:
-                trace.finish(record, accounting, time_ns(), 1)
-
-    async def settle_pending(self) -> None:
-        """Wait for streams still being settled (at shutdown, before the ledger is flushed)."""
-        if self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
 
 
 def observe(backend: Backend, record: UsageRecord) -> None:
@@ -366,27 +318,15 @@ def observe(backend: Backend, record: UsageRecord) -> None:
         backend.observed.add(None, record.duration_s / tokens)
 
 
-def _served_stream(opened: OpenStream, sse: SseRelay, ended_at: float) -> Served:
-    return Served(
-        backend=opened.backend,
-        concurrency=opened.concurrency,
-        status=sse.failed.status if sse.failed is not None else 200,
-        usage=sse.usage,
-        completion_events=sse.events,
-        started_at=opened.started_at,
-        first_byte_at=opened.first_byte_at,
-        ended_at=ended_at,
-    )
-
-
-def _reply_headers(
-    request_id: str, backend: Backend, decision: Decision, profile: RequestProfile
-) -> dict[str, str]:
-    return {
-        "x-request-id": request_id,
+def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:
+    headers = {
+        "x-request-id": ctx.caller.request_id,
         "x-switchyard-backend": backend.name,
         "x-switchyard-pool": backend.pool.name,
         "x-switchyard-vendor": backend.pool.vendor,
-        "x-switchyard-route": decision.route,
-        "x-switchyard-class": profile.request_class,
+        "x-switchyard-route": ctx.decision.route,
+        "x-switchyard-class": ctx.profile.request_class,
     }
+    if ctx.attempts > 1:
+        headers["x-switchyard-attempts"] = str(ctx.attempts)
+    return headers

@@ -1,15 +1,17 @@
 """Telemetry operators already read: Prometheus metrics, OpenTelemetry traces, a JSON access log.
 
 - `metrics.py`: `GET /metrics`; per-request cells resolved once per label set, gauges read at scrape.
-- `tracing.py`: one span per request, children for classify, route, each upstream attempt, account.
+- `tracing.py`: one span per request, children for classify, route, each upstream attempt, account;
+  `span_shippers.py` takes finished traces to the span-export process (`span_export.py`).
 - `logs.py`: one JSON line per request with its request id, written off the request path.
 
-The pipeline hands `Telemetry.recorded` each ledger record and `Telemetry.failed` errors of the gateway's
-own; with metrics and the access log off, neither is wired in and the pipeline pays one `is None` check
-per request. A record only joins a batch on the request path: the metrics cells and log lines are made
-for the whole batch at once, every `BATCH_S` or `BATCH_MAX` records (and before every scrape, so
-`/metrics` is never behind). The same work done per request, in the midst of the request's own,
-measured about twice as dear (loadtest/bench/telemetry.py: 3-5% of throughput, now under 2%).
+The end of every request (`Pipeline.end`, gateway/request/pipeline.py) hands `Telemetry.recorded` each
+ledger record and `Telemetry.failed` each request that ended in an error; with metrics and the access log
+off, neither is wired in and the pipeline pays one `is None` check per request. A record only joins a batch
+on the request path: the metrics cells and log lines are made for the whole batch at once, every `BATCH_S`
+or `BATCH_MAX` records (and before every scrape, so `/metrics` is never behind). The same work done per
+request, in the midst of the request's own, measured about twice as dear (loadtest/bench/telemetry.py: 3-5%
+of throughput, now under 2%).
 """
 
 from __future__ import annotations

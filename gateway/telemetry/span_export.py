@@ -17,7 +17,7 @@ A request record (the gateway knows only what it must; this module builds spans 
 (trace_id_high, trace_id_low, parent_span_id or 0, tracestate, root_span_id, endpoint, request_id,
 start_ns, end_ns, profile (model, max_tokens, n, stream, prompt_tokens_estimate) or None, classify
 (start_ns, end_ns) or None, route (start_ns, end_ns, class, route, candidates) or None, attempts [(span_id,
-start_ns, end_ns, number, backend, pool, vendor, url, status, error)], result (model, prompt_tokens,
+start_ns, end_ns, number, backend, pool, vendor, host, port, status, error)], result (model, prompt_tokens,
 completion_tokens, status, vendor, pool, backend, accelerator, cost_usd, attempts, ttft_s or None,
 account_start_ns, account_end_ns, usage_source) or None, failure (status, code, message) or None).
 """
@@ -147,13 +147,14 @@ def _request_spans(
         attributes["switchyard.class"] = request_class
         attributes["switchyard.route"] = route
         spans.append(span("route", route_start, route_end, {"switchyard.candidates": candidates}))
-    for span_id, a_start, a_end, number, backend, pool, vendor, url, status, error in attempts:
+    for span_id, a_start, a_end, number, backend, pool, vendor, host, port, status, error in attempts:
         a_attributes: dict[str, Any] = {
             "switchyard.attempt": number,
             "switchyard.backend": backend,
             "switchyard.pool": pool,
             "switchyard.vendor": vendor,
-            "server.address": url,
+            "server.address": host,
+            "server.port": port,
         }
         if status is not None:
             a_attributes["http.response.status_code"] = status

@@ -1,4 +1,5 @@
-"""Upstream against a real in-process aiohttp server on 127.0.0.1: fall-through, timeouts, stream failures."""
+"""Upstream over its socket transport against a real aiohttp server on 127.0.0.1: fall-through, timeouts,
+stream failures (the same logic without sockets: test_attempts.py, test_relay.py)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,22 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
 
 from backends.models import Backend, Pool
 from gateway.errors import GatewayError
-from gateway.request import forward
+from gateway.request import relay
+from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
+from gateway.request.classify import Caller
+from gateway.request.context import RequestContext
 from gateway.request.forward import OpenStream, RelayedStream, Upstream
 from gateway.request.parse import ParsedRequest, parse
 from gateway.request.sse import SseRelay
 from gateway.settings import Timeouts
+from policies.framework import Decision
 from tests.support import free_port
 
 POOL = Pool(
@@ -115,7 +121,7 @@ async def server() -> AsyncIterator[tuple[str, web.Application]]:
 
 @pytest.fixture
 async def upstream() -> AsyncIterator[Upstream]:
-    client = Upstream(TIMEOUTS, max_connections_per_backend=8)
+    client = Upstream(BackendClient(8, KEEPALIVE_SECONDS), TIMEOUTS, max_connections_per_backend=8)
     await client.start()
     try:
         yield client
@@ -143,6 +149,47 @@ def _request(scenario: str, stream: bool = False) -> ParsedRequest:
     return parse("chat", json.dumps(body).encode())
 
 
+def _ctx(
+    upstream: Upstream,
+    candidates: list[Backend],
+    parsed: ParsedRequest,
+    forwarded: dict[str, str] | None = None,
+) -> RequestContext:
+    """A request routed to `candidates`, as the pipeline hands it to the forward step."""
+    caller = Caller(request_id="req-t", authorization=None, forwarded=forwarded or {})
+    ctx = RequestContext(parsed.endpoint, caller, body=parsed.body)
+    ctx.parsed = parsed
+    ctx.decision = Decision(candidates=candidates, route="r")
+    ctx.limits = upstream.defaults
+    return ctx
+
+
+async def _complete(
+    upstream: Upstream,
+    candidates: list[Backend],
+    parsed: ParsedRequest,
+    forwarded: dict[str, str] | None = None,
+) -> SimpleNamespace:
+    ctx = _ctx(upstream, candidates, parsed, forwarded)
+    answer = await upstream.complete(ctx)
+    return SimpleNamespace(
+        status=ctx.status,
+        body=answer.body,
+        content_type=answer.content_type,
+        backend=ctx.backend,
+        concurrency=ctx.concurrency,
+        started_at=ctx.started_at,
+        first_byte_at=ctx.first_byte_at,
+    )
+
+
+async def _open(
+    upstream: Upstream, candidates: list[Backend], parsed: ParsedRequest
+) -> tuple[RequestContext, OpenStream]:
+    ctx = _ctx(upstream, candidates, parsed)
+    return ctx, await upstream.open_stream(ctx)
+
+
 async def _until(condition: Callable[[], bool], within: float = 2.0) -> None:
     deadline = asyncio.get_running_loop().time() + within
     while not condition():
@@ -154,24 +201,26 @@ async def _until(condition: Callable[[], bool], within: float = 2.0) -> None:
 class _Abandoned:
     opened: OpenStream
     sse: SseRelay
-    ends: list[float]
+    ends: list[RequestContext]
     stream: RelayedStream
     events: AsyncIterator[bytes]
 
 
 async def _first_event_relayed(upstream: Upstream, url: str, scenario: str) -> _Abandoned:
     """A stream opened and its first event ("Hel") relayed to a client that reads no further."""
-    opened = await upstream.open_stream([_backend("b", url)], _request(scenario, stream=True), {})
+    ctx, opened = await _open(upstream, [_backend("b", url)], _request(scenario, stream=True))
     sse = SseRelay(keep_usage_chunk=False)
-    ends: list[float] = []
-    stream = upstream.relay(opened, sse, ends.append)
+    ends: list[RequestContext] = []
+    stream = upstream.relay(ctx, opened, sse, ends.append)
     events = aiter(stream)
     assert await anext(events) == _event("Hel")
     return _Abandoned(opened, sse, ends, stream, events)
 
 
-async def _drain(upstream: Upstream, opened: OpenStream, sse: SseRelay, ends: list[float]) -> bytes:
-    return b"".join([chunk async for chunk in upstream.relay(opened, sse, ends.append)])
+async def _drain(
+    upstream: Upstream, ctx: RequestContext, opened: OpenStream, sse: SseRelay, ends: list[RequestContext]
+) -> bytes:
+    return b"".join([chunk async for chunk in upstream.relay(ctx, opened, sse, ends.append)])
 
 
 # --- non-streaming --------------------------------------------------------------------------------------
@@ -181,14 +230,14 @@ async def test_complete_ok_forwards_body_and_headers(server, upstream: Upstream)
     url, app = server
     backend = _backend("good", url, api_key="sk-upstream")
     parsed = _request("ok")
-    answer = await upstream.complete([backend], parsed, {"x-request-id": "req-1"})
+    answer = await _complete(upstream, [backend], parsed, {"x-request-id": "req-1"})
     assert answer.status == 200
     assert json.loads(answer.body) == ANSWER
     assert answer.backend is backend
     assert answer.concurrency == 1
     assert answer.content_type.startswith("application/json")
     assert answer.first_byte_at >= answer.started_at
-    assert backend.inflight == 1  # the caller decrements
+    assert backend.inflight == 1  # the end of the request gives it back
     path, headers, body = app[SEEN][0]
     assert path == "/v1/chat/completions"
     assert headers["Authorization"] == "Bearer sk-upstream"
@@ -199,7 +248,7 @@ async def test_complete_ok_forwards_body_and_headers(server, upstream: Upstream)
 async def test_refused_candidate_falls_through_to_the_next(server, upstream: Upstream):
     url, app = server
     closed, good = _closed(), _backend("good", url)
-    answer = await upstream.complete([closed, good], _request("ok"), {})
+    answer = await _complete(upstream, [closed, good], _request("ok"))
     assert answer.backend is good
     assert answer.status == 200
     assert closed.healthy is False
@@ -212,7 +261,7 @@ async def test_refused_candidate_falls_through_to_the_next(server, upstream: Ups
 async def test_all_candidates_refused_is_502(upstream: Upstream):
     first, second = _closed(), _backend("closed2", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(GatewayError) as info:
-        await upstream.complete([first, second], _request("ok"), {})
+        await _complete(upstream, [first, second], _request("ok"))
     assert info.value.status == 502
     assert info.value.body.code == "upstream_failed"
     assert "closed2" in info.value.body.message
@@ -223,7 +272,7 @@ async def test_first_byte_timeout_is_504_and_inflight_consistent(server, upstrea
     url, _ = server
     slow = _backend("slow", url)
     with pytest.raises(GatewayError) as info:
-        await upstream.complete([slow], _request("slow"), {})
+        await _complete(upstream, [slow], _request("slow"))
     assert info.value.status == 504
     assert info.value.body.code == "upstream_timeout"
     assert "`slow`" in info.value.body.message
@@ -236,7 +285,7 @@ async def test_first_byte_timeout_names_the_backend_that_timed_out(server, upstr
     url, _ = server
     closed, slow = _closed(), _backend("slow", url)
     with pytest.raises(GatewayError) as info:
-        await upstream.complete([closed, slow], _request("slow"), {})
+        await _complete(upstream, [closed, slow], _request("slow"))
     assert info.value.status == 504
     assert (closed.inflight, slow.inflight) == (0, 0)
     assert "`slow`" in info.value.body.message  # got "Backend `closed` did not send an answer ..."
@@ -245,7 +294,7 @@ async def test_first_byte_timeout_names_the_backend_that_timed_out(server, upstr
 async def test_complete_returns_upstream_error_status(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
-    answer = await upstream.complete([backend], _request("400"), {})
+    answer = await _complete(upstream, [backend], _request("400"))
     assert answer.status == 400
     assert b"context too long" in answer.body
 
@@ -257,12 +306,12 @@ async def test_stream_relays_and_finishes_once(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
     parsed = _request("stream_ok", stream=True)
-    opened = await upstream.open_stream([backend], parsed, {})
+    ctx, opened = await _open(upstream, [backend], parsed)
     assert opened.backend is backend and backend.inflight == 1
     assert opened.first_chunk.startswith(b"data: ")
     sse = SseRelay(keep_usage_chunk=False)
-    ends: list[float] = []
-    out = await _drain(upstream, opened, sse, ends)
+    ends: list[RequestContext] = []
+    out = await _drain(upstream, ctx, opened, sse, ends)
     assert out == _event("Hel") + _event("lo") + DONE
     assert sse.usage is not None and sse.usage.completion_tokens == 2
     assert sse.failed is None
@@ -272,11 +321,11 @@ async def test_stream_relays_and_finishes_once(server, upstream: Upstream):
 async def test_stream_refused_first_candidate_falls_through(server, upstream: Upstream):
     url, _ = server
     closed, good = _closed(), _backend("good", url)
-    opened = await upstream.open_stream([closed, good], _request("stream_ok", stream=True), {})
+    ctx, opened = await _open(upstream, [closed, good], _request("stream_ok", stream=True))
     assert opened.backend is good
     assert (closed.healthy, closed.inflight, good.inflight) == (False, 0, 1)
-    ends: list[float] = []
-    await _drain(upstream, opened, SseRelay(keep_usage_chunk=True), ends)
+    ends: list[RequestContext] = []
+    await _drain(upstream, ctx, opened, SseRelay(keep_usage_chunk=True), ends)
     assert len(ends) == 1
 
 
@@ -284,7 +333,7 @@ async def test_stream_first_byte_timeout(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
     with pytest.raises(GatewayError) as info:
-        await upstream.open_stream([backend], _request("stream_slow_first", stream=True), {})
+        await _open(upstream, [backend], _request("stream_slow_first", stream=True))
     assert info.value.status == 504
     assert info.value.body.code == "upstream_timeout"
     assert "first chunk" in info.value.body.message
@@ -295,7 +344,7 @@ async def test_stream_non_event_stream_content_type_is_502(server, upstream: Ups
     url, _ = server
     backend = _backend("b", url)
     with pytest.raises(GatewayError) as info:
-        await upstream.open_stream([backend], _request("not_sse", stream=True), {})
+        await _open(upstream, [backend], _request("not_sse", stream=True))
     assert info.value.status == 502
     assert info.value.body.code == "upstream_failed"
     assert "application/json" in info.value.body.message
@@ -306,7 +355,7 @@ async def test_stream_503_is_502_naming_the_backend(server, upstream: Upstream):
     url, _ = server
     backend = _backend("gpu-7", url)
     with pytest.raises(GatewayError) as info:
-        await upstream.open_stream([backend], _request("503", stream=True), {})
+        await _open(upstream, [backend], _request("503", stream=True))
     assert info.value.status == 502
     assert info.value.body.code == "upstream_failed"
     assert "`gpu-7`" in info.value.body.message
@@ -318,7 +367,7 @@ async def test_stream_400_passes_through_with_its_message(server, upstream: Upst
     url, _ = server
     backend = _backend("b", url)
     with pytest.raises(GatewayError) as info:
-        await upstream.open_stream([backend], _request("400", stream=True), {})
+        await _open(upstream, [backend], _request("400", stream=True))
     assert info.value.status == 400
     assert info.value.body.message == "context too long"
     assert info.value.body.type == "BadRequestError"
@@ -336,10 +385,10 @@ def _last_event(out: bytes) -> dict:
 async def test_stream_stall_ends_with_timeout_event(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
-    opened = await upstream.open_stream([backend], _request("stream_stall", stream=True), {})
+    ctx, opened = await _open(upstream, [backend], _request("stream_stall", stream=True))
     sse = SseRelay(keep_usage_chunk=False)
-    ends: list[float] = []
-    out = await asyncio.wait_for(_drain(upstream, opened, sse, ends), timeout=3)
+    ends: list[RequestContext] = []
+    out = await asyncio.wait_for(_drain(upstream, ctx, opened, sse, ends), timeout=3)
     assert out.startswith(_event("Hel") + _event("lo"))
     assert out.endswith(b"\n\n")
     error = _last_event(out)["error"]
@@ -353,10 +402,10 @@ async def test_stream_stall_ends_with_timeout_event(server, upstream: Upstream):
 async def test_stream_connection_drop_ends_with_failed_event(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
-    opened = await upstream.open_stream([backend], _request("stream_drop", stream=True), {})
+    ctx, opened = await _open(upstream, [backend], _request("stream_drop", stream=True))
     sse = SseRelay(keep_usage_chunk=False)
-    ends: list[float] = []
-    out = await asyncio.wait_for(_drain(upstream, opened, sse, ends), timeout=3)
+    ends: list[RequestContext] = []
+    out = await asyncio.wait_for(_drain(upstream, ctx, opened, sse, ends), timeout=3)
     assert out.startswith(_event("Hel"))
     error = _last_event(out)["error"]
     assert error["code"] == "upstream_failed"
@@ -390,10 +439,10 @@ async def test_a_client_gone_still_counts_the_events_the_backend_already_sent(se
 async def test_finish_runs_even_if_the_stream_is_never_iterated(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
-    opened = await upstream.open_stream([backend], _request("stream_ok", stream=True), {})
-    ends: list[float] = []
+    ctx, opened = await _open(upstream, [backend], _request("stream_ok", stream=True))
+    ends: list[RequestContext] = []
     sse = SseRelay(keep_usage_chunk=False)
-    stream = upstream.relay(opened, sse, ends.append)
+    stream = upstream.relay(ctx, opened, sse, ends.append)
     await stream.aclose()  # the client went away before the response started
     await _until(lambda: len(ends) == 1)
     assert sse.events >= 1  # the first chunk, read to open the stream, was generated: counted
@@ -403,11 +452,11 @@ async def test_finish_runs_even_if_the_stream_is_never_iterated(server, upstream
 async def test_slow_client_does_not_count_as_an_upstream_stall(server, upstream: Upstream):
     url, _ = server
     backend = _backend("b", url)
-    opened = await upstream.open_stream([backend], _request("stream_ok", stream=True), {})
+    ctx, opened = await _open(upstream, [backend], _request("stream_ok", stream=True))
     sse = SseRelay(keep_usage_chunk=True)
-    ends: list[float] = []
+    ends: list[RequestContext] = []
     out = b""
-    async for chunk in upstream.relay(opened, sse, ends.append):
+    async for chunk in upstream.relay(ctx, opened, sse, ends.append):
         if not out:
             await asyncio.sleep(TIMEOUTS.between_chunks * 1.5)  # the client is slow to take the next chunk
         out += chunk
@@ -475,7 +524,9 @@ async def test_a_client_gone_counts_what_the_backend_sends_until_it_takes_the_di
     await _until(lambda: len(gone.ends) == 1)
     assert state["saw_eof"]  # the backend was told, as a disconnect
     assert gone.sse.events == 3  # "lo" and "!" left the backend after the client had gone: counted
-    assert gone.ends[0] - gone_at < 0.05  # the request ended when the client left, not when counting did
+    assert (
+        gone.ends[0].ended_at - gone_at < 0.05
+    )  # the request ended when the client left, not when counting did
     assert gone.opened.response.closed
 
 
@@ -484,7 +535,7 @@ async def test_a_backend_that_ignores_the_disconnect_is_cut_off(
 ):
     url, state = raw_backend
     state["mode"] = "ignore_eof"
-    monkeypatch.setattr(forward, "ABANDONED_DRAIN_S", 0.2)
+    monkeypatch.setattr(relay, "ABANDONED_DRAIN_S", 0.2)
     gone = await _first_event_relayed(upstream, url, "any")
     await gone.events.aclose()
     await asyncio.sleep(0.1)
@@ -500,7 +551,7 @@ async def test_closing_the_upstream_waits_for_streams_still_counting(
 ):
     url, state = raw_backend
     state["mode"] = "ignore_eof"
-    monkeypatch.setattr(forward, "ABANDONED_DRAIN_S", 0.2)
+    monkeypatch.setattr(relay, "ABANDONED_DRAIN_S", 0.2)
     gone = await _first_event_relayed(upstream, url, "any")
     await gone.events.aclose()
     await upstream.close()  # at shutdown: the count is finished (cut off at the drain limit), not lost

@@ -23,6 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from gateway.ledger.records import UsageRecord
 from gateway.request.classify import Caller
+from gateway.request.context import UNTRACED, RequestContext
 from gateway.settings import Tracing as TracingOptions
 from gateway.telemetry.otlp_http import OtlpHttpExporter, encode_request
 from gateway.telemetry.span_export import to_readable_spans
@@ -59,12 +60,16 @@ def one_request(tracing: Tracing, **forwarded: str) -> tuple[RequestTrace | None
     who = caller(**forwarded)
     trace = tracing.start("chat", who)
     sent = dict(who.forwarded)
-    if trace is not None:
-        header = trace.attempt(BACKEND, 1)  # type: ignore[arg-type]
-        name, _, value = header.decode().strip().partition(": ")
-        sent[name] = value
-        trace.attempt_done(200)
-        trace.finish(record(), time.time_ns(), time.time_ns(), 1)
+    if not isinstance(trace, RequestTrace):
+        assert trace is UNTRACED and trace.attempt(BACKEND, 1) == b""  # type: ignore[arg-type]
+        return None, sent
+    ctx = RequestContext("chat", who, started_ns=time.time_ns())
+    header = trace.attempt(BACKEND, 1)  # type: ignore[arg-type]
+    name, _, value = header.decode().strip().partition(": ")
+    sent[name] = value
+    trace.attempt_done(200)
+    ctx.attempts, ctx.accounting_ns = 1, time.time_ns()
+    trace.finish(ctx, record())
     return trace, sent
 
 
@@ -115,7 +120,7 @@ def test_a_sampled_request_replaces_the_callers_traceparent_with_its_attempts() 
     tracing = Tracing(InProcessShipper(InMemorySpanExporter(), "t", 10), sample_ratio=1.0)
     who = caller(traceparent=PARENT, tracestate="v=1")
     trace = tracing.start("chat", who)
-    assert trace is not None
+    assert isinstance(trace, RequestTrace)
     assert "traceparent" not in who.forwarded and who.forwarded["tracestate"] == "v=1"
     sent = []
     for number in (1, 2):
@@ -144,6 +149,16 @@ def test_spans_keep_the_callers_trace_and_hang_under_the_request(memory) -> None
     assert root.context.trace_state.to_header() == "v=1"
     assert root.attributes["gen_ai.usage.output_tokens"] == 5
     assert upstream.attributes["http.response.status_code"] == 200 and upstream.kind.name == "CLIENT"
+    assert root.attributes["switchyard.attempts"] == 1
+
+
+def test_an_attempt_span_names_the_backends_host_and_port_not_its_url(memory) -> None:
+    tracing, exporter = memory
+    one_request(tracing)
+    assert tracing.force_flush()
+    (upstream,) = [s for s in exporter.get_finished_spans() if s.name == "upstream"]
+    assert upstream.attributes["server.address"] == "127.0.0.1"  # was "http://127.0.0.1:9"
+    assert upstream.attributes["server.port"] == 9
 
 
 def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
@@ -268,15 +283,15 @@ def _records() -> list[Any]:
     retried = (
         1, 2, 0, None, 3, "chat", "req-a", now, now + 5000, ("m", 64, 2, True, 200), (now, now + 100),
         (now + 100, now + 200, "interactive", "r/fast", ["h100-0", "h100-1"]),
-        [(5, now + 200, now + 4000, 1, "h100-0", "h100", "nvidia", "http://x", 503, None),
-         (6, now + 4000, now + 4500, 2, "h100-1", "h100", "nvidia", "http://y", 200, None)],
+        [(5, now + 200, now + 4000, 1, "h100-0", "h100", "nvidia", "x", 8000, 503, None),
+         (6, now + 4000, now + 4500, 2, "h100-1", "h100", "nvidia", "y", 8001, 200, None)],
         ("m", 200, 64, 200, "nvidia", "h100", "h100-1", "h100", 0.001, 2, 0.05, now + 4500, now + 4600,
          "backend"),
         None,
     )  # fmt: skip
     failed = (
         7, 8, 99, "v=1,w=2", 4, "completions", "req-b", now, now + 5000, None, None, None,
-        [(9, now + 1, now + 2, 1, "h100-0", "h100", "nvidia", "http://x", None, "ConnectFailed: refused")],
+        [(9, now + 1, now + 2, 1, "h100-0", "h100", "nvidia", "x", 8000, None, "ConnectFailed: refused")],
         None, (502, "upstream_failed", "every candidate failed"),
     )  # fmt: skip
     return msgspec.msgpack.decode(msgspec.msgpack.encode([retried, failed]))  # as the child gets them

@@ -1,0 +1,215 @@
+"""Step 4b: relay an open stream to the client, chunk by chunk, as it arrives from the backend.
+
+`between_chunks` (gateway/request/limits.py) bounds each gap after the first chunk; `total`, when set,
+bounds the whole stream. Once the first chunk has been relayed there is no retry: a failure ends the
+stream with an error event, and the usage produced so far is still accounted. A stream whose client
+left is drained: half-closed (vLLM takes it as a disconnect) and read to its end in the background, so
+every token the backend sent is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from backends.models import Backend
+from gateway.errors import upstream_failed, upstream_timeout
+from gateway.request.backend_connection import UpstreamError
+from gateway.request.context import RequestContext
+from gateway.request.sse import SseRelay
+from gateway.request.transport import BackendResponse
+
+ABANDONED_DRAIN_S = 2.0
+"""How long the connection of a stream whose client left stays half-closed, so the tokens the backend
+had already sent (in flight, in socket buffers) are counted before it takes the disconnect."""
+
+
+@dataclass(slots=True)
+class OpenStream:
+    """A streaming answer whose status is 200 and whose first chunk has arrived."""
+
+    backend: Backend
+    response: BackendResponse
+    first_chunk: bytes
+
+
+class GapWatchdog:
+    """Closes the upstream response when one read waits longer than the gap allowed.
+
+    One timer per gap period instead of one per chunk; time spent waiting for a slow client does not
+    count, since only the span of an upstream read is watched.
+    """
+
+    __slots__ = (
+        "_deadline",
+        "_handle",
+        "_limit",
+        "_loop",
+        "_response",
+        "fired",
+        "past_total",
+        "waiting_since",
+    )
+
+    def __init__(
+        self,
+        response: BackendResponse,
+        limit: float,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float | None = None,
+    ) -> None:
+        self._loop = loop
+        self._response = response
+        self._limit = limit
+        self._deadline = deadline
+        """Loop time at which the request's `total` timeout ends the stream, if it has one."""
+        self.waiting_since: float | None = None
+        self.fired = False
+        self.past_total = False
+        self._handle = self._loop.call_at(self._next(self._loop.time()), self._check)
+
+    def _next(self, at: float) -> float:
+        at += self._limit
+        return at if self._deadline is None or at < self._deadline else self._deadline
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.waiting_since
+        if self._deadline is not None and now >= self._deadline:
+            self.fired = self.past_total = True
+            self._response.close()
+            return
+        if since is not None and now - since >= self._limit:
+            self.fired = True
+            self._response.close()
+            return
+        self._handle = self._loop.call_at(self._next(since if since is not None else now), self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+class RelayedStream:
+    """Async-iterates the bytes to send the client, as they arrive from the backend.
+
+    A failing backend ends the iteration with an OpenAI-style error event. `end()` runs once, when
+    iteration stops for any reason (the HTTP layer calls it again in its own `finally`, so a client gone
+    before the first chunk is accounted too): a completed answer's connection goes back to the pool; a
+    stream whose client left is half-closed and drained in a background task; then `ctx.ended_at` is set
+    (when the client's side ended) and `finish(ctx)` is called (once everything sent is counted).
+    """
+
+    __slots__ = (
+        "_between_chunks",
+        "_completed",
+        "_ctx",
+        "_draining",
+        "_ended",
+        "_finish",
+        "_first_fed",
+        "_loop",
+        "_sse",
+        "_stream",
+        "_watchdog",
+    )
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        stream: OpenStream,
+        sse: SseRelay,
+        finish: Callable[[RequestContext], object],
+        between_chunks: float,
+        deadline: float | None = None,
+        draining: set[asyncio.Task[None]] | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._stream = stream
+        self._sse = sse
+        self._draining = draining if draining is not None else set()
+        self._finish = finish
+        self._between_chunks = between_chunks
+        self._loop = asyncio.get_running_loop()
+        self._watchdog = GapWatchdog(stream.response, between_chunks, self._loop, deadline)
+        self._completed = False
+        self._first_fed = False
+        self._ended = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        stream, sse, watchdog, loop = self._stream, self._sse, self._watchdog, self._loop
+        try:
+            out = sse.feed(stream.first_chunk)
+            self._first_fed = True
+            if out:
+                yield out
+            read = stream.response.readany
+            while True:
+                watchdog.waiting_since = loop.time()
+                try:
+                    data = await read()
+                except UpstreamError as exc:
+                    backend = stream.backend
+                    if watchdog.past_total:
+                        error = upstream_timeout(backend.name, 0, "the whole answer within its total timeout")
+                    elif watchdog.fired:
+                        error = upstream_timeout(backend.name, self._between_chunks, "a chunk")
+                        backend.breaker.failure("a stream stalled")
+                    else:
+                        error = upstream_failed(backend.name, f"stream broke ({exc.__class__.__name__})")
+                        backend.breaker.failure("a stream broke")
+                    sse.failed = error
+                    yield error.to_sse()
+                    return
+                watchdog.waiting_since = None
+                if not data:
+                    self._completed = True
+                    tail = sse.flush()
+                    if tail:
+                        yield tail
+                    return
+                out = sse.feed(data)
+                if out:
+                    yield out
+        finally:
+            self.end()
+
+    def end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._watchdog.cancel()
+        response = self._stream.response
+        self._ctx.ended_at = self._loop.time()
+        if not self._first_fed:  # the client left before the stream was relayed: its first chunk counts
+            self._first_fed = True
+            self._sse.feed(self._stream.first_chunk)
+        if self._completed:
+            response.release()
+        elif self._sse.failed is None and response.half_close():
+            task = self._loop.create_task(self._count_the_rest())
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+            return
+        else:
+            self._sse.feed(response.take_buffered())  # sent by the backend, so generated: counted
+            response.close()
+        self._finish(self._ctx)
+
+    async def _count_the_rest(self) -> None:
+        response, sse = self._stream.response, self._sse
+        try:
+            async with asyncio.timeout(ABANDONED_DRAIN_S):
+                while data := await response.readany():
+                    sse.feed(data)
+        except (UpstreamError, TimeoutError):
+            pass
+        finally:
+            response.close()
+            self._finish(self._ctx)
+
+    async def aclose(self) -> None:
+        self.end()

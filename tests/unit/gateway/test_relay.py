@@ -1,0 +1,160 @@
+"""The stream relay and the end of a request, over an in-memory transport: what a stream is accounted as
+when it completes, when its backend cuts it, and when it fails before its first byte."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from backends.catalog import Catalog
+from backends.models import Backend, Pool
+from gateway.errors import GatewayError
+from gateway.ledger.memory import InMemoryLedger
+from gateway.ledger.records import UsageRecord
+from gateway.request.classify import Caller, RequestProfile
+from gateway.request.context import RequestContext
+from gateway.request.forward import Upstream
+from gateway.request.pipeline import Pipeline, Reply
+from gateway.settings import Retries, Timeouts
+from policies.framework import Decision
+from tests.memory_transport import SSE, MemoryTransport, Scripted
+
+POOL = Pool(
+    name="p", vendor="nvidia", accelerator="h100", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={}
+)
+TIMEOUTS = Timeouts(connect=1.0, first_byte=0.5, between_chunks=0.5)
+
+
+def event(content: str) -> bytes:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}  # fmt: skip
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+USAGE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+class InOrder:
+    """Routes to every backend serving the model, in configuration order."""
+
+    name = "in-order"
+
+    def choose(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision:
+        return Decision(list(serving), "r/in-order")
+
+
+class Seen:
+    """What the observers hanging off the end of a request were told."""
+
+    def __init__(self) -> None:
+        self.records: list[UsageRecord] = []
+        self.failures: list[tuple[str, int]] = []
+
+    def recorded(self, record: UsageRecord, parsed: object) -> None:
+        self.records.append(record)
+
+    def failed(self, request_id: str, endpoint: str, status: int, *_: object) -> None:
+        self.failures.append((request_id, status))
+
+
+def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemoryLedger, Seen]:
+    backends = [
+        Backend(name=f"b{i}", url=f"mem://b{i}", models=frozenset({"m"}), max_model_len=4096, pool=POOL)
+        for i in range(len(answers))
+    ]
+    transport = MemoryTransport({b.url: list(a) for b, a in zip(backends, answers, strict=True)})
+    upstream = Upstream(transport, TIMEOUTS, 8, Retries(backoff_ms=0, backoff_max_ms=0))
+    ledger = InMemoryLedger()
+    pipeline = Pipeline(Catalog(backends), InOrder(), upstream, ledger)
+    seen = Seen()
+    pipeline.recorded = seen.recorded
+    pipeline.telemetry = seen  # type: ignore[assignment]
+    return pipeline, backends, ledger, seen
+
+
+async def serve(pipeline: Pipeline, stream: bool) -> tuple[RequestContext, Reply | GatewayError, bytes]:
+    """One request as gateway/routes.py serves it: handle, end an error, relay a stream to its end."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
+    ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
+    ctx.body = json.dumps(body).encode()
+    try:
+        reply = await pipeline.handle(ctx)
+    except GatewayError as error:
+        pipeline.end(ctx, error)
+        return ctx, error, b""
+    out = b"".join([c async for c in reply.stream]) if reply.stream is not None else reply.body
+    return ctx, reply, out
+
+
+async def test_a_completed_stream_is_accounted_once_with_the_backends_usage() -> None:
+    answer = Scripted(headers=dict(SSE), chunks=[event("Hel"), event("lo"), USAGE, DONE])
+    pipeline, (b0,), ledger, seen = gateway([answer])
+    ctx, reply, out = await serve(pipeline, stream=True)
+    assert out == event("Hel") + event("lo") + DONE  # the usage chunk is the gateway's (not asked for)
+    assert isinstance(reply, Reply) and reply.headers["x-switchyard-backend"] == "b0"
+    (record,) = seen.records
+    assert (record.prompt_tokens, record.completion_tokens, record.usage_source) == (7, 2, "backend")
+    assert (record.status, record.stream) == (200, True)
+    assert ledger.recent(10) == [record]
+    assert b0.inflight == 0 and ctx.ended
+
+
+async def test_a_stream_cut_by_its_backend_ends_with_an_error_event_and_is_still_accounted() -> None:
+    answer = Scripted(headers=dict(SSE), chunks=[event("Hel"), event("lo")], cut=True)
+    pipeline, (b0,), _, seen = gateway([answer])
+    _, _, out = await serve(pipeline, stream=True)
+    events = [e for e in out.split(b"\n\n") if e]
+    assert events[:2] == [event("Hel").strip(), event("lo").strip()]
+    error = json.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == "upstream_failed" and "`b0`" in error["message"]
+    assert b0.breaker.failures == 1
+    await pipeline.settle_pending()  # no usage chunk: the prompt is counted by the backend, else estimated
+    (record,) = seen.records
+    assert (record.status, record.completion_tokens, record.usage_source) == (502, 1, "estimated")
+    assert b0.inflight == 0
+
+
+async def test_an_answer_is_accounted_and_its_cost_sent_back() -> None:
+    body = b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}'
+    pipeline, (b0,), _, seen = gateway([Scripted(chunks=[body])])
+    _, reply, out = await serve(pipeline, stream=False)
+    assert out == body
+    (record,) = seen.records
+    assert isinstance(reply, Reply)
+    assert reply.headers["x-switchyard-cost-usd"] == f"{record.cost_usd:.10f}"
+    assert "x-switchyard-attempts" not in reply.headers
+    assert b0.inflight == 0
+
+
+async def test_a_502_after_two_backends_ends_once_naming_both() -> None:
+    failed = Scripted(status=503, chunks=[b'{"error": {"message": "overloaded"}}'])
+    pipeline, backends, ledger, seen = gateway([failed], [failed])
+    ctx, error, _ = await serve(pipeline, stream=False)
+    assert isinstance(error, GatewayError) and error.status == 502
+    assert error.headers["x-switchyard-attempts"] == "2"
+    assert error.headers["x-switchyard-backends-tried"] == "b0,b1"
+    assert seen.failures == [("req-1", 502)] and seen.records == []
+    assert ledger.recent(10) == []
+    assert [b.inflight for b in backends] == [0, 0]
+    pipeline.end(ctx, error)  # a second end changes nothing
+    assert seen.failures == [("req-1", 502)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_retried_answer_says_how_many_backends_it_took(stream: bool) -> None:
+    good = (
+        Scripted(headers=dict(SSE), chunks=[event("x"), USAGE, DONE])
+        if stream
+        else Scripted(chunks=[b'{"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}'])
+    )
+    pipeline, backends, _, seen = gateway([Scripted(status=503)], [good])
+    _, reply, _ = await serve(pipeline, stream=stream)
+    assert isinstance(reply, Reply) and reply.headers["x-switchyard-attempts"] == "2"
+    assert reply.headers["x-switchyard-backend"] == "b1"
+    assert len(seen.records) == 1 and [b.inflight for b in backends] == [0, 0]
