@@ -13,7 +13,7 @@ from backends.breaker import BreakerOptions
 from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
-from gateway.batch.options import BatchOptions
+from gateway.batch_options import BatchOptions
 from policies import presets
 from policies.engine import PolicyEngine, load_engine
 

@@ -11,9 +11,9 @@ import redis.asyncio as aioredis
 from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.memory_state import MemoryBatchState
 from gateway.batch.objects import StoredBatch
-from gateway.batch.options import BatchOptions
 from gateway.batch.redis_state import RedisBatchState
 from gateway.batch.state import BatchState
+from gateway.batch_options import BatchOptions
 from gateway.request.pipeline import Pipeline
 from gateway.settings import Settings
 from gateway.tenants.admission import Tenant

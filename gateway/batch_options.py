@@ -1,4 +1,8 @@
-"""The `batches:` section of the gateway's config file (README "Batches")."""
+"""The `batches:` section of the gateway's config file (README "Batches"; the API is gateway/batch/).
+
+A module of its own, outside gateway/batch/, so the settings import it without importing the batch package
+(which imports the request path, which imports the settings).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = True
     """Serve `/v1/files` and `/v1/batches`, and run batches from this replica."""
     directory: Annotated[str, msgspec.Meta(min_length=1)] = "switchyard-files"
-    """Where uploaded files, per-line results and output files live (relative to the working directory).
+    """Where uploaded files, per-line results and output files live (relative to the config file).
     Replicas that share batches must share this directory (a volume)."""
     store: Literal["auto", "redis", "memory"] = "auto"
     """Batch state: `auto` is Redis when `ledger.redis_url` is set (any replica can take over a batch),
