@@ -84,7 +84,12 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             batch = msgspec.structs.replace(batch, request_counts=counts)
         return batch
 
-    @post("/v1/files", name="files-create", request_max_body_size=options.max_file_bytes + 65536)
+    @post(
+        "/v1/files",
+        name="files-create",
+        status_code=200,
+        request_max_body_size=options.max_file_bytes + 65536,
+    )
     async def create_file(
         request: Request[Any, Any, Any],
         data: Annotated[dict[str, Any], Body(media_type=RequestEncodingType.MULTI_PART)],
@@ -131,7 +136,7 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             raise _not_found("file", file_id)
         return Response(content, media_type="application/octet-stream")
 
-    @post("/v1/batches", name="batches-create")
+    @post("/v1/batches", name="batches-create", status_code=200)
     async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
         owner, authorization = await owner_of(request)
         try:
@@ -187,7 +192,7 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
         }
         return _json(page)
 
-    @post("/v1/batches/{batch_id:str}/cancel", name="batches-cancel")
+    @post("/v1/batches/{batch_id:str}/cancel", name="batches-cancel", status_code=200)
     async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[bytes]:
         stored = await own_batch(request, batch_id)
         if stored.batch.status in TERMINAL or stored.batch.status == "finalizing":
