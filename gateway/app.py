@@ -15,6 +15,7 @@ from litestar.plugins import InitPluginProtocol
 from backends.catalog import Catalog
 from gateway.admin_costs import costs_handler
 from gateway.admin_policy import policy_handlers
+from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
 from gateway.errors import GatewayError, body_too_large
 from gateway.fastpath import FastPath
 from gateway.ledger.factory import build_ledger
@@ -133,6 +134,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
         pipeline.tenants = build_tenants(settings, ledger)
         self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
+        self.batches = build_batches(settings, pipeline)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         pipeline = self.pipeline
@@ -158,6 +160,9 @@ class SwitchyardPlugin(InitPluginProtocol):
         app_config.lifespan.append(lifespan(self.settings, pipeline))
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))
+        if self.batches is not None:
+            app_config.route_handlers.extend(batch_handlers(self.batches))
+            app_config.lifespan.append(batch_lifespan(self.batches))
         app_config.exception_handlers.update(
             {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected_error}
         )

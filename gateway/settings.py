@@ -13,6 +13,7 @@ from backends.breaker import BreakerOptions
 from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
+from gateway.batch_options import BatchOptions
 from policies import presets
 from policies.engine import PolicyEngine, load_engine
 
@@ -193,6 +194,7 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ledger: LedgerOptions = msgspec.field(default_factory=LedgerOptions)
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
+    batches: BatchOptions = msgspec.field(default_factory=BatchOptions)
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -209,6 +211,7 @@ class Settings(msgspec.Struct, kw_only=True):
     None only for settings built in code."""
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
+    batches: BatchOptions = msgspec.field(default_factory=BatchOptions)
 
     @property
     def models(self) -> list[str]:
@@ -291,4 +294,5 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
         policy=_load_policy(config, backends, lines, source),
         telemetry=config.telemetry,
         auth=config.auth,
+        batches=config.batches,
     )

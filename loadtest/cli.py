@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-requests", type=int, default=None, help="stop each run after this many requests"
     )
+    parser.add_argument(
+        "--batch-lines", type=int, default=None, help="lines of the scenario's batch job (0: no batch)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             time_scale=args.time_scale,
             max_requests=args.max_requests,
+            batch_lines=args.batch_lines,
         )
     except ConfigError as exc:
         print(f"switchyard: invalid scenario: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from loadtest.batch_job import batch_report, submit, wait
 from loadtest.html import render_html
 from loadtest.progress import Progress
 from loadtest.report import format_table, policy_report, scenario_header
@@ -26,12 +27,26 @@ def run_policy(scenario: Scenario, policy: str, requests: list[Any], workdir: Pa
     spec = scenario.spec
     limits = RunLimits(time_scale=scenario.time_scale, max_inflight=spec.max_inflight, drain_s=spec.drain_s)
     real_duration = spec.duration_s / scenario.time_scale
+    batch = None
     with running_stack(scenario.fleet, policy, workdir) as base:
         progress = Progress(policy, len(requests), real_duration)
+        began = time.monotonic()
+        batch_id = submit(base, scenario) if scenario.spec.batch and scenario.spec.batch.lines else None
         result = asyncio.run(run_open_loop(base, requests, limits, progress))
+        wall = result.wall_s
+        if batch_id is not None:
+            # The batch must end within the run: the online drain is the longest it may take.
+            state = wait(base, batch_id, began + (spec.duration_s + spec.drain_s) / scenario.time_scale)
+            ended = time.monotonic() if state["status"] == "completed" else None
+            wall = max(wall, time.monotonic() - began)
+            batch = batch_report(state, began, ended, scenario.time_scale)
         time.sleep(0.3)  # let the gateway account the last streams
         costs = get_json(f"{base}/admin/v1/costs?by=vendor&window=15m")
-    return policy_report(scenario, result.outcomes, costs["rows"], result.wall_s, result.max_lag_s)
+    report = policy_report(scenario, result.outcomes, costs["rows"], wall, result.max_lag_s)
+    if batch is not None:
+        report["batch"] = batch
+        print(f"{policy}: batch {batch}")
+    return report
 
 
 def compare(scenario: Scenario, policies: list[str], out_dir: Path) -> dict[str, Any]:

@@ -82,6 +82,15 @@ class RequestClass(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     slo: Slo = msgspec.field(default_factory=Slo)
 
 
+class BatchJob(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A Batch API job submitted at the start of the run (`/v1/files` + `/v1/batches`), run by the
+    gateway in the fleet's idle room; its tokens count in the fleet's cost per million tokens."""
+
+    lines: Annotated[int, msgspec.Meta(ge=0, le=100_000)]
+    prompt_tokens: Lengths
+    output_tokens: Lengths
+
+
 class Poisson(msgspec.Struct, tag="poisson", tag_field="process", forbid_unknown_fields=True):
     rate: _Positive
     """Requests per simulated second."""
@@ -118,6 +127,8 @@ class ScenarioFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """`{file: path}` (relative to this file), or a fleet inline (backends/sim/fleet_spec.py)."""
     model: str | None = None
     classes: Annotated[list[RequestClass], msgspec.Meta(min_length=1)]
+    batch: BatchJob | None = None
+    """Off unless given (and `--batch-lines 0` turns it off)."""
 
 
 class Scenario(msgspec.Struct, kw_only=True):
@@ -203,6 +214,7 @@ def with_overrides(
     seed: int | None = None,
     time_scale: float | None = None,
     max_requests: int | None = None,
+    batch_lines: int | None = None,
 ) -> Scenario:
     """The scenario with command-line overrides applied (`rate` scales a ramp, keeping its shape)."""
     spec = scenario.spec
@@ -213,6 +225,8 @@ def with_overrides(
         changes["seed"] = seed
     if max_requests is not None:
         changes["max_requests"] = max_requests
+    if batch_lines is not None and spec.batch is not None:
+        changes["batch"] = msgspec.structs.replace(spec.batch, lines=batch_lines) if batch_lines else None
     arrivals: Arrivals = spec.arrivals
     if rate is not None and isinstance(arrivals, Poisson):
         changes["arrivals"] = Poisson(rate=rate)

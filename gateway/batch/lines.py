@@ -1,0 +1,118 @@
+"""One line of a batch's input: checked, sent through the pipeline as class `batch`, turned into a result.
+
+A line goes through `Pipeline.handle` like any request (the tenants seam with the batch's key, routing,
+retries across backends, the ledger), marked with `x-switchyard-class: batch` and priority `batch`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gateway.batch.objects import ENDPOINTS
+from gateway.errors import GatewayError
+from gateway.request.classify import Caller
+from gateway.request.pipeline import Pipeline
+from gateway.tenants.admission import Tenant
+
+_decoder = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder().encode
+RETRYABLE = frozenset({429, 500, 502, 503, 504})
+NOT_RETRIED_CODES = frozenset({"insufficient_quota", "model_not_allowed"})
+
+
+@dataclass(slots=True)
+class LineResult:
+    text: bytes
+    """The output or error file's line (JSON, no newline)."""
+    failed: bool
+    retry: bool = False
+    """A backend failure another attempt may fix."""
+
+
+class Malformed(ValueError):
+    pass
+
+
+def parse_line(raw: bytes, endpoint: str) -> tuple[str, str, dict[str, Any]]:
+    """custom_id, gateway endpoint and body of a line; `Malformed` says what is wrong with it."""
+    try:
+        line = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise Malformed(f"Line is not valid JSON: {exc}") from None
+    if not isinstance(line, dict):
+        raise Malformed("Line must be a JSON object with custom_id, method, url and body.")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise Malformed("Line has no `custom_id` string.")
+    if line.get("method") != "POST":
+        raise Malformed("`method` must be `POST`.")
+    url = line.get("url")
+    if url != endpoint:
+        raise Malformed(f"`url` must be the batch's endpoint `{endpoint}`, got {url!r}.")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise Malformed("`body` must be a JSON object.")
+    if body.get("stream"):
+        raise Malformed("`stream` is not supported in a batch.")
+    return custom_id, ENDPOINTS[endpoint], body
+
+
+def custom_id_of(raw: bytes) -> str | None:
+    try:
+        line = _decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    value = line.get("custom_id") if isinstance(line, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def result_line(custom_id: str | None, status: int | None, body: Any, error: dict[str, Any] | None) -> bytes:
+    response = None if status is None else {"status_code": status, "request_id": "", "body": body}
+    return _encode(
+        {
+            "id": f"batch_req_{os.urandom(12).hex()}",
+            "custom_id": custom_id,
+            "response": response,
+            "error": error,
+        }
+    )
+
+
+def error_line(custom_id: str | None, code: str, message: str) -> LineResult:
+    return LineResult(result_line(custom_id, None, None, {"code": code, "message": message}), failed=True)
+
+
+async def run_line(
+    pipeline: Pipeline, raw: bytes, endpoint: str, request_id: str, tenant: Tenant | None, auth: str | None
+) -> LineResult:
+    try:
+        custom_id, gateway_endpoint, body = parse_line(raw, endpoint)
+    except Malformed as exc:
+        return error_line(custom_id_of(raw), "invalid_request", str(exc))
+    caller = Caller(
+        request_id=request_id,
+        authorization=auth,
+        forwarded={"x-request-id": request_id},
+        priority="batch",
+        explicit_class="batch",
+        key=tenant,
+    )
+    try:
+        reply = await pipeline.handle(gateway_endpoint, _encode(body), caller)  # type: ignore[arg-type]
+    except GatewayError as exc:
+        status, code = exc.status, exc.body.code
+        retry = status in RETRYABLE and code not in NOT_RETRIED_CODES
+        error_body = _decoder.decode(exc.to_json())
+        text = result_line(custom_id, status, error_body, None)
+        return LineResult(_with_request_id(text, request_id), failed=True, retry=retry)
+    answer = _decoder.decode(reply.body)
+    text = result_line(custom_id, 200, answer, None)
+    return LineResult(_with_request_id(text, request_id), failed=False)
+
+
+def _with_request_id(text: bytes, request_id: str) -> bytes:
+    return text.replace(b'"request_id":""', b'"request_id":' + _encode(request_id), 1)

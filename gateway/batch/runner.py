@@ -1,0 +1,204 @@
+"""The scheduler each replica runs: moves batches through their statuses and runs their lines in the
+fleet's idle room (gateway/batch/capacity.py).
+
+Every `tick_s` it hands out as many lines as there is room for, claimed one at a time from the shared
+state (round robin over the batches in progress); every `refresh_s` it re-reads which batches exist and
+advances them: `validating` -> `in_progress` (the input read, lines counted), `in_progress` ->
+`finalizing` (every line has a result, or the window is over), `cancelling` -> `finalizing`, and
+`finalizing` -> `completed` / `expired` / `cancelled` (output and error files written, by one replica
+under a lock). A replica that dies mid-batch stops renewing its leases; another claims those lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+
+from gateway.batch.capacity import IdleRoom
+from gateway.batch.finalize import finalize, read_input
+from gateway.batch.lines import run_line
+from gateway.batch.objects import ErrorData, StoredBatch
+from gateway.batch.service import BatchService
+from gateway.batch.transitions import to_failed, to_finalizing, to_in_progress
+
+log = logging.getLogger("switchyard.batch")
+
+REFRESH_S = 0.5
+FINALIZE_LOCK_S = 60.0
+
+
+class BatchRunner:
+    def __init__(self, service: BatchService) -> None:
+        self.service = service
+        self.options = service.options
+        self.room = IdleRoom(service.pipeline, service.options.per_backend)
+        self.token = service.replica
+        self.batches: dict[str, StoredBatch] = {}
+        """Batches in progress, as last read."""
+        self.inputs: dict[str, list[bytes]] = {}
+        self.running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.exhausted: set[str] = set()
+        """Batches with nothing to claim until the next refresh."""
+        self._task: asyncio.Task[None] | None = None
+        self._next_refresh = 0.0
+        self._next_renew = 0.0
+        self._turn = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop claiming; give back the lines still running, so another replica takes them at once."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        running = list(self.running)
+        for task in self.running.values():
+            task.cancel()
+        await asyncio.gather(*self.running.values(), return_exceptions=True)
+        for batch_id, line in running:
+            with contextlib.suppress(Exception):
+                await self.service.state.release(batch_id, line, self.token, 0.0)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("batch scheduler tick failed")
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(self.options.tick_s)
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            self._next_refresh = now + REFRESH_S
+            await self.refresh()
+        if self.running and now >= self._next_renew:
+            self._next_renew = now + self.options.lease_s / 3
+            await self._renew()
+        await self.dispatch()
+
+    # --- statuses ------------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        state = self.service.state
+        self.exhausted.clear()
+        seen: dict[str, StoredBatch] = {}
+        for batch_id in await state.active():
+            stored = await state.get(batch_id)
+            if stored is None:
+                continue
+            stored = await self.advance(stored)
+            if stored is not None and stored.batch.status == "in_progress":
+                seen[batch_id] = stored
+        for gone in set(self.inputs) - set(seen):
+            self.inputs.pop(gone, None)
+        self.batches = seen
+
+    async def advance(self, stored: StoredBatch) -> StoredBatch | None:
+        service, state = self.service, self.service.state
+        batch = stored.batch
+        status = batch.status
+        if status == "validating":
+            data = await read_input(service, stored)
+            if isinstance(data, ErrorData):
+                return await state.update(batch.id, to_failed(data))
+            self.inputs[batch.id] = data[0]
+            return await state.update(batch.id, to_in_progress(len(data[0]), data[1]))
+        if status == "in_progress":
+            completed, failed, _ = await state.progress(batch.id)
+            if time.time() >= stored.deadline:
+                return await state.update(batch.id, to_finalizing("expired"))
+            if completed + failed >= batch.request_counts.total:
+                return await state.update(batch.id, to_finalizing("completed"))
+            return stored
+        if status in ("cancelling", "finalizing"):
+            self._cancel_local(batch.id)
+            ending = "cancelled" if status == "cancelling" else stored.ending or "completed"
+            if status == "cancelling" and time.time() - (batch.cancelling_at or 0) < REFRESH_S * 2:
+                return stored  # the other replicas stop its lines at their next refresh
+            if await state.lock(batch.id, "finalize", self.token, FINALIZE_LOCK_S):
+                return await finalize(service, stored, ending)
+        return stored
+
+    def _cancel_local(self, batch_id: str) -> None:
+        for (owner, _), task in list(self.running.items()):
+            if owner == batch_id:
+                task.cancel()
+
+    # --- lines ---------------------------------------------------------------------------------------
+
+    async def dispatch(self) -> None:
+        if not self.batches:
+            return
+        running = Counter(self.batches[b].model or "" for b, _ in self.running if b in self.batches)
+        room: dict[str, int] = {}
+        order = [b for b in self.batches.values() if b.batch.id not in self.exhausted]
+        while order:
+            self._turn = (self._turn + 1) % len(order)
+            stored = order[self._turn]
+            model = stored.model or ""
+            if model not in room:
+                room[model] = self.room.slots(model) - running[model]
+            if room[model] <= 0:
+                order.remove(stored)
+                continue
+            line = await self.service.state.claim(
+                stored.batch.id, stored.batch.request_counts.total, self.token, self.options.lease_s
+            )
+            if line is None:
+                self.exhausted.add(stored.batch.id)
+                order.remove(stored)
+                continue
+            room[model] -= 1
+            key = (stored.batch.id, line)
+            self.running[key] = asyncio.get_running_loop().create_task(self._run(stored, line))
+
+    async def _run(self, stored: StoredBatch, line: int) -> None:
+        service, state = self.service, self.service.state
+        batch_id = stored.batch.id
+        try:
+            lines = self.inputs.get(batch_id)
+            if lines is None:
+                data = await read_input(service, stored)
+                if isinstance(data, ErrorData):
+                    return
+                lines = self.inputs[batch_id] = data[0]
+            attempt = await state.attempt(batch_id, line)
+            tenant = await service.tenant_of(stored)
+            result = await run_line(
+                service.pipeline,
+                lines[line],
+                stored.batch.endpoint,
+                f"{batch_id}-{line}",
+                tenant,
+                stored.authorization,
+            )
+            if result.retry and attempt < self.options.max_attempts:
+                await state.release(batch_id, line, self.token, self.options.retry_backoff_s * attempt)
+                return
+            name = f"batches/{batch_id}/lines/{line:07d}-{self.token}.json"
+            await service.files.put(name, result.text)
+            await state.finish(batch_id, line, ("e:" if result.failed else "o:") + name, result.failed)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch %s line %d failed in the gateway", batch_id, line)
+            with contextlib.suppress(Exception):
+                await state.release(batch_id, line, self.token, self.options.retry_backoff_s)
+        finally:
+            self.running.pop((batch_id, line), None)
+
+    async def _renew(self) -> None:
+        by_batch: dict[str, list[int]] = {}
+        for batch_id, line in self.running:
+            by_batch.setdefault(batch_id, []).append(line)
+        for batch_id, lines in by_batch.items():
+            await self.service.state.renew(batch_id, lines, self.token, self.options.lease_s)

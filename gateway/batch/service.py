@@ -1,0 +1,70 @@
+"""What the batch API and the scheduler share: options, state, file store, and the batch's key."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from gateway.batch.files import FileStore, LocalFileStore
+from gateway.batch.memory_state import MemoryBatchState
+from gateway.batch.objects import StoredBatch
+from gateway.batch.redis_state import RedisBatchState
+from gateway.batch.state import BatchState
+from gateway.batch_options import BatchOptions
+from gateway.request.pipeline import Pipeline
+from gateway.settings import Settings
+from gateway.tenants.admission import Tenant
+
+
+@dataclass
+class BatchService:
+    options: BatchOptions
+    state: BatchState
+    files: FileStore
+    pipeline: Pipeline
+    replica: str = field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    )
+    _tenants: dict[str, Tenant | None] = field(default_factory=dict)
+
+    @property
+    def keys_mode(self) -> bool:
+        tenants = self.pipeline.tenants
+        return tenants is not None and tenants.options.mode == "keys"
+
+    async def tenant_of(self, stored: StoredBatch) -> Tenant | None:
+        """The key a batch's lines run as (keys mode); None in open mode or when the key is gone."""
+        tenants = self.pipeline.tenants
+        if not self.keys_mode or tenants is None:
+            return None
+        if stored.owner not in self._tenants:
+            key = await tenants.store.get_key(stored.owner)
+            team = await tenants.store.get_team(key.team) if key is not None and key.team else None
+            usable = key is not None and not key.revoked
+            self._tenants[stored.owner] = Tenant(key, team, "admin" in key.scopes) if usable else None  # type: ignore[arg-type,union-attr]
+        return self._tenants[stored.owner]
+
+    def forget_tenants(self) -> None:
+        self._tenants.clear()
+
+
+def build_batches(settings: Settings, pipeline: Pipeline) -> BatchService | None:
+    options: BatchOptions = settings.batches
+    if not options.enabled:
+        return None
+    state: BatchState
+    url = settings.ledger.redis_url
+    if options.store == "redis" or (options.store == "auto" and url):
+        if not url:
+            raise ValueError("batches.store is redis but ledger.redis_url is not set")
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        state = RedisBatchState(client, settings.ledger.key_prefix)
+    else:
+        state = MemoryBatchState()
+    directory = options.directory
+    if not os.path.isabs(directory) and not settings.source.startswith("<"):
+        directory = os.path.join(os.path.dirname(os.path.abspath(settings.source)), directory)
+    return BatchService(options, state, LocalFileStore(directory), pipeline)

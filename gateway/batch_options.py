@@ -1,0 +1,37 @@
+"""The `batches:` section of the gateway's config file (README "Batches"; the API is gateway/batch/).
+
+A module of its own, outside gateway/batch/, so the settings import it without importing the batch package
+(which imports the request path, which imports the settings).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+_Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    enabled: bool = True
+    """Serve `/v1/files` and `/v1/batches`, and run batches from this replica."""
+    directory: Annotated[str, msgspec.Meta(min_length=1)] = "switchyard-files"
+    """Where uploaded files, per-line results and output files live (relative to the config file).
+    Replicas that share batches must share this directory (a volume)."""
+    store: Literal["auto", "redis", "memory"] = "auto"
+    """Batch state: `auto` is Redis when `ledger.redis_url` is set (any replica can take over a batch),
+    else memory (one replica; batches are lost with it)."""
+    window_s: _Seconds | None = None
+    """Overrides the `24h` completion window (tests, demos); the API still accepts only `24h`."""
+    lease_s: _Seconds = 15.0
+    """A claimed line's lease; renewed while it runs, so a line is re-claimed only after its replica died."""
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 3
+    """Times a line is sent before a backend failure (5xx, 429) becomes its error line."""
+    retry_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    per_backend: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
+    """Batch lines this replica keeps in flight per backend with idle room."""
+    tick_s: _Seconds = 0.05
+    """How often the scheduler looks at the fleet for idle room."""
+    max_file_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 200 * 1024 * 1024
+    max_lines: Annotated[int, msgspec.Meta(ge=1)] = 50_000
