@@ -15,6 +15,7 @@ import msgspec
 from gateway.batch.objects import ENDPOINTS
 from gateway.errors import GatewayError
 from gateway.request.classify import Caller
+from gateway.request.context import RequestContext
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenant
 
@@ -101,14 +102,20 @@ async def run_line(
         explicit_class="batch",
         key=tenant,
     )
+    ctx = RequestContext(gateway_endpoint, caller)  # type: ignore[arg-type]
+    ctx.body = _encode(body)
     try:
-        reply = await pipeline.handle(gateway_endpoint, _encode(body), caller)  # type: ignore[arg-type]
+        reply = await pipeline.handle(ctx)
     except GatewayError as exc:
+        pipeline.end(ctx, exc)  # the request path ends a request that raised where it is served from
         status, code = exc.status, exc.body.code
         retry = status in RETRYABLE and code not in NOT_RETRIED_CODES
         error_body = _decoder.decode(exc.to_json())
         text = result_line(custom_id, status, error_body, None)
         return LineResult(_with_request_id(text, request_id), failed=True, retry=retry)
+    except BaseException as exc:
+        pipeline.end(ctx, exc)
+        raise
     answer = _decoder.decode(reply.body)
     text = result_line(custom_id, 200, answer, None)
     return LineResult(_with_request_id(text, request_id), failed=False)
