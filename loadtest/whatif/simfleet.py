@@ -1,0 +1,104 @@
+"""A simulated copy of a fleet in one process: for each backend of a fleet file, the `Backend` routing reads
+(backends/models.py, built exactly as the gateway builds it from its config) beside the simulator's own
+engine state (backends/sim: the scheduler, its KV-cache block pool and the GPU performance model).
+
+Groups without a GPU profile are fixed-timing backends (`ttft_ms`, `tpot_ms` whatever the load), as the
+HTTP simulator runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from backends.models import Backend, PoolConfig, build_backends
+from backends.sim.fleet_spec import FleetSpec
+from backends.sim.metrics import EngineStats
+from backends.sim.perf import PerfModel
+from backends.sim.profiles import Hardware
+from backends.sim.scheduler import Scheduler
+
+
+@dataclass(eq=False, slots=True)
+class SimBackend:
+    backend: Backend
+    model: str
+    hardware: Hardware | None
+    ttft_s: float
+    tpot_s: float
+    stats: EngineStats = field(init=False)
+    scheduler: Scheduler | None = None
+    perf: PerfModel | None = None
+    stepping: bool = False
+    """Whether a step is scheduled (the engine loop is running)."""
+    fixed_open: int = 0
+    """Requests in flight on a fixed-timing backend."""
+    busy_s: float = 0.0
+    """Seconds the engine spent in steps (utilisation)."""
+    plan: Any = None
+    """The step in flight (`Scheduler.plan`), applied when it ends."""
+
+    def __post_init__(self) -> None:
+        self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
+        if self.hardware is not None:
+            self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
+            self.perf = PerfModel(self.hardware)
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        return self.hardware.kv_capacity_tokens if self.hardware is not None else None
+
+    def scrape(self, now: float) -> None:
+        """What the gateway's scraper would read from this backend's /metrics right now."""
+        load = self.backend.load
+        if self.scheduler is not None:
+            load.running = float(self.stats.running)
+            load.waiting = float(self.stats.waiting)
+            load.kv_cache_usage = self.scheduler.pool.usage()
+        else:
+            load.running = float(self.fixed_open)
+            load.waiting = 0.0
+            load.kv_cache_usage = 0.0
+        load.scraped_at = now
+
+
+def pool_configs(spec: FleetSpec) -> list[dict[str, Any]]:
+    """The pools of a gateway in front of this fleet, as `Fleet.gateway_config` writes them."""
+    return [
+        {
+            "name": group.pool,
+            "vendor": group.vendor,
+            "accelerator": group.accelerator,
+            "price_per_gpu_hour": group.price_per_gpu_hour,
+            "gpus_per_backend": group.gpus_per_backend,
+            "labels": dict(group.labels),
+            "backends": [
+                {
+                    "name": f"{group.pool}-{i}",
+                    "url": f"http://127.0.0.1/{group.pool}-{i}",
+                    "models": [group.model or spec.model],
+                    "max_model_len": group.max_model_len or spec.max_model_len,
+                }
+                for i in range(group.count)
+            ],
+        }
+        for group in spec.groups
+    ]
+
+
+def build_fleet(spec: FleetSpec) -> list[SimBackend]:
+    """Fresh backends (empty queues, cold caches) for one replay."""
+    backends = build_backends(msgspec.convert(pool_configs(spec), list[PoolConfig]), environ={})
+    by_pool = {g.pool: g for g in spec.groups}
+    return [
+        SimBackend(
+            backend=backend,
+            model=next(iter(backend.models)),
+            hardware=by_pool[backend.pool.name].hardware(spec.model),
+            ttft_s=by_pool[backend.pool.name].ttft_ms / 1000,
+            tpot_s=by_pool[backend.pool.name].tpot_ms / 1000,
+        )
+        for backend in backends
+    ]
