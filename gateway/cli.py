@@ -132,7 +132,7 @@ _LOADTEST_HELP = "compare routing policies under open-loop load"
 
 
 def _whatif(argv: list[str]) -> int:
-    """`switchyard whatif ...`: replay an access log on a simulated fleet (loadtest/whatif/), loaded lazily."""
+    """`switchyard whatif ...`: replay an access log on a simulated fleet; imported only when asked for."""
     cli = _tooling("loadtest.whatif.cli", "bench")
     if cli is None:
         return 2
@@ -198,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("rest", nargs=argparse.REMAINDER)
     loadtest.set_defaults(run=lambda args: _loadtest(args.rest))
 
-    whatif = commands.add_parser("whatif", help="replay an access log under a candidate policy", add_help=False)
+    whatif = commands.add_parser(
+        "whatif", help="replay an access log under a candidate policy", add_help=False
+    )
     whatif.add_argument("rest", nargs=argparse.REMAINDER)
     whatif.set_defaults(run=lambda args: _whatif(args.rest))
 

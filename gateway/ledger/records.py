@@ -49,7 +49,7 @@ class UsageRecord:
     affinity: str = ""
     """A hash of what `prefix-affinity` keys on: the session, else the prompt's first 512 characters."""
     prefix: list[str] | None = None
-    """Chain hashes of the prompt's leading 2048-character blocks (gateway/telemetry/logs.py)."""
+    """Chain hashes of the prompt's leading 1024-character blocks (gateway/telemetry/logs.py)."""
 
 
 @dataclass(slots=True)

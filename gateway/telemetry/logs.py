@@ -8,7 +8,7 @@ What is still buffered is written at shutdown. Prompts are logged only when an o
 A line also keeps what `switchyard whatif` needs to replay the request (loadtest/whatif/): the inputs of
 classification (`prompt_estimate`, `max_tokens`, `n`, `priority`, `class_header`, `tenant`) and, instead of
 the prompt, hashes of its start: `affinity` (what `prefix-affinity` keys on) and `prefix` (chain hashes of
-its leading 2048-character blocks, so prompts sharing a document share leading hashes).
+its leading 1024-character blocks, so prompts sharing a document share leading hashes).
 
 The log is the `switchyard.access` logger's to silence: below INFO (`switchyard serve --log-level
 warning`) it writes nothing.
@@ -66,9 +66,9 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     logger: str = LOGGER
 
 
-PREFIX_BLOCK_CHARS = 2048
-"""One prefix hash per this many prompt characters (about 512 tokens)."""
-PREFIX_BLOCKS = 16
+PREFIX_BLOCK_CHARS = 1024
+"""One prefix hash per this many prompt characters (about 256 tokens)."""
+PREFIX_BLOCKS = 32
 AFFINITY_CHARS = 512
 """What `prefix-affinity` reads of the prompt by default (policies/scorers/affinity.py)."""
 

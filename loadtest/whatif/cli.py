@@ -23,9 +23,7 @@ HELP = "replay an access log under a candidate policy on a simulated fleet"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", required=True, type=Path, help="the gateway's JSON access log")
     parser.add_argument("--policy", required=True, help="the candidate: a preset name or a policy file")
-    parser.add_argument(
-        "--baseline", default="balanced", help="the policy in force (default: %(default)s)"
-    )
+    parser.add_argument("--baseline", default="balanced", help="the policy in force (default: %(default)s)")
     parser.add_argument(
         "--fleet", type=Path, default=DEMO_FLEET, help="fleet file to simulate (default: the demo fleet)"
     )
@@ -37,8 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a class's SLO (default: its route's SLO in the baseline); repeatable",
     )
     parser.add_argument("--scale", type=float, default=1.0, help="replay at this many times the load")
-    parser.add_argument("--scrape-interval", type=float, default=1.0, help="the gateway's scrape interval (s)")
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default /tmp/switchyard-whatif-*)")
+    parser.add_argument(
+        "--scrape-interval", type=float, default=1.0, help="the gateway's scrape interval (s)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="report folder (default /tmp/switchyard-whatif-*)"
+    )
 
 
 def parse_slo(text: str) -> tuple[str, Slo]:

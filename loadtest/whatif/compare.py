@@ -98,7 +98,13 @@ def cost_rows(fleet: Sequence[Any], result: ReplayResult) -> list[dict[str, Any]
         pool = sim.backend.pool
         row = rows.setdefault(
             pool.vendor,
-            {"name": pool.vendor, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "spend_usd": 0.0},
+            {
+                "name": pool.vendor,
+                "requests": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "spend_usd": 0.0,
+            },
         )
         row["spend_usd"] += pool.backend_price_per_second * result.busy_s[sim.backend.name]
         row.setdefault("_busy", []).append(result.busy_s[sim.backend.name] / max(result.duration_s, 1e-9))
@@ -164,9 +170,8 @@ def format_difference(diff: dict[str, Any], baseline: str, candidate: str) -> st
         slo = "-" if d["slo_attainment_points"] is None else f"{d['slo_attainment_points']:+.1f} pt"
         ttft = "-" if d["ttft_p50_ms"] is None else f"{d['ttft_p50_ms']:+.0f}"
         cost = d.get("usd_per_mtok")
-        lines.append(
-            f"{cls:<14} {slo:>9} {ttft:>12} {d['goodput_rps']:>+10.3f} {'' if cost is None else f'{cost:+.3f}':>8}"
-        )
+        shown = "" if cost is None else f"{cost:+.3f}"
+        lines.append(f"{cls:<14} {slo:>9} {ttft:>12} {d['goodput_rps']:>+10.3f} {shown:>8}")
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ from policies.engine import PolicyEngine
 from policies.profile import RequestProfile
 
 EMBEDDINGS = "/v1/embeddings"
-PREFIX_BLOCK_CHARS = 2048
+PREFIX_BLOCK_CHARS = 1024
 """Characters per `prefix` hash of the access log (gateway/telemetry/logs.py)."""
 
 
@@ -91,6 +91,7 @@ class Replay:
         self._horizon = math.inf
         self.steps = 0
         self.limits: Counter[str] = Counter()
+        self._tokens_per_hash: dict[str, float] = {}
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class Replay:
             else:
                 self._submit(sim, flight, now)
             return flight
-        if decision.candidates:
+        if decision.candidates or decision.rejected_for_context:
             self.limits["context"] += 1
             outcome.error = "not modelled: longer than any backend's context or KV cache"
         else:
@@ -215,7 +216,7 @@ class Replay:
         n = max(1, line.n)
         group = Group(
             prompt_tokens=line.prompt_tokens,
-            hashes=_block_hashes(flight.request, scheduler.limits.block_size),
+            hashes=self._block_hashes(flight.request, scheduler.limits.block_size),
             lengths=[flight.steps] * n,
             reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
             arrival=now,
@@ -224,6 +225,28 @@ class Replay:
         scheduler.add(group)
         if not sim.stepping:
             self._start_step(sim, now)
+
+    def _block_hashes(self, request: Recorded, block_size: int) -> list[int]:
+        """The prompt's KV block names: blocks inside a recorded `prefix` hash are named by it, so prompts
+        that shared a document share blocks; the rest are the request's own.
+
+        Tokens per hash come from the request (its tokens over its characters), but every prompt that opens
+        with the same first hash uses the first one's figure: the same block then gets the same name in
+        each, whatever the length of the rest of the prompt.
+        """
+        line = request.line
+        prompt = line.prompt_tokens
+        full = prompt // block_size
+        prefix = line.prefix or ()
+        chars = 4 * (line.prompt_estimate or prompt)  # the gateway's estimate is characters / 4
+        hashes: list[int] = []
+        if prefix and chars:
+            per_hash = self._tokens_per_hash.setdefault(prefix[0], PREFIX_BLOCK_CHARS * prompt / chars)
+            shared = min(full, int(len(prefix) * per_hash) // block_size)
+            hashes = [hash((prefix[int(((b + 1) * block_size - 1) / per_hash)], b)) for b in range(shared)]
+        own = request.index + 1
+        hashes.extend(hash((-own, b)) for b in range(len(hashes), full))
+        return hashes
 
     # --- the engine ----------------------------------------------------------------------------------
 
@@ -279,7 +302,9 @@ class Replay:
             context += seqs
             steps += 1
         pool = scheduler.pool
-        grow = [pool.blocks_for(g.prompt_tokens + g.n * (g.generated + steps)) - g.holding.blocks for g in running]
+        grow = [
+            pool.blocks_for(g.prompt_tokens + g.n * (g.generated + steps)) - g.holding.blocks for g in running
+        ]
         if steps < 2 or sum(grow) > pool.free:
             return start
         for group, blocks in zip(running, grow, strict=True):
@@ -318,19 +343,3 @@ class Replay:
             backend.observed.add(ttft, (outcome.e2e - ttft) / (tokens - 1) if tokens > 1 else None)
         elif tokens >= 16:
             backend.observed.add(None, outcome.e2e / tokens)
-
-
-def _block_hashes(request: Recorded, block_size: int) -> list[int]:
-    """The prompt's KV block names: blocks inside a recorded `prefix` hash are named by it (so prompts that
-    shared a document share blocks); the rest are the request's own."""
-    line = request.line
-    prompt = line.prompt_tokens
-    full = prompt // block_size
-    prefix = line.prefix or ()
-    chars = 4 * (line.prompt_estimate or prompt)  # the estimate is characters / 4 (gateway classify)
-    tokens_per_hash = PREFIX_BLOCK_CHARS * prompt / chars if chars else 0.0
-    shared = min(full, int(len(prefix) * tokens_per_hash) // block_size) if prefix else 0
-    hashes = [hash((prefix[int(((b + 1) * block_size - 1) / tokens_per_hash)], b)) for b in range(shared)]
-    own = request.index + 1
-    hashes.extend(hash((-own, b)) for b in range(shared, full))
-    return hashes
