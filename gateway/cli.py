@@ -141,6 +141,16 @@ def _whatif(argv: list[str]) -> int:
     return cli.run(parser.parse_args(argv))
 
 
+def _plan(argv: list[str]) -> int:
+    """`switchyard plan ...`: the cheapest fleet for an access log's traffic; imported only when asked for."""
+    cli = _tooling("loadtest.whatif.plan_cli", "bench")
+    if cli is None:
+        return 2
+    parser = argparse.ArgumentParser(prog="switchyard plan", description=cli.HELP)
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     whatif.add_argument("rest", nargs=argparse.REMAINDER)
     whatif.set_defaults(run=lambda args: _whatif(args.rest))
+    plan = commands.add_parser(
+        "plan", help="the cheapest GPU mix for an access log's traffic", add_help=False
+    )
+    plan.add_argument("rest", nargs=argparse.REMAINDER)
+    plan.set_defaults(run=lambda args: _plan(args.rest))
 
     sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True)
@@ -225,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(command="loadtest", run=lambda _: _loadtest(argv[1:]))
     elif argv[:1] == ["whatif"]:
         args = argparse.Namespace(command="whatif", run=lambda _: _whatif(argv[1:]))
+    elif argv[:1] == ["plan"]:
+        args = argparse.Namespace(command="plan", run=lambda _: _plan(argv[1:]))
     else:
         parser = build_parser()
         args, unknown = parser.parse_known_args(argv)

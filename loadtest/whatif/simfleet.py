@@ -102,3 +102,19 @@ def build_fleet(spec: FleetSpec) -> list[SimBackend]:
         )
         for backend in backends
     ]
+
+
+def gateway_yaml(spec: FleetSpec, policy: str, first_port: int = 8001) -> str:
+    """A gateway config for this fleet: one backend per simulated one, at consecutive local ports (edit
+    the URLs to your servers'; `switchyard sim fleet --fleet fleet.yaml` serves the simulated ones)."""
+    import yaml
+
+    pools = pool_configs(spec)
+    port = first_port
+    for pool in pools:
+        for backend in pool["backends"]:
+            backend["url"] = f"http://127.0.0.1:{port}"
+            port += 1
+    config = {"gateway": {"host": "127.0.0.1", "port": 8000}, "pools": pools, "policy": {"file": policy}}
+    header = "# `switchyard plan`: the recommended fleet, with the policy that served it best.\n"
+    return header + yaml.safe_dump(config, sort_keys=False)
