@@ -21,6 +21,7 @@ class LogLine(msgspec.Struct, kw_only=True, rename={"request_class": "class"}):
     """The fields of an access-log line a replay reads; others are ignored."""
 
     ts: float
+    request_id: str = ""
     endpoint: str = ""
     status: int = 0
     model: str = ""

@@ -77,12 +77,17 @@ def whatif_scenario(trace: Trace, fleet: FleetSpec, slos: dict[str, Slo]) -> Sce
 
 
 def replay_policy(
-    name: str, policy: Path, scenario: Scenario, trace: Trace, scrape_interval_s: float = 1.0
+    name: str,
+    policy: Path,
+    scenario: Scenario,
+    trace: Trace,
+    scrape_interval_s: float = 1.0,
+    clock_scale: float = 1.0,
 ) -> PolicyRun:
     fleet = build_fleet(scenario.fleet)
     engine = PolicyEngine(load_policy(policy), [s.backend for s in fleet])
     began = time.perf_counter()
-    result = Replay(fleet, engine, trace.requests, scrape_interval_s).run()
+    result = Replay(fleet, engine, trace.requests, scrape_interval_s, clock_scale=clock_scale).run()
     wall = time.perf_counter() - began
     rows = cost_rows(fleet, result)
     report = policy_report(scenario, result.outcomes, rows, wall_s=trace.duration_s, max_lag_s=0.0)

@@ -28,7 +28,8 @@ from loadtest.whatif.simfleet import SimBackend
 from policies.engine import PolicyEngine
 from policies.profile import RequestProfile
 
-EMBEDDINGS = "/v1/embeddings"
+EMBEDDINGS = ("/v1/embeddings", "embeddings")
+"""How the access log names the embeddings endpoint (`embeddings`; a path in older logs)."""
 PREFIX_BLOCK_CHARS = 1024
 """Characters per `prefix` hash of the access log (gateway/telemetry/logs.py)."""
 
@@ -75,7 +76,11 @@ class Replay:
         requests: Sequence[Recorded],
         scrape_interval_s: float = 1.0,
         drain_s: float = 600.0,
+        clock_scale: float = 1.0,
     ) -> None:
+        """`clock_scale`: simulated seconds per second of the gateway's clock. A load test runs its fleet
+        `time_scale` times faster than real time while its gateway measures real time, so the latency
+        averages routing predicts from are that many times smaller than the simulated latencies."""
         self.fleet = fleet
         self.engine = engine
         self.requests = requests
@@ -92,6 +97,7 @@ class Replay:
         self.steps = 0
         self.limits: Counter[str] = Counter()
         self._tokens_per_hash: dict[str, float] = {}
+        self._observed_per_simulated = 1.0 / clock_scale
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -155,7 +161,7 @@ class Replay:
     def _arrive(self, request: Recorded, now: float) -> _Flight | Outcome:
         line = request.line
         outcome = Outcome(request.index, line.request_class or "default", now)
-        if line.endpoint == EMBEDDINGS:
+        if line.endpoint in EMBEDDINGS:
             self.limits["embeddings"] += 1
             outcome.error = "not modelled: embeddings"
             return outcome
@@ -228,7 +234,8 @@ class Replay:
 
     def _block_hashes(self, request: Recorded, block_size: int) -> list[int]:
         """The prompt's KV block names: blocks inside a recorded `prefix` hash are named by it, so prompts
-        that shared a document share blocks; the rest are the request's own.
+        that shared a document share blocks (half a hash past the last shared one: where in the next hash's
+        span the prompts diverged is unknown); the rest are the request's own.
 
         Tokens per hash come from the request (its tokens over its characters), but every prompt that opens
         with the same first hash uses the first one's figure: the same block then gets the same name in
@@ -242,8 +249,13 @@ class Replay:
         hashes: list[int] = []
         if prefix and chars:
             per_hash = self._tokens_per_hash.setdefault(prefix[0], PREFIX_BLOCK_CHARS * prompt / chars)
-            shared = min(full, int(len(prefix) * per_hash) // block_size)
-            hashes = [hash((prefix[int(((b + 1) * block_size - 1) / per_hash)], b)) for b in range(shared)]
+            # A prompt sharing hashes 0..k-1 with another and not hash k shares some of block k too: on
+            # average half. So the first half of each hash's span is named by the hash before it.
+            shared = min(full, int((len(prefix) + 0.5) * per_hash) // block_size)
+            for b in range(shared):
+                at = ((b + 1) * block_size - 1) / per_hash
+                k = int(at)
+                hashes.append(hash((prefix[k - 1 if k and at - k < 0.5 else k], b)))
         own = request.index + 1
         hashes.extend(hash((-own, b)) for b in range(len(hashes), full))
         return hashes
@@ -339,7 +351,9 @@ class Replay:
         ttft = outcome.ttft = (flight.ttft_at if flight.ttft_at is not None else end) - outcome.sent_at
         if flight.steps > 1:
             outcome.tpot = (outcome.e2e - ttft) / (flight.steps - 1)
-        if line.stream:  # gateway/request/pipeline.py observe(): the gateway's own latency averages
-            backend.observed.add(ttft, (outcome.e2e - ttft) / (tokens - 1) if tokens > 1 else None)
+        seen = self._observed_per_simulated  # gateway/request/pipeline.py observe(), on the gateway's clock
+        if line.stream:
+            tpot = (outcome.e2e - ttft) / (tokens - 1) * seen if tokens > 1 else None
+            backend.observed.add(ttft * seen, tpot)
         elif tokens >= 16:
-            backend.observed.add(None, outcome.e2e / tokens)
+            backend.observed.add(None, outcome.e2e / tokens * seen)
