@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fleet", type=Path, default=DEMO_FLEET, help="fleet file to simulate (default: the demo fleet)"
     )
     parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="simulate the fleet a gateway config routes to (instead of --fleet)",
+    )
+    parser.add_argument(
         "--slo",
         action="append",
         default=[],
@@ -72,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         slos = dict(parse_slo(s) for s in args.slo)
-        fleet = load_fleet_spec(args.fleet)
+        if args.config is not None:
+            from loadtest.whatif.simfleet import fleet_from_gateway_config
+
+            fleet = fleet_from_gateway_config(str(args.config))
+        else:
+            fleet = load_fleet_spec(args.fleet)
         baseline = (Path(args.baseline).stem, policy_file(args.baseline))
         candidate = (Path(args.policy).stem, policy_file(args.policy))
         trace = read_log(args.log, args.scale)

@@ -189,6 +189,7 @@ def whatif(
     slos: dict[str, Slo] | None = None,
     scrape_interval_s: float = 1.0,
     command: str | None = None,
+    clock_scale: float = 1.0,
 ) -> dict[str, Any]:
     """Replay under both policies; writes report.json and report.html into `out_dir` when given."""
     classes = route_slos(baseline[1]) | (slos or {})
@@ -201,7 +202,7 @@ def whatif(
     }
     limits: Counter[str] = Counter()
     for name, path in (baseline, candidate):
-        run = replay_policy(name, path, scenario, trace, scrape_interval_s)
+        run = replay_policy(name, path, scenario, trace, scrape_interval_s, clock_scale)
         report["policies"][name] = run.report
         limits |= run.result.limits
     report["whatif"] = {

@@ -118,3 +118,40 @@ def gateway_yaml(spec: FleetSpec, policy: str, first_port: int = 8001) -> str:
     config = {"gateway": {"host": "127.0.0.1", "port": 8000}, "pools": pools, "policy": {"file": policy}}
     header = "# `switchyard plan`: the recommended fleet, with the policy that served it best.\n"
     return header + yaml.safe_dump(config, sort_keys=False)
+
+
+def fleet_from_gateway_config(path: str) -> FleetSpec:
+    """The fleet a gateway config routes to: per pool, its backends timed by the GPU profile its
+    `accelerator` names (h100, h200, mi300x, mi325x) for the model they serve; raises ConfigError."""
+    from backends.sim.fleet_spec import GroupSpec, ProfileSpec
+    from backends.sim.profiles import GPUS
+    from backends.yamlfile import ConfigError
+    from gateway.settings import load_settings
+
+    aliases = {"h100": "h100-sxm5"}
+    settings = load_settings(path)
+    groups = []
+    model = ""
+    for pool in settings.pools:
+        gpu = aliases.get(pool.accelerator.lower(), pool.accelerator.lower())
+        if gpu not in GPUS:
+            raise ConfigError(
+                path, None, f"pool `{pool.name}`: no GPU profile for accelerator `{pool.accelerator}`"
+            )
+        first = pool.backends[0]
+        model = model or first.models[0]
+        groups.append(
+            GroupSpec(
+                pool=pool.name,
+                vendor=pool.vendor,  # type: ignore[arg-type]
+                accelerator=pool.accelerator,
+                price_per_gpu_hour=pool.price_per_gpu_hour,
+                count=len(pool.backends),
+                gpus_per_backend=pool.gpus_per_backend,
+                model=first.models[0],
+                max_model_len=first.max_model_len,
+                labels=dict(pool.labels),
+                profile=ProfileSpec(gpu=gpu, model=first.models[0]),
+            )
+        )
+    return FleetSpec(model=model, groups=groups)

@@ -95,3 +95,39 @@ def test_an_unreadable_log_and_a_bad_slo_are_clear_errors(tmp_path: Path) -> Non
 def test_scale_compresses_time(tmp_path: Path) -> None:
     log = _write(tmp_path / "a.jsonl", [_line(0), _line(3)])
     assert [r.at_s for r in read_log(log, scale=1.5).requests] == [0.0, 2.0]
+
+
+def test_the_html_report_shows_the_difference_and_the_limits(tmp_path: Path) -> None:
+    lines = [_line(i * 0.5) for i in range(20)] + [_line(30, model="gpt-unknown")]
+    log = _write(tmp_path / "access.jsonl", lines)
+    fleet = load_fleet_spec(DEMO_FLEET)
+    baseline, candidate = ("balanced", policy_file("balanced")), ("cheapest", policy_file("cheapest"))
+    whatif(read_log(log), fleet, baseline, candidate, tmp_path / "out")
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Difference: cheapest minus balanced" in html and " pt</td>" in html
+    assert "gpt-unknown" in html
+
+
+def test_whatif_takes_the_fleet_from_a_gateway_config(tmp_path: Path) -> None:
+    from gateway.cli import main
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "pools:\n"
+        "  - {name: fast, vendor: nvidia, accelerator: h100, price_per_gpu_hour: 2.9, backends: [\n"
+        "     {name: f0, url: 'http://127.0.0.1:9', models: [llama-3.1-8b], max_model_len: 8192}]}\n"
+        "  - {name: big, vendor: amd, accelerator: mi300x, price_per_gpu_hour: 1.75, backends: [\n"
+        "     {name: b0, url: 'http://127.0.0.1:9', models: [llama-3.1-8b], max_model_len: 8192},\n"
+        "     {name: b1, url: 'http://127.0.0.1:9', models: [llama-3.1-8b], max_model_len: 8192}]}\n"
+    )
+    log = _write(tmp_path / "access.jsonl", [_line(i * 0.5) for i in range(20)])
+    out = tmp_path / "out"
+    assert (
+        main(
+            ["whatif", "--log", str(log), "--config", str(config), "--policy", "cheapest", "--out", str(out)]
+        )
+        == 0
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert [(g["pool"], g["count"]) for g in report["scenario"]["fleet"]] == [("fast", 1), ("big", 2)]
+    assert report["policies"]["cheapest"]["split"]["vendor"] == {"amd": 20}
