@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
+# `make test` skips the HTTP-vs-replay agreement test (about a minute); .ci/run calls `make test-whatif`.
+.PHONY: test-whatif whatif-demo
 .PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
 
 venv: $(STAMP)
@@ -24,7 +26,14 @@ test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not whatif" $(PYTEST_ARGS)
+
+test-whatif: venv
+	$(PY) -m pytest -m whatif -p no:cacheprovider $(PYTEST_ARGS)
+
+# Record traffic through the real gateway (access log on), replay it under two presets, print the comparison.
+whatif-demo: venv
+	$(PY) -m loadtest.whatif.demo $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

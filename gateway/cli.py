@@ -148,6 +148,26 @@ def _loadtest(argv: list[str]) -> int:
 _LOADTEST_HELP = "compare routing policies under open-loop load"
 
 
+def _whatif(argv: list[str]) -> int:
+    """`switchyard whatif ...`: replay an access log on a simulated fleet; imported only when asked for."""
+    cli = _tooling("loadtest.whatif.cli", "bench")
+    if cli is None:
+        return 2
+    parser = argparse.ArgumentParser(prog="switchyard whatif", description=cli.HELP)
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
+def _plan(argv: list[str]) -> int:
+    """`switchyard plan ...`: the cheapest fleet for an access log's traffic; imported only when asked for."""
+    cli = _tooling("loadtest.whatif.plan_cli", "bench")
+    if cli is None:
+        return 2
+    parser = argparse.ArgumentParser(prog="switchyard plan", description=cli.HELP)
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(argv))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("rest", nargs=argparse.REMAINDER)
     loadtest.set_defaults(run=lambda args: _loadtest(args.rest))
 
+    whatif = commands.add_parser(
+        "whatif", help="replay an access log under a candidate policy", add_help=False
+    )
+    whatif.add_argument("rest", nargs=argparse.REMAINDER)
+    whatif.set_defaults(run=lambda args: _whatif(args.rest))
+    plan = commands.add_parser(
+        "plan", help="the cheapest GPU mix for an access log's traffic", add_help=False
+    )
+    plan.add_argument("rest", nargs=argparse.REMAINDER)
+    plan.set_defaults(run=lambda args: _plan(args.rest))
+
     sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True)
     # The fleet's own parser (backends.sim.fleet.main) reads its options, --help included: main()
@@ -226,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["loadtest"]:  # its options (and --help) belong to loadtest/cli.py, imported only now
         args = argparse.Namespace(command="loadtest", run=lambda _: _loadtest(argv[1:]))
+    elif argv[:1] == ["whatif"]:
+        args = argparse.Namespace(command="whatif", run=lambda _: _whatif(argv[1:]))
+    elif argv[:1] == ["plan"]:
+        args = argparse.Namespace(command="plan", run=lambda _: _plan(argv[1:]))
     else:
         parser = build_parser()
         args, unknown = parser.parse_known_args(argv)

@@ -74,6 +74,30 @@ def _where_table(report: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _signed(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:+{spec}}{unit}"
+
+
+def _whatif_section(report: dict[str, Any]) -> str:
+    """`switchyard whatif`: the candidate minus the baseline per class, and what the replay left out."""
+    w = report["whatif"]
+    rows = "".join(
+        f"<tr><td class=l>{escape(cls)}</td><td>{_signed(d['slo_attainment_points'], '.1f', ' pt')}</td>"
+        f"<td>{_signed(d['ttft_p50_ms'], '.0f')}</td><td>{_signed(d['goodput_rps'], '.3f')}</td>"
+        f"<td>{_signed(d.get('usd_per_mtok'), '.3f')}</td></tr>"
+        for cls, d in w["difference"].items()
+    )
+    limits = "".join(f"<li>{escape(note)}</li>" for note in w["limits"]) or "<li>everything was modelled</li>"
+    return (
+        f"<h2>Difference: {escape(w['candidate'])} minus {escape(w['baseline'])}</h2>"
+        "<table><tr><th class=l>class</th><th>SLO met</th><th>TTFT p50 ms</th><th>goodput/s</th>"
+        f"<th>$/Mtok</th></tr>{rows}</table>"
+        "<p class=note>A replay of the recorded arrivals on a simulated fleet (virtual clock). Positive SLO "
+        "points and goodput favour the candidate; positive TTFT and cost favour the baseline.</p>"
+        f"<h3>What the replay could not model</h3><ul>{limits}</ul>"
+    )
+
+
 def render_html(report: dict[str, Any]) -> str:
     scenario = report["scenario"]
     policies = list(report["policies"])
@@ -92,6 +116,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"{escape(report['generated_at'])}.</p>",
         "<h2>Summary</h2>",
         _summary_table(report),
+        _whatif_section(report) if "whatif" in report else "",
         "<p class=note>SLO attainment: answered without error within the class's TTFT, TPOT and end-to-end "
         "bounds. Goodput: requests per simulated second that met their SLO. Paid GPU s: every GPU of the "
         "fleet for the run's real duration. $/Mtok: that paid time's price over tokens served (prompt + "

@@ -176,3 +176,47 @@ def stacked_over_time(title: str, bins: Sequence[dict[str, int]], bin_s: float, 
         "simulated seconds</text>"
     )
     return _frame(title, body, [(k, colours[k]) for k in keys])
+
+
+def frontier_chart(
+    title: str,
+    points: Sequence[tuple[float, float, str, bool]],
+    frontier: Sequence[tuple[float, float]],
+    target: float,
+) -> str:
+    """Cost (x, $/hour) against the worst class's SLO attainment (y): every mix tried as a dot (filled if
+    it met the target), the frontier as a line, the target dashed."""
+    if not points:
+        return _frame(title, [f'<text x="{_L + 10}" y="{_T + 30}" font-size="12">no mixes</text>'])
+    plot_w, plot_h = _W - _L - _R, _H - _T - _B
+    x_max = _nice(max(p[0] for p in points) * 1.05)
+
+    def xy(cost: float, met: float) -> tuple[float, float]:
+        return _L + plot_w * cost / x_max, _H - _B - plot_h * max(0.0, min(1.0, met))
+
+    body = _axes(1.0, "worst class SLO attainment", "{:.2f}")
+    for i in range(5):
+        x = _L + plot_w * i / 4
+        body.append(
+            f'<text x="{x:.1f}" y="{_H - _B + 14}" font-size="10" text-anchor="middle">'
+            f"{x_max * i / 4:g}</text>"
+        )
+    body.append(
+        f'<text x="{_L + plot_w / 2}" y="{_H - 8}" font-size="11" text-anchor="middle">'
+        "fleet $ per hour</text>"
+    )
+    _, y = xy(0, target)
+    body.append(
+        f'<line x1="{_L}" y1="{y:.1f}" x2="{_W - _R}" y2="{y:.1f}" stroke="#111" stroke-dasharray="4 3"/>'
+        f'<text x="{_L + 4}" y="{y - 3:.1f}" font-size="10">target {target:.0%}</text>'
+    )
+    line = " ".join("{:.1f},{:.1f}".format(*xy(c, m)) for c, m in frontier)
+    body.append(f'<polyline fill="none" stroke="{PALETTE[0]}" stroke-width="1.8" points="{line}"/>')
+    for cost, met, label, passed in points:
+        x, y = xy(cost, met)
+        fill = PALETTE[2] if passed else "#fff"
+        body.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{fill}" stroke="{PALETTE[2]}">'
+            f"<title>{escape(label)}: ${cost:.2f}/h, {met:.1%}</title></circle>"
+        )
+    return _frame(title, body, [("frontier", PALETTE[0]), ("meets target", PALETTE[2])])

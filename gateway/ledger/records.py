@@ -34,6 +34,22 @@ class UsageRecord:
     finished_at: float
     busy_s: float = 0.0
     """The request's share of its backend's time: duration / requests in flight when it was sent."""
+    # What a replay of the request needs besides the above (loadtest/whatif reads them from the access
+    # log): the inputs of classification, and keys of the prompt's start (never its text).
+    prompt_estimate: int = 0
+    """The gateway's estimate of the prompt's tokens, which class rules and `context-fits` read."""
+    max_tokens: int | None = None
+    n: int = 1
+    priority: str | None = None
+    class_header: str | None = None
+    """`x-switchyard-class`, as the client sent it."""
+    tenant: str | None = None
+    session: str | None = None
+    """The session id (prefix affinity's key); the access log writes only a hash of it."""
+    affinity: str = ""
+    """A hash of what `prefix-affinity` keys on: the session, else the prompt's first 512 characters."""
+    prefix: list[str] | None = None
+    """Chain hashes of the prompt's leading 1024-character blocks (gateway/telemetry/logs.py)."""
 
 
 @dataclass(slots=True)

@@ -82,6 +82,13 @@ def account(
         cost_usd=cost,
         finished_at=time.time(),
         busy_s=duration / max(1, served.concurrency),
+        prompt_estimate=profile.prompt_tokens_estimate,
+        max_tokens=profile.max_tokens,
+        n=profile.n,
+        priority=profile.priority,
+        class_header=profile.explicit_class,
+        tenant=profile.tenant,
+        session=profile.session,
     )
     ledger.record(record)
     return record

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.telemetry.batch_timer import BatchTimer
-from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.logs import AccessLog, replay_keys
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import RequestTrace, Tracing, build_tracing
 
@@ -37,14 +37,15 @@ BATCH_MAX = 1024
 class Telemetry:
     """What the request path feeds: metrics and the access log (either may be off)."""
 
-    __slots__ = ("_bodies", "_records", "_timer", "access_log", "metrics")
+    __slots__ = ("_parsed", "_records", "_timer", "access_log", "metrics")
 
     def __init__(self, metrics: Metrics | None, access_log: AccessLog | None) -> None:
         self.metrics = metrics
         self.access_log = access_log
         self._records: list[UsageRecord] = []
-        self._bodies: list[bytes | None] = []
-        """Request bodies beside `_records`, only when the access log includes prompts."""
+        self._parsed: list[ParsedRequest] = []
+        """The parsed requests beside `_records`, only with the access log (it hashes their prompts' start
+        and may log their bodies when flushed, off the request path)."""
         self._timer = BatchTimer(BATCH_S, self.flush)
         if metrics is not None:
             metrics.before_render = self.flush
@@ -52,9 +53,8 @@ class Telemetry:
     def recorded(self, record: UsageRecord, parsed: ParsedRequest) -> None:
         records = self._records
         records.append(record)
-        log = self.access_log
-        if log is not None and log.include_prompts:
-            self._bodies.append(parsed.body)
+        if self.access_log is not None:
+            self._parsed.append(parsed)
         if len(records) >= BATCH_MAX or not self._timer.arm():
             self.flush()
 
@@ -64,20 +64,18 @@ class Telemetry:
         records = self._records
         if not records:
             return
-        bodies = self._bodies
-        self._records, self._bodies = [], []
+        parsed = self._parsed
+        self._records, self._parsed = [], []
         metrics = self.metrics
         if metrics is not None:
             for record in records:
                 metrics.record(record)
         log = self.access_log
         if log is not None:
-            if bodies:
-                for record, body in zip(records, bodies, strict=True):
-                    log.record(record, body)
-            else:
-                for record in records:
-                    log.record(record)
+            bodies = log.include_prompts
+            for record, request in zip(records, parsed, strict=True):
+                replay_keys(record, request)
+                log.record(record, request.body if bodies else None)
             log.flush()
 
     def failed(

@@ -5,6 +5,11 @@ a timer every `FLUSH_S` (or when `MAX_BUFFERED` are waiting), so the request pat
 What is still buffered is written at shutdown. Prompts are logged only when an operator sets
 `telemetry.access_log.include_prompts` (the request body as sent, under `request_body`).
 
+A line also keeps what `switchyard whatif` needs to replay the request (loadtest/whatif/): the inputs of
+classification (`prompt_estimate`, `max_tokens`, `n`, `priority`, `class_header`, `tenant`) and, instead of
+the prompt, hashes of its start: `affinity` (what `prefix-affinity` keys on) and `prefix` (chain hashes of
+its leading 1024-character blocks, so prompts sharing a document share leading hashes).
+
 The log is the `switchyard.access` logger's to silence: below INFO (`switchyard serve --log-level
 warning`) it writes nothing.
 """
@@ -14,7 +19,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import IO
+import zlib
+from typing import IO, Protocol
 
 import msgspec
 
@@ -48,8 +54,41 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     error_code: str | None = None
     error: str | None = None
     request_body: str | None = None
+    prompt_estimate: int = 0
+    max_tokens: int | None = None
+    n: int = 1
+    priority: str | None = None
+    class_header: str | None = None
+    tenant: str | None = None
+    affinity: str = ""
+    prefix: list[str] | None = None
     level: str = "info"
     logger: str = LOGGER
+
+
+PREFIX_BLOCK_CHARS = 1024
+"""One prefix hash per this many prompt characters (about 256 tokens)."""
+PREFIX_BLOCKS = 32
+AFFINITY_CHARS = 512
+"""What `prefix-affinity` reads of the prompt by default (policies/scorers/affinity.py)."""
+
+
+class _Prompt(Protocol):
+    def prompt_prefix(self, chars: int) -> str: ...
+
+
+def replay_keys(record: UsageRecord, parsed: _Prompt) -> None:
+    """Set the record's `affinity` and `prefix` hashes from the prompt's start (only with the access log)."""
+    text = parsed.prompt_prefix(PREFIX_BLOCK_CHARS * PREFIX_BLOCKS)
+    key = record.session or text[:AFFINITY_CHARS]
+    record.affinity = f"{zlib.crc32(key.encode('utf-8', 'surrogatepass')):08x}" if key else ""
+    hashes: list[str] = []
+    chain = 0
+    for start in range(0, len(text) - PREFIX_BLOCK_CHARS + 1, PREFIX_BLOCK_CHARS):
+        chunk = text[start : start + PREFIX_BLOCK_CHARS].encode("utf-8", "surrogatepass")
+        chain = zlib.crc32(chunk, chain)
+        hashes.append(f"{chain:08x}")
+    record.prefix = hashes or None
 
 
 class AccessLog:
@@ -80,7 +119,8 @@ class AccessLog:
         line = AccessLine(
             r.finished_at, r.request_id, r.endpoint, r.status, r.model, r.stream, r.backend, r.pool,
             r.vendor, r.request_class, r.route, r.key, r.prompt_tokens, r.completion_tokens,
-            r.usage_source, r.cost_usd, r.ttft_s, r.duration_s,
+            r.usage_source, r.cost_usd, r.ttft_s, r.duration_s, None, None, None,
+            r.prompt_estimate, r.max_tokens, r.n, r.priority, r.class_header, r.tenant, r.affinity, r.prefix,
         )  # fmt: skip
         if body is not None:
             line.request_body = body.decode("utf-8", "replace")

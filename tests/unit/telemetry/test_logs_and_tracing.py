@@ -74,7 +74,7 @@ async def test_records_are_batched_then_counted_and_logged_in_order() -> None:
     for n, body in enumerate(bodies):
         done = record()
         done.request_id = f"req-{n}"
-        telemetry.recorded(done, SimpleNamespace(body=body))  # type: ignore[arg-type]
+        telemetry.recorded(done, SimpleNamespace(body=body, prompt_prefix=lambda chars: ""))  # type: ignore[arg-type]
     assert out.getvalue() == b""  # nothing made on the request path
     rendered = metrics.render().decode()  # a scrape counts what is batched first
     labels = 'model="m",class="interactive",route="r",pool="h100",vendor="nvidia",status="200"'
@@ -82,7 +82,7 @@ async def test_records_are_batched_then_counted_and_logged_in_order() -> None:
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [line["request_id"] for line in lines] == ["req-0", "req-1", "req-2"]
     assert [line["request_body"] for line in lines] == [b.decode() for b in bodies]
-    telemetry.recorded(record(), SimpleNamespace(body=b"{}"))  # type: ignore[arg-type]
+    telemetry.recorded(record(), SimpleNamespace(body=b"{}", prompt_prefix=lambda chars: ""))  # type: ignore[arg-type]
     telemetry.close()  # shutdown writes the last batch
     assert len(out.getvalue().splitlines()) == 4
 
@@ -90,7 +90,7 @@ async def test_records_are_batched_then_counted_and_logged_in_order() -> None:
 async def test_the_batch_timer_writes_what_waited() -> None:
     out = io.BytesIO()
     telemetry = Telemetry(None, AccessLog(out))
-    telemetry.recorded(record(), SimpleNamespace(body=b"{}"))  # type: ignore[arg-type]
+    telemetry.recorded(record(), SimpleNamespace(body=b"{}", prompt_prefix=lambda chars: ""))  # type: ignore[arg-type]
     assert out.getvalue() == b""
     await asyncio.sleep(BATCH_S * 2)
     assert json.loads(out.getvalue())["request_id"] == "req-abc"

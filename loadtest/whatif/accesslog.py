@@ -1,0 +1,118 @@
+"""The recorded traffic: the gateway's access log (gateway/telemetry/logs.py) read as requests to replay.
+
+A line gives when the request arrived (its end, `ts`, minus its `duration_s`), what it asked for (endpoint,
+model, prompt tokens, `max_tokens`, `n`, stream), what classified it (the gateway's prompt estimate,
+priority, class header, tenant, key id), hashes of its prompt's start (`affinity`, `prefix`) and what
+happened (output tokens, TTFT, duration, backend, class). Lines the gateway refused itself (no backend
+answered, so no tokens) are kept as `refused`: a replay cannot know what they would have cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+
+class LogLine(msgspec.Struct, kw_only=True, rename={"request_class": "class"}):
+    """The fields of an access-log line a replay reads; others are ignored."""
+
+    ts: float
+    request_id: str = ""
+    endpoint: str = ""
+    status: int = 0
+    model: str = ""
+    stream: bool = False
+    backend: str = ""
+    vendor: str = ""
+    request_class: str = ""
+    key: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    duration_s: float | None = None
+    error_code: str | None = None
+    prompt_estimate: int = 0
+    max_tokens: int | None = None
+    n: int = 1
+    priority: str | None = None
+    class_header: str | None = None
+    tenant: str | None = None
+    affinity: str = ""
+    prefix: list[str] | None = None
+
+
+@dataclass(slots=True)
+class Recorded:
+    """One request to replay; `at_s` is seconds after the log's first arrival."""
+
+    index: int
+    at_s: float
+    line: LogLine
+
+    @property
+    def output_per_choice(self) -> int:
+        n = max(1, self.line.n)
+        return max(1, -(-self.line.completion_tokens // n))
+
+
+@dataclass(slots=True)
+class Trace:
+    source: str
+    requests: list[Recorded]
+    duration_s: float
+    refused: int = 0
+    """Lines the gateway answered itself with an error (no backend served them)."""
+    bad_lines: list[str] = field(default_factory=list)
+    endpoints: Counter[str] = field(default_factory=Counter)
+
+
+class LogError(ValueError):
+    """An access log that cannot be read at all (the message names the file)."""
+
+
+_decoder = msgspec.json.Decoder(LogLine)
+MAX_BAD_LINES = 5
+
+
+def read_log(path: str | Path, scale: float = 1.0) -> Trace:
+    """The log's requests in arrival order; `scale` > 1 compresses time (more load, same requests)."""
+    path = Path(path)
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise LogError(f"{path}: cannot read access log: {exc.strerror}") from None
+    lines: list[LogLine] = []
+    refused = 0
+    bad: list[str] = []
+    endpoints: Counter[str] = Counter()
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                line = _decoder.decode(raw)
+            except msgspec.DecodeError as exc:
+                if len(bad) < MAX_BAD_LINES:
+                    bad.append(f"{path}:{number}: {exc}")
+                continue
+            if not math.isfinite(line.ts):
+                continue
+            if not line.backend:
+                refused += 1
+                continue
+            endpoints[line.endpoint] += 1
+            lines.append(line)
+    if not lines:
+        raise LogError(f"{path}: no request a backend served (is this a switchyard access log?)")
+    arrivals = [line.ts - (line.duration_s or 0.0) for line in lines]
+    order = sorted(range(len(lines)), key=arrivals.__getitem__)
+    origin = arrivals[order[0]]
+    requests = [
+        Recorded(index=i, at_s=(arrivals[j] - origin) / scale, line=lines[j]) for i, j in enumerate(order)
+    ]
+    duration = max(requests[-1].at_s, 1.0)
+    return Trace(str(path), requests, duration, refused, bad, endpoints)

@@ -1,0 +1,58 @@
+"""Record real traffic: a simulated fleet, the gateway with its access log written to a file, and the load
+test's open-loop client sending a scenario's planned requests through it (loadtest/stack.py's stack, with
+the access log on). What `make whatif-demo` and the agreement test replay is what the gateway wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from backends.sim.fleet import Fleet
+from loadtest.processes import ProcessGroup, free_port, wait_until
+from loadtest.progress import Progress
+from loadtest.report import policy_report
+from loadtest.runner import RunLimits, run_open_loop
+from loadtest.scenario import Scenario
+from loadtest.stack import _status, gateway_config, get_json, policy_file
+from loadtest.workload import PlannedRequest
+
+SCRAPE_INTERVAL_S = 0.25
+"""Real seconds between the recording gateway's scrapes (loadtest/stack.py's gateway_config)."""
+
+
+def record(
+    scenario: Scenario, policy: str, requests: list[PlannedRequest], workdir: Path
+) -> tuple[dict[str, Any], Path]:
+    """Serve `requests` through a fresh fleet and gateway; returns the load test's report and the access
+    log the gateway wrote (its times are real: divide by the time scale, `read_log(scale=1/time_scale)`)."""
+    spec = scenario.spec
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "access.jsonl"
+    log.unlink(missing_ok=True)
+    limits = RunLimits(time_scale=scenario.time_scale, max_inflight=spec.max_inflight, drain_s=spec.drain_s)
+    with Fleet(scenario.fleet, log_dir=workdir / "fleet", startup_timeout=60.0) as fleet:
+        port = free_port()
+        config = gateway_config(fleet, policy_file(policy), port)
+        config["telemetry"] = {"access_log": {"destination": str(log)}}
+        config_path = workdir / "gateway.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        group = ProcessGroup(workdir)
+        try:
+            argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
+            child = group.start("gateway", [*argv, "--log-level", "info"])
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: _status(base + "/ready") == 200, timeout=60, what="gateway", child=child)
+            progress = Progress(policy, len(requests), spec.duration_s / scenario.time_scale)
+            result = asyncio.run(run_open_loop(base, requests, limits, progress))
+            time.sleep(0.3)  # let the gateway account the last streams
+            costs = get_json(f"{base}/admin/v1/costs?by=vendor&window=15m")
+        finally:
+            group.close()  # the gateway writes what it still buffers as it stops
+    report = policy_report(scenario, result.outcomes, costs["rows"], result.wall_s, result.max_lag_s)
+    return report, log
