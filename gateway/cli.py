@@ -8,6 +8,7 @@ import logging
 import sys
 
 from gateway import policy_cli
+from gateway.ledger.records import DIMENSIONS
 from gateway.yamlfile import ConfigError
 from loadtest import cli as loadtest_cli
 
@@ -51,7 +52,7 @@ def _costs(args: argparse.Namespace) -> int:
         print(f"switchyard: {response.status_code}: {response.text}", file=sys.stderr)
         return 1
     body = response.json()
-    print(format_cost_table(body["by"], body["window"], body["rows"]))
+    print(format_cost_table(body["by"], body["window"], body["rows"], body["idle_cost"]))
     return 0
 
 
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     costs = commands.add_parser("costs", help="the cost table of a running gateway")
     costs.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway's base URL")
-    costs.add_argument("--by", default="backend", choices=["backend", "pool", "vendor", "model", "key"])
+    costs.add_argument("--by", default="backend", choices=list(DIMENSIONS))
     costs.add_argument("--window", default="15m", choices=["1m", "15m", "1h", "24h"])
     costs.set_defaults(run=_costs)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import re
@@ -32,19 +31,15 @@ def valid_request_id(text: str) -> bool:
     return _REQUEST_ID.match(text) is not None
 
 
-_ID_PREFIX = "req-" + os.urandom(6).hex()
-_id_counter = itertools.count(1)
-
-
 def new_request_id() -> str:
-    """Unique per process (a random prefix) and across its requests (a counter): no syscall per request."""
-    return f"{_ID_PREFIX}{next(_id_counter):012x}"
+    """128 random bits from the OS: the ledger counts a request once by this id, so no client may
+    guess or choose another request's id (a client's `x-request-id` is only echoed and logged)."""
+    return "req-" + os.urandom(16).hex()
 
 
 def read_caller(scope: Any) -> Caller:
     """Read the few request headers the gateway uses straight from the ASGI scope, in one pass."""
-    request_id: str | None = None
-    caller = Caller(request_id="", authorization=None, forwarded={}, headers=scope["headers"])
+    caller = Caller(request_id=new_request_id(), authorization=None, forwarded={}, headers=scope["headers"])
     for name, value in scope["headers"]:
         if name == b"authorization":
             caller.authorization = value.decode("latin-1")
@@ -53,7 +48,7 @@ def read_caller(scope: Any) -> Caller:
         elif name == b"x-request-id":
             text = value.decode("latin-1")
             if valid_request_id(text):
-                request_id = text
+                caller.client_request_id = text
         elif name in _FORWARDED_HEADERS:
             caller.forwarded[_FORWARDED_HEADERS[name]] = value.decode("latin-1")
         elif name == b"x-switchyard-priority":
@@ -64,7 +59,6 @@ def read_caller(scope: Any) -> Caller:
             caller.tenant = value.decode("latin-1")
         elif name == b"x-session-id":
             caller.session = value.decode("latin-1")
-    caller.request_id = request_id or new_request_id()
     caller.forwarded["x-request-id"] = caller.request_id
     return caller
 
@@ -82,7 +76,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             error = GatewayError(
                 405, f"Use POST for {scope['path']}.", "invalid_request_error", headers=_ALLOW
             )
-            await send_error(send, error, caller.request_id)
+            await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         body = b""
         try:
@@ -93,7 +87,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
                 pipeline.telemetry.failed(
                     caller.request_id, endpoint, error.status, error.body.code, error.body.message, body
                 )
-            await send_error(send, error, caller.request_id)
+            await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         except ClientGone:
             return
@@ -104,7 +98,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
                 pipeline.telemetry.failed(
                     caller.request_id, endpoint, 500, error.body.code, error.body.message, body
                 )
-            await send_error(send, error, caller.request_id)
+            await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         if reply.stream is not None:
             await send_stream(send, receive, reply.headers, reply.content_type, reply.stream)

@@ -9,13 +9,16 @@ if TYPE_CHECKING:
     from gateway.ledger.costs import CostRow
 
 UsageSource = Literal["backend", "estimated"]
-Dimension = Literal["backend", "pool", "vendor", "model", "key"]
-DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor", "model", "key")
+Dimension = Literal["backend", "pool", "vendor", "model", "key", "class"]
+DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor", "model", "key", "class")
+GPU_DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor")
+"""Dimensions whose rows own GPUs (and so have paid and idle cost); the others only get allocations."""
 
 
 @dataclass(slots=True)
 class UsageRecord:
     request_id: str
+    """Made by the gateway (128 random bits), once per client request: the ledger's idempotency key."""
     endpoint: str
     model: str
     backend: str
@@ -37,6 +40,10 @@ class UsageRecord:
     finished_at: float
     busy_s: float = 0.0
     """The request's share of its backend's time: duration / requests in flight when it was sent."""
+    bound_nusd: int = 0
+    """The most this request may be allocated: price x GPUs x its time on the backend, in nano-USD."""
+    client_request_id: str | None = None
+    """The client's `x-request-id` (validated), for logs only: never used for accounting."""
 
 
 @dataclass(slots=True)
@@ -73,6 +80,9 @@ class Totals:
 
 class Ledger(Protocol):
     """Where usage goes. `record` never blocks and never raises into the request path."""
+
+    idle_cost: str
+    """`idle` or `spread` (`ledger.idle_cost`): how reports treat GPU time no request used."""
 
     def record(self, record: UsageRecord) -> None: ...
 

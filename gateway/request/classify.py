@@ -27,6 +27,7 @@ class Caller:
     """What the HTTP layer read about the client besides the body."""
 
     request_id: str
+    """Made by the gateway (gateway/routes.py), unguessable: the ledger's key for this request."""
     authorization: str | None
     forwarded: dict[str, str]
     """Headers sent on to the backend (request id, trace context)."""
@@ -42,6 +43,8 @@ class Caller:
     """All request headers as received, for policy rules on arbitrary headers."""
     trace: RequestTrace | None = None
     """The request's spans, when tracing is on (gateway/telemetry/tracing.py)."""
+    client_request_id: str | None = None
+    """The client's valid `x-request-id`: echoed and logged, never used for accounting."""
 
 
 @dataclass(slots=True, kw_only=True)

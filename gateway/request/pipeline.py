@@ -14,8 +14,8 @@ from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import usage_decoder
-from gateway.request.account import Served, account
+from gateway.openai.responses import Usage, usage_decoder
+from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
 from gateway.request.classify import Caller, RequestProfile, classify
 from gateway.request.forward import OpenStream, RelayedStream, Upstream, upstream_status_error
@@ -216,13 +216,13 @@ class Pipeline:
             ended_at=answer.first_byte_at,
         )
         accounting = time_ns() if trace is not None else 0
-        record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
+        record = account(self.ledger, caller, parsed, profile, decision.route, served)
         observe(backend, record)
         if self.recorded is not None:
             self.recorded(record, parsed)
         if trace is not None:
             trace.finish(record, accounting, time_ns(), answer.attempts)
-        headers = _reply_headers(caller.request_id, backend, decision, profile)
+        headers = _reply_headers(caller, backend, decision, profile)
         headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
         if answer.attempts > 1:
             headers["x-switchyard-attempts"] = str(answer.attempts)
@@ -239,6 +239,8 @@ class Pipeline:
         trace = caller.trace
         opened = await self.upstream.open_stream(decision.candidates, parsed, caller.forwarded, limits, trace)
         sse = SseRelay(keep_usage_chunk=parsed.client_wants_usage)
+        if parsed.client_wants_usage:
+            sse.cost_of = _cost_of(self.ledger, opened)
 
         def finish(ended_at: float) -> None:
             opened.backend.inflight -= 1
@@ -246,10 +248,10 @@ class Pipeline:
                 self._room_made()
             served = _served_stream(opened, sse, ended_at)
             if served.usage is None:
-                self._settle_later(caller.request_id, parsed, profile, decision.route, served, trace)
+                self._settle_later(caller, parsed, profile, decision.route, served, trace)
                 return
             accounting = time_ns() if trace is not None else 0
-            record = account(self.ledger, caller.request_id, parsed, profile, decision.route, served)
+            record = account(self.ledger, caller, parsed, profile, decision.route, served)
             observe(opened.backend, record)
             if self.recorded is not None:
                 self.recorded(record, parsed)
@@ -257,14 +259,14 @@ class Pipeline:
                 trace.finish(record, accounting, time_ns(), opened.attempts)
 
         stream = self.upstream.relay(opened, sse, finish, limits)
-        headers = _reply_headers(caller.request_id, opened.backend, decision, profile)
+        headers = _reply_headers(caller, opened.backend, decision, profile)
         if opened.attempts > 1:
             headers["x-switchyard-attempts"] = str(opened.attempts)
         return Reply(headers=headers, content_type="text/event-stream", stream=stream)
 
     def _settle_later(
         self,
-        request_id: str,
+        caller: Caller,
         parsed: ParsedRequest,
         profile: RequestProfile,
         route: str,
@@ -273,14 +275,14 @@ class Pipeline:
     ) -> None:
         """A stream that ended without its usage chunk: ask the backend to count the prompt, then record."""
         task = asyncio.get_running_loop().create_task(
-            self._settle(request_id, parsed, profile, route, served, trace)
+            self._settle(caller, parsed, profile, route, served, trace)
         )
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
     async def _settle(
         self,
-        request_id: str,
+        caller: Caller,
         parsed: ParsedRequest,
         profile: RequestProfile,
         route: str,
@@ -291,7 +293,7 @@ class Pipeline:
             served.prompt_tokens_counted = await self.upstream.count_prompt_tokens(served.backend, parsed)
         finally:
             accounting = time_ns()
-            record = account(self.ledger, request_id, parsed, profile, route, served)
+            record = account(self.ledger, caller, parsed, profile, route, served)
             if self.recorded is not None:
                 self.recorded(record, parsed)
             if trace is not None:
@@ -333,11 +335,25 @@ def _served_stream(opened: OpenStream, sse: SseRelay, ended_at: float) -> Served
     )
 
 
+def _cost_of(ledger: Ledger, opened: OpenStream) -> Callable[[Usage], float]:
+    """The cost estimate for the stream's final usage event (the client asked for usage)."""
+    loop = asyncio.get_running_loop()
+
+    def cost_of(usage: Usage) -> float:
+        duration = loop.time() - opened.started_at
+        return estimate_cost(
+            ledger, opened.backend, usage.prompt_tokens, usage.completion_tokens, duration, opened.concurrency
+        )
+
+    return cost_of
+
+
 def _reply_headers(
-    request_id: str, backend: Backend, decision: Decision, profile: RequestProfile
+    caller: Caller, backend: Backend, decision: Decision, profile: RequestProfile
 ) -> dict[str, str]:
     return {
-        "x-request-id": request_id,
+        "x-request-id": caller.client_request_id or caller.request_id,
+        "x-switchyard-request-id": caller.request_id,
         "x-switchyard-backend": backend.name,
         "x-switchyard-pool": backend.pool.name,
         "x-switchyard-vendor": backend.pool.vendor,
