@@ -1,6 +1,7 @@
 """`GET /admin/v1/costs?by=...&window=...[&format=text]`: the cost table, from the ledger.
 
-JSON: `{"by", "window", "idle_cost", "rows": [CostRow...], "ledger": stats}`; `format=text` answers the
+JSON: `{"by", "window", "idle_cost", "totals": {paid_nusd, allocated_nusd, idle_nusd}, "rows": [CostRow...],
+"ledger": stats}`; `format=text` answers the
 table that `switchyard costs` prints (both use `format_cost_table`). Rows show paid, allocated and idle
 cost apart (gateway/ledger/allocation.py); `idle_cost` says whether idle cost is shown apart (`idle`) or
 spread over the requests (`spread`).
@@ -32,11 +33,19 @@ def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
         if format not in ("json", "text"):
             raise invalid_request("`format` must be json or text.", param="format")
         dimension: Dimension = by  # type: ignore[assignment]
-        rows = [asdict(row) for row in await ledger.costs(dimension, window)]
+        cost_rows, totals = await ledger.report(dimension, window)
+        rows = [asdict(row) for row in cost_rows]
         idle_cost = ledger.idle_cost
         if format == "text":
             return Response(format_cost_table(by, window, rows, idle_cost) + "\n", media_type="text/plain")
-        body = {"by": by, "window": window, "idle_cost": idle_cost, "rows": rows, "ledger": ledger.stats()}
+        body = {
+            "by": by,
+            "window": window,
+            "idle_cost": idle_cost,
+            "totals": totals,
+            "rows": rows,
+            "ledger": ledger.stats(),
+        }
         return Response(body)
 
     return costs

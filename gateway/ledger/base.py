@@ -74,6 +74,11 @@ class LedgerBase:
         raise NotImplementedError
 
     async def costs(self, by: Dimension, window: str) -> list[CostRow]:
+        return (await self.report(by, window))[0]
+
+    async def report(self, by: Dimension, window: str) -> tuple[list[CostRow], dict[str, int]]:
+        """The cost rows, and the window's totals over all backends: `paid_nusd` = `allocated_nusd` +
+        `idle_nusd` (the rows of any dimension add up to them)."""
         buckets = window_buckets(window, self.options.bucket_seconds, self._clock())
         backends = {b.name: b for b in self.backends}
         spread = self.idle_cost == "spread"
@@ -99,7 +104,14 @@ class LedgerBase:
             for name, value in bucket_paid.items():
                 paid[name] = paid.get(name, 0) + value
                 idle[name] = idle.get(name, 0) + bucket_idle[name]
-        return build_rows(by, counters, paid_ms, self.backends, self._weight, allocated, paid, idle)
+        rows = build_rows(by, counters, paid_ms, self.backends, self._weight, allocated, paid, idle)
+        total_idle = sum(idle.values())
+        totals = {
+            "paid_nusd": sum(paid.values()),
+            "allocated_nusd": sum(paid.values()) - total_idle,
+            "idle_nusd": total_idle,
+        }
+        return rows, totals
 
     async def _window(self, by: Dimension, buckets: list[int]) -> list[BucketData]:
         """For each of `buckets`: counters per name of `by`, paid ms per backend, allocation sums."""
