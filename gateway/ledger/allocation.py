@@ -53,17 +53,21 @@ def _low_le(rate_bin: int, w: int, value: int) -> bool:
 
 
 def rate_bin(bound_nusd: int, weighted: int) -> int:
-    """The bin of `bound / weighted` (see the module docstring); 0 when the request has no weight."""
+    """The bin of `bound / weighted` (see the module docstring); 0 when the request has no weight.
+
+    Exact, on integers: `bound / weighted` lies in [2^(e-2), 2^e) for the `e` below, so
+    q = floor(8 x kappa / 2^e) is in 2..7; below 4, the bin is one octave down.
+    """
     if weighted <= 0 or bound_nusd <= 0:
         return 0
-    mantissa, exponent = math.frexp(bound_nusd / weighted)
-    found = exponent * 8 + int(mantissa * 8)
-    # The float division may round across an edge; settle the bin exactly on integers.
-    while not _low_le(found, weighted, bound_nusd):
-        found = _prev(found)
-    while _low_le(_next(found), weighted, bound_nusd):
-        found = _next(found)
-    return found
+    exponent = bound_nusd.bit_length() - weighted.bit_length() + 1
+    shift = 3 - exponent
+    q = (bound_nusd << shift) // weighted if shift >= 0 else bound_nusd // (weighted << -shift)
+    if q < 4:
+        exponent -= 1
+        shift += 1
+        q = (bound_nusd << shift) // weighted if shift >= 0 else bound_nusd // (weighted << -shift)
+    return exponent * 8 + q
 
 
 def _part(paid: int, total: int, rate_bin: int, w: int, bound: int) -> int:
