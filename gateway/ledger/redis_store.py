@@ -32,7 +32,7 @@ from gateway.ledger.allocation import Share, rate_bin
 from gateway.ledger.base import BucketData, LedgerBase
 from gateway.ledger.costs import BOUND, PAID, WEIGHTED, Counters, merge
 from gateway.ledger.keys import Keys
-from gateway.ledger.records import Dimension, Totals, UsageRecord
+from gateway.ledger.records import GPU_DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.ledger.scripts import CLAIM_PAID, RECORD
 from gateway.settings import LedgerOptions
 
@@ -201,6 +201,8 @@ class RedisLedger(LedgerBase):
                 replies = await pipe.execute()
         except RedisError as exc:
             raise ledger_unavailable(f"Redis: {exc}") from exc
+        # Pool and vendor allocations are their backends' (the script keeps no allocation sums for them).
+        shares_dim = "backend" if by in GPU_DIMENSIONS else by
         out: list[BucketData] = []
         for at in range(0, len(replies), len(dims)):
             counters: dict[str, Counters] = {}
@@ -211,13 +213,12 @@ class RedisLedger(LedgerBase):
                     metric, _, name = field.partition("|")
                     if metric == PAID:
                         paid[name] = paid.get(name, 0) + int(value)
-                    elif dim != by:
-                        continue
                     elif metric in (WEIGHTED, BOUND):
-                        backend, rbin, name = name.split("|", 2)
-                        pair = sums.setdefault((backend, int(rbin), name), [0, 0])
-                        pair[metric == BOUND] += int(value)
-                    else:
+                        if dim == shares_dim:
+                            backend, rbin, name = name.split("|", 2)
+                            pair = sums.setdefault((backend, int(rbin), name), [0, 0])
+                            pair[metric == BOUND] += int(value)
+                    elif dim == by:
                         merge(counters, name, metric, int(value))
             shares: list[Share] = [(b, k, n, w, bound) for (b, k, n), (w, bound) in sums.items()]
             out.append((counters, paid, shares))

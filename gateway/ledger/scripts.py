@@ -8,7 +8,8 @@ RECORD = """
 -- (One argument per batch: the gateway then encodes one string, not 18 arguments per record.)
 -- A record whose request id (gateway-made) is already known (SET NX fails) is skipped: re-sent batches
 -- count once. Increments are summed per hash field first, then applied with one HINCRBY each.
--- Allocation sums go to the bucket only: 'aw|<backend>|<bin>|<name>' and 'ab|...' (weighted, bound).
+-- Allocation sums go to the bucket only: 'aw|<backend>|<bin>|<name>' and 'ab|...' (weighted, bound), for
+-- the backend, model, key and class dimensions (pool and vendor allocations are their backends').
 local tag, dedupe, keep, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local dims = {'backend', 'pool', 'vendor', 'model', 'key', 'class'}
 local metrics = {'req', 'in', 'out', 'busy_us', 'cost_nusd', 'err', 'est'}
@@ -45,7 +46,7 @@ for _, line in ipairs(split(payload, '\\30')) do
           add(win, f, v)
         end
       end
-      if w ~= 0 then
+      if w ~= 0 and d ~= 2 and d ~= 3 then
         add(win, 'aw' .. share .. name, w)
         if bound ~= 0 then add(win, 'ab' .. share .. name, bound) end
       end
