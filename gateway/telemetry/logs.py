@@ -50,6 +50,8 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     request_body: str | None = None
     level: str = "info"
     logger: str = LOGGER
+    client_request_id: str | None = None
+    """The client's `x-request-id`, when it sent one (request_id is the gateway's)."""
 
 
 class AccessLog:
@@ -84,6 +86,8 @@ class AccessLog:
         )  # fmt: skip
         if body is not None:
             line.request_body = body.decode("utf-8", "replace")
+        if r.client_request_id is not None:
+            line.client_request_id = r.client_request_id
         self._write(line)
 
     def error(

@@ -1,4 +1,4 @@
-"""The cost gauges /metrics exports from the ledger: paid = allocated + idle, per backend, USD per hour."""
+"""Cost gauges on /metrics (paid = allocated + idle); the client request id in the access log."""
 
 from __future__ import annotations
 
@@ -37,3 +37,20 @@ async def test_paid_allocated_and_idle_per_hour() -> None:
     for name in paid:
         assert allocated[name] + idle[name] == pytest.approx(paid[name])
     assert 'switchyard_ledger_idle_cost_info{mode="idle"} 1' in text
+
+
+def test_the_access_log_keeps_the_client_request_id_apart() -> None:
+    import dataclasses
+    import io
+    import json
+
+    from gateway.telemetry.logs import AccessLog
+
+    out = io.BytesIO()
+    log = AccessLog(out)
+    log.record(dataclasses.replace(rec("req-gw"), client_request_id="client-7"), None)
+    log.record(rec("req-gw2"), None)
+    log.flush()
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (first["request_id"], first["client_request_id"]) == ("req-gw", "client-7")
+    assert "client_request_id" not in second
