@@ -1,7 +1,10 @@
 """`GET /admin/v1/costs?by=...&window=...[&format=text]`: the cost table, from the ledger.
 
-JSON: `{"by", "window", "rows": [CostRow...], "ledger": stats}`; `format=text` answers the table that
-`switchyard costs` prints (both use `format_cost_table`).
+JSON: `{"by", "window", "idle_cost", "totals": {paid_nusd, allocated_nusd, idle_nusd}, "rows": [CostRow...],
+"ledger": stats}`; `format=text` answers the
+table that `switchyard costs` prints (both use `format_cost_table`). Rows show paid, allocated and idle
+cost apart (gateway/ledger/allocation.py); `idle_cost` says whether idle cost is shown apart (`idle`) or
+spread over the requests (`spread`).
 """
 
 from __future__ import annotations
@@ -34,9 +37,22 @@ def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
         if format not in ("json", "text"):
             raise invalid_request("`format` must be json or text.", param="format")
         dimension: Dimension = by  # type: ignore[assignment]
-        rows = visible_rows(request, [asdict(row) for row in await ledger.costs(dimension, window)])
+        cost_rows, totals = await ledger.report(dimension, window)
+        every_row = [asdict(row) for row in cost_rows]
+        rows = visible_rows(request, every_row)
+        if rows is not every_row:  # a tenant sees its own rows, not the fleet's totals
+            totals = {}
+        idle_cost = ledger.idle_cost
         if format == "text":
-            return Response(format_cost_table(by, window, rows) + "\n", media_type="text/plain")
-        return Response({"by": by, "window": window, "rows": rows, "ledger": ledger.stats()})
+            return Response(format_cost_table(by, window, rows, idle_cost) + "\n", media_type="text/plain")
+        body = {
+            "by": by,
+            "window": window,
+            "idle_cost": idle_cost,
+            "totals": totals,
+            "rows": rows,
+            "ledger": ledger.stats(),
+        }
+        return Response(body)
 
     return costs

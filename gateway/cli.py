@@ -14,6 +14,7 @@ from typing import Any
 from backends.yamlfile import ConfigError
 from gateway import cluster as cluster_cli
 from gateway import policy_cli
+from gateway.ledger.records import DIMENSIONS
 
 _PROJECT = ("gateway", "backends", "policies", "loadtest")
 
@@ -92,7 +93,7 @@ def _costs(args: argparse.Namespace) -> int:
         print(f"switchyard: {response.status_code}: {response.text}", file=sys.stderr)
         return 1
     body = response.json()
-    print(format_cost_table(body["by"], body["window"], body["rows"]))
+    print(format_cost_table(body["by"], body["window"], body["rows"], body["idle_cost"]))
     return 0
 
 
@@ -198,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument(
         "--by",
         default="backend",
-        choices=["backend", "pool", "vendor", "model", "key"],
+        choices=list(DIMENSIONS),
         help="what each row of the table sums (default: %(default)s)",
     )
     costs.add_argument(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import re
@@ -34,19 +33,37 @@ def valid_request_id(text: str) -> bool:
     return _REQUEST_ID.match(text) is not None
 
 
-_ID_PREFIX = "req-" + os.urandom(6).hex()
-_id_counter = itertools.count(1)
+_ID_HEX = 32
+"""128 random bits per request id, in hex."""
+_ID_BATCH = 128
+_random_hex = ""
+_random_at = 0
 
 
 def new_request_id() -> str:
-    """Unique per process (a random prefix) and across its requests (a counter): no syscall per request."""
-    return f"{_ID_PREFIX}{next(_id_counter):012x}"
+    """128 random bits from the OS: the ledger counts a request once by this id, so no client may guess
+    or choose another request's id (a client's `x-request-id` is only echoed and logged). The bits are
+    read from the OS 128 ids at a time (one syscall), and each is used once."""
+    global _random_hex, _random_at
+    at = _random_at
+    if at >= len(_random_hex):
+        _random_hex, at = os.urandom(_ID_HEX // 2 * _ID_BATCH).hex(), 0
+    _random_at = at + _ID_HEX
+    return "req-" + _random_hex[at : at + _ID_HEX]
+
+
+def _forget_random_bits() -> None:
+    """A forked worker must not reuse the bits its parent read."""
+    global _random_hex, _random_at
+    _random_hex, _random_at = "", 0
+
+
+os.register_at_fork(after_in_child=_forget_random_bits)
 
 
 def read_caller(scope: Any) -> Caller:
     """Read the few request headers the gateway uses straight from the ASGI scope, in one pass."""
-    request_id: str | None = None
-    caller = Caller(request_id="", authorization=None, forwarded={}, headers=scope["headers"])
+    caller = Caller(request_id=new_request_id(), authorization=None, forwarded={}, headers=scope["headers"])
     for name, value in scope["headers"]:
         if name == b"authorization":
             caller.authorization = value.decode("latin-1")
@@ -55,7 +72,7 @@ def read_caller(scope: Any) -> Caller:
         elif name == b"x-request-id":
             text = value.decode("latin-1")
             if valid_request_id(text):
-                request_id = text
+                caller.client_request_id = text
         elif name in _FORWARDED_HEADERS:
             caller.forwarded[_FORWARDED_HEADERS[name]] = value.decode("latin-1")
         elif name == b"x-switchyard-priority":
@@ -66,7 +83,6 @@ def read_caller(scope: Any) -> Caller:
             caller.tenant = value.decode("latin-1")
         elif name == b"x-session-id":
             caller.session = value.decode("latin-1")
-    caller.request_id = request_id or new_request_id()
     caller.forwarded["x-request-id"] = caller.request_id
     return caller
 
@@ -87,7 +103,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             error = GatewayError(
                 405, f"Use POST for {scope['path']}.", "invalid_request_error", headers=_ALLOW
             )
-            await send_error(send, error, caller.request_id)
+            await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         ctx = RequestContext(endpoint, caller)
         try:
@@ -97,14 +113,14 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             reply = await pipeline.handle(ctx)
         except GatewayError as error:
             pipeline.end(ctx, error)
-            await send_error(send, error, caller.request_id)
+            await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         except ClientGone:
             return
         except Exception as exc:
             log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
             pipeline.end(ctx, exc)
-            await send_error(send, _INTERNAL_ERROR, caller.request_id)
+            await send_error(send, _INTERNAL_ERROR, caller.client_request_id or caller.request_id)
             return
         except BaseException as exc:  # cancelled: the request still ends
             pipeline.end(ctx, exc)

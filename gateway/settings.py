@@ -127,6 +127,9 @@ class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     redis_timeout: _Seconds = 2.0
     output_token_weight: Annotated[float, msgspec.Meta(gt=0)] = 4.0
     """One output token costs this many input tokens' worth of GPU time (decode vs prefill)."""
+    idle_cost: Literal["idle", "spread"] = "idle"
+    """`idle`: GPU time no request used is reported as idle cost, charged to nobody. `spread`: each
+    bucket's idle cost is spread over its requests by weighted tokens (gateway/ledger/allocation.py)."""
 
 
 class Tracing(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

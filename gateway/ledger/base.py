@@ -1,8 +1,9 @@
 """What every ledger store shares: the paid-time ticker, the cost refresher, recent records, attribution.
 
-A store implements four small steps: `_add` (apply one record), `_claim_paid` (store paid GPU time per
-backend and bucket, keeping the larger value so replicas never double pay), `_window` (counters over a set
-of buckets) and `read_totals`. Background tasks (started by `start`, stopped by `close`):
+A store implements `record`, `_claim_paid` (store paid GPU time per backend and bucket, keeping the
+larger value so replicas never double pay), `_window` (per bucket: counters, paid time and allocation
+sums) and `read_totals`; `costs` allocates each bucket's paid cost (gateway/ledger/allocation.py).
+Background tasks (started by `start`, stopped by `close`):
 
 - every `paid_interval`: claim the paid time of each backend from this replica's start to now, for the
   buckets not yet claimed (after an outage it catches up from the first unclaimed bucket);
@@ -21,13 +22,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from backends.models import Backend
-from gateway.ledger.costs import Counters, bucket_of, build_rows, window_buckets
-from gateway.ledger.records import CostRow, Dimension, Totals, UsageRecord
+from gateway.ledger.allocation import Share, allocate_bucket
+from gateway.ledger.costs import Counters, bucket_of, build_rows, merge, paid_nusd, window_buckets
+from gateway.ledger.records import GPU_DIMENSIONS, CostRow, Dimension, Totals, UsageRecord
 from gateway.settings import LedgerOptions
 
 log = logging.getLogger("switchyard.ledger")
 
 REFRESH_WINDOW = "15m"
+
+BucketData = tuple[dict[str, Counters], dict[str, int], list[Share]]
+"""One bucket as a store reads it: counters by name, paid ms by backend, allocation sums."""
 
 
 class LedgerBase:
@@ -50,6 +55,9 @@ class LedgerBase:
         self._unclaimed_from: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.background_errors = 0
+        self.idle_cost = self.options.idle_cost
+        self.window_rows: list[CostRow] = []
+        """The backend rows of the last refresh (REFRESH_WINDOW), for the cost metrics."""
 
     # --- on the request path: constant time, no I/O ---------------------------------------------------
 
@@ -66,12 +74,47 @@ class LedgerBase:
         raise NotImplementedError
 
     async def costs(self, by: Dimension, window: str) -> list[CostRow]:
-        buckets = window_buckets(window, self.options.bucket_seconds, self._clock())
-        counters, paid = await self._window(by, buckets)
-        return build_rows(by, counters, paid, self.backends, self._weight)
+        return (await self.report(by, window))[0]
 
-    async def _window(self, by: Dimension, buckets: list[int]) -> tuple[dict[str, Counters], dict[str, int]]:
-        """Counters per name of `by`, and paid milliseconds per backend, summed over `buckets`."""
+    async def report(self, by: Dimension, window: str) -> tuple[list[CostRow], dict[str, int]]:
+        """The cost rows, and the window's totals over all backends: `paid_nusd` = `allocated_nusd` +
+        `idle_nusd` (the rows of any dimension add up to them)."""
+        buckets = window_buckets(window, self.options.bucket_seconds, self._clock())
+        backends = {b.name: b for b in self.backends}
+        spread = self.idle_cost == "spread"
+        counters: dict[str, Counters] = {}
+        paid_ms: dict[str, int] = {}
+        paid: dict[str, int] = {}
+        allocated: dict[str, int] = {}
+        idle: dict[str, int] = {}
+        gpu_rows = by in GPU_DIMENSIONS
+        for bucket_counters, bucket_paid_ms, shares in await self._window(by, buckets):
+            for name, values in bucket_counters.items():
+                for metric, value in values.items():
+                    merge(counters, name, metric, value)
+            bucket_paid: dict[str, int] = {}
+            for name, ms in bucket_paid_ms.items():
+                paid_ms[name] = paid_ms.get(name, 0) + ms
+                backend = backends.get(name)
+                if backend is not None:
+                    bucket_paid[name] = paid_nusd(ms, backend)
+            by_name, by_backend, bucket_idle = allocate_bucket(bucket_paid, shares, spread)
+            for name, value in (by_backend if gpu_rows else by_name).items():
+                allocated[name] = allocated.get(name, 0) + value
+            for name, value in bucket_paid.items():
+                paid[name] = paid.get(name, 0) + value
+                idle[name] = idle.get(name, 0) + bucket_idle[name]
+        rows = build_rows(by, counters, paid_ms, self.backends, self._weight, allocated, paid, idle)
+        total_idle = sum(idle.values())
+        totals = {
+            "paid_nusd": sum(paid.values()),
+            "allocated_nusd": sum(paid.values()) - total_idle,
+            "idle_nusd": total_idle,
+        }
+        return rows, totals
+
+    async def _window(self, by: Dimension, buckets: list[int]) -> list[BucketData]:
+        """For each of `buckets`: counters per name of `by`, paid ms per backend, allocation sums."""
         raise NotImplementedError
 
     def stats(self) -> dict[str, int | str | None]:
@@ -130,7 +173,8 @@ class LedgerBase:
 
     async def refresh(self) -> None:
         """Keep `measured_cost_per_mtok` and the attribution rates fresh from the 15-minute window."""
-        rows = {row.name: row for row in await self.costs("backend", REFRESH_WINDOW)}
+        self.window_rows = await self.costs("backend", REFRESH_WINDOW)
+        rows = {row.name: row for row in self.window_rows}
         rates: dict[str, float] = {}
         for backend in self.backends:
             row = rows.get(backend.name)

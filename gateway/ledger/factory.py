@@ -22,8 +22,8 @@ class NullLedger(LedgerBase):
     async def read_totals(self, by: Dimension) -> dict[str, Totals]:
         return {}
 
-    async def _window(self, by: Dimension, buckets: list[int]) -> tuple[dict, dict]:
-        return {}, {}
+    async def _window(self, by: Dimension, buckets: list[int]) -> list:
+        return []
 
     async def _claim_paid(self, claims: dict[int, int], backends: list[str]) -> None:
         return None

@@ -1,11 +1,12 @@
 """Redis key names. Every key carries the hash tag `{sy:<prefix>}`, so on Redis Cluster all of one
 deployment's keys live in one slot and a batch script may touch any of them.
 
-    {sy:P}:req:<request id>          "1", EX dedupe_ttl: this request id is counted (SET NX)
+    {sy:P}:req:<request id>          "1", EX dedupe_ttl: this (gateway-made) request id is counted (SET NX)
     {sy:P}:tot:<dim>                 hash, all-time totals; field "<metric>|<name>"
     {sy:P}:m:<bucket start>:<dim>    hash, one time bucket (EXPIRE retention); field "<metric>|<name>";
-                                     the backend hash also holds "paid_ms|<backend>"
-dim: backend, pool, vendor, model, key. metric: req, in, out, busy_us, cost_nusd, err, est
+                                     the backend hash also holds "paid_ms|<backend>"; allocation sums
+                                     "aw|<backend>|<rate bin>|<name>" and "ab|..." (allocation.py)
+dim: backend, pool, vendor, model, key, class. metric: req, in, out, busy_us, cost_nusd, err, est
 (see gateway/ledger/costs.py). Scripts are routed by KEYS[1] (the backend totals key) and build the
 other names from the same tag, so they stay on its slot.
 """

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from backends.models import Backend
-from gateway.ledger.base import LedgerBase
+from gateway.ledger.allocation import Share, rate_bin
+from gateway.ledger.base import BucketData, LedgerBase
 from gateway.ledger.costs import METRICS, Counters, bucket_of, merge, record_values
 from gateway.ledger.records import DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.settings import LedgerOptions
@@ -30,8 +31,9 @@ class InMemoryLedger(LedgerBase):
         clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(options, backends, **({"clock": clock} if clock else {}), keep_recent=keep_recent)
-        # Counters per combination of (backend, pool, vendor, model, key), rolled up by dimension on read.
-        self._buckets: dict[int, dict[tuple[str, ...], list[int]]] = {}
+        # Counters per combination of (backend, pool, vendor, model, key, class, rate bin), rolled up by
+        # dimension on read; the values are METRICS, then weighted tokens and bound nano-USD.
+        self._buckets: dict[int, dict[tuple[str | int, ...], list[int]]] = {}
         self._combo_totals: dict[tuple[str, ...], Totals] = {}
         self._paid: dict[int, dict[str, int]] = {}
         self._seen: set[str] = set()
@@ -62,18 +64,25 @@ class InMemoryLedger(LedgerBase):
         bucket = self._buckets.get(start)
         if bucket is None:
             bucket = self._buckets[start] = {}
-        combo = (record.backend, record.pool, record.vendor, record.model, record.key)
-        values = record_values(
-            record.prompt_tokens,
-            record.completion_tokens,
-            record.busy_s,
-            record.cost_usd,
-            record.status >= 400,
-            record.usage_source == "estimated",
+        weighted = round(record.prompt_tokens + self._weight * record.completion_tokens)
+        bound = record.bound_nusd
+        combo = (record.backend, record.pool, record.vendor, record.model, record.key, record.request_class)
+        values = (
+            *record_values(
+                record.prompt_tokens,
+                record.completion_tokens,
+                record.busy_s,
+                record.cost_usd,
+                record.status >= 400,
+                record.usage_source == "estimated",
+            ),
+            weighted,
+            bound,
         )
-        counters = bucket.get(combo)
+        binned = (*combo, rate_bin(bound, weighted))
+        counters = bucket.get(binned)
         if counters is None:
-            bucket[combo] = list(values)
+            bucket[binned] = list(values)
         else:
             for i, value in enumerate(values):
                 counters[i] += value
@@ -97,18 +106,27 @@ class InMemoryLedger(LedgerBase):
     async def read_totals(self, by: Dimension) -> dict[str, Totals]:
         return self.totals(by)
 
-    async def _window(self, by: Dimension, buckets: list[int]) -> tuple[dict[str, Counters], dict[str, int]]:
+    async def _window(self, by: Dimension, buckets: list[int]) -> list[BucketData]:
         self._drain()
-        counters: dict[str, Counters] = {}
-        paid: dict[str, int] = {}
         index = DIMENSIONS.index(by)
+        out: list[BucketData] = []
         for start in buckets:
+            counters: dict[str, Counters] = {}
+            sums: dict[tuple[str, int, str], list[int]] = {}
             for combo, values in self._buckets.get(start, {}).items():
-                for metric, value in zip(METRICS, values, strict=True):
-                    merge(counters, combo[index], metric, value)
-            for name, ms in self._paid.get(start, {}).items():
-                paid[name] = paid.get(name, 0) + ms
-        return counters, paid
+                name = str(combo[index])
+                for metric, value in zip(METRICS, values, strict=False):
+                    merge(counters, name, metric, value)
+                at = (str(combo[0]), int(combo[-1]), name)
+                pair = sums.get(at)
+                if pair is None:
+                    sums[at] = [values[-2], values[-1]]
+                else:
+                    pair[0] += values[-2]
+                    pair[1] += values[-1]
+            shares: list[Share] = [(b, k, n, w, bound) for (b, k, n), (w, bound) in sums.items()]
+            out.append((counters, dict(self._paid.get(start, {})), shares))
+        return out
 
     async def _claim_paid(self, claims: dict[int, int], backends: list[str]) -> None:
         self._drain()

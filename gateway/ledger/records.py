@@ -6,13 +6,16 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 UsageSource = Literal["backend", "estimated"]
-Dimension = Literal["backend", "pool", "vendor", "model", "key"]
-DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor", "model", "key")
+Dimension = Literal["backend", "pool", "vendor", "model", "key", "class"]
+DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor", "model", "key", "class")
+GPU_DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor")
+"""Dimensions whose rows own GPUs (and so have paid and idle cost); the others only get allocations."""
 
 
 @dataclass(slots=True)
 class UsageRecord:
     request_id: str
+    """Made by the gateway (128 random bits), once per client request: the ledger's idempotency key."""
     endpoint: str
     model: str
     backend: str
@@ -50,6 +53,10 @@ class UsageRecord:
     """A hash of what `prefix-affinity` keys on: the session, else the prompt's first 512 characters."""
     prefix: list[str] | None = None
     """Chain hashes of the prompt's leading 1024-character blocks (gateway/telemetry/logs.py)."""
+    bound_nusd: int = 0
+    """The most this request may be allocated: price x GPUs x its time on the backend, in nano-USD."""
+    client_request_id: str | None = None
+    """The client's `x-request-id` (validated), for logs only: never used for accounting."""
 
 
 @dataclass(slots=True)
@@ -86,8 +93,6 @@ class Totals:
 
 @dataclass(slots=True)
 class CostRow:
-    """One row of the costs table; gateway/ledger/costs.py computes it."""
-
     name: str
     price_per_gpu_hour: float | None
     gpu_hours: float | None
@@ -96,8 +101,16 @@ class CostRow:
     prompt_tokens: int
     completion_tokens: int
     paid_usd: float | None
-    attributed_usd: float
+    """GPU time paid for (rows that own GPUs; None for model, key and class rows)."""
+    allocated_usd: float
+    """Paid cost allocated to the row's requests (gateway/ledger/allocation.py)."""
+    idle_usd: float | None
+    """Paid cost no request used (rows that own GPUs; the `(idle)` row of other dimensions)."""
     spend_usd: float
+    """Paid for GPU rows, allocated for the others: what the row's $/Mtok figures divide."""
+    paid_nusd: int | None
+    allocated_nusd: int
+    idle_nusd: int | None
     input_usd_per_mtok: float | None
     output_usd_per_mtok: float | None
     blended_usd_per_mtok: float | None
@@ -106,6 +119,9 @@ class CostRow:
 
 class Ledger(Protocol):
     """Where usage goes. `record` never blocks and never raises into the request path."""
+
+    idle_cost: str
+    """`idle` or `spread` (`ledger.idle_cost`): how reports treat GPU time no request used."""
 
     def record(self, record: UsageRecord) -> None: ...
 
@@ -122,6 +138,8 @@ class Ledger(Protocol):
     async def read_totals(self, by: Dimension) -> dict[str, Totals]: ...
 
     async def costs(self, by: Dimension, window: str) -> list[CostRow]: ...
+
+    async def report(self, by: Dimension, window: str) -> tuple[list[CostRow], dict[str, int]]: ...
 
     async def flush(self) -> bool: ...
 

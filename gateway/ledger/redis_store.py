@@ -29,10 +29,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.models import Backend
 from gateway.errors import ledger_unavailable
-from gateway.ledger.base import LedgerBase
-from gateway.ledger.costs import PAID, Counters, merge
+from gateway.ledger.allocation import Share, rate_bin
+from gateway.ledger.base import BucketData, LedgerBase
+from gateway.ledger.costs import BOUND, PAID, WEIGHTED, Counters, merge
 from gateway.ledger.keys import Keys
-from gateway.ledger.records import Dimension, Totals, UsageRecord
+from gateway.ledger.records import GPU_DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.ledger.scripts import CLAIM_PAID, RECORD
 from gateway.settings import LedgerOptions
 
@@ -150,15 +151,18 @@ class RedisLedger(LedgerBase):
     def _args(self, batch: list[UsageRecord]) -> list[Any]:
         """The batch as one string (see scripts.RECORD): one f-string per record, one argument in all."""
         size = self.options.bucket_seconds
-        payload = "\x1e".join(
-            [
+        weight = self._weight
+        lines = []
+        for r in batch:
+            weighted = round(r.prompt_tokens + weight * r.completion_tokens)
+            lines.append(
                 f"{r.request_id}\x1f{int(r.finished_at // size) * size}\x1f{r.backend}\x1f{r.pool}\x1f"
-                f"{r.vendor}\x1f{r.model}\x1f{r.key}\x1f1\x1f{r.prompt_tokens}\x1f{r.completion_tokens}\x1f"
-                f"{round(r.busy_s * 1e6)}\x1f{round(r.cost_usd * 1e9)}\x1f{1 if r.status >= 400 else 0}\x1f"
-                f"{1 if r.usage_source == 'estimated' else 0}"
-                for r in batch
-            ]
-        )
+                f"{r.vendor}\x1f{r.model}\x1f{r.key}\x1f{r.request_class}\x1f1\x1f{r.prompt_tokens}\x1f"
+                f"{r.completion_tokens}\x1f{round(r.busy_s * 1e6)}\x1f{round(r.cost_usd * 1e9)}\x1f"
+                f"{1 if r.status >= 400 else 0}\x1f{1 if r.usage_source == 'estimated' else 0}\x1f"
+                f"{weighted}\x1f{r.bound_nusd}\x1f{rate_bin(r.bound_nusd, weighted)}"
+            )
+        payload = "\x1e".join(lines)
         return [*self._head, payload]
 
     async def close(self) -> None:
@@ -199,7 +203,7 @@ class RedisLedger(LedgerBase):
         async with asyncio.timeout(self.options.redis_timeout):
             await self._claim_script(keys=[self.keys.route], args=args)
 
-    async def _window(self, by: Dimension, buckets: list[int]) -> tuple[dict[str, Counters], dict[str, int]]:
+    async def _window(self, by: Dimension, buckets: list[int]) -> list[BucketData]:
         dims: tuple[str, ...] = (by,) if by == "backend" else (by, "backend")
         try:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -209,17 +213,28 @@ class RedisLedger(LedgerBase):
                 replies = await pipe.execute()
         except RedisError as exc:
             raise ledger_unavailable(f"Redis: {exc}") from exc
-        counters: dict[str, Counters] = {}
-        paid: dict[str, int] = {}
-        for i, reply in enumerate(replies):
-            dim = dims[i % len(dims)]
-            for field, value in reply.items():
-                metric, _, name = field.partition("|")
-                if metric == PAID:
-                    paid[name] = paid.get(name, 0) + int(value)
-                elif dim == by:
-                    merge(counters, name, metric, int(value))
-        return counters, paid
+        # Pool and vendor allocations are their backends' (the script keeps no allocation sums for them).
+        shares_dim = "backend" if by in GPU_DIMENSIONS else by
+        out: list[BucketData] = []
+        for at in range(0, len(replies), len(dims)):
+            counters: dict[str, Counters] = {}
+            paid: dict[str, int] = {}
+            sums: dict[tuple[str, int, str], list[int]] = {}
+            for i, dim in enumerate(dims):
+                for field, value in replies[at + i].items():
+                    metric, _, name = field.partition("|")
+                    if metric == PAID:
+                        paid[name] = paid.get(name, 0) + int(value)
+                    elif metric in (WEIGHTED, BOUND):
+                        if dim == shares_dim:
+                            backend, rbin, name = name.split("|", 2)
+                            pair = sums.setdefault((backend, int(rbin), name), [0, 0])
+                            pair[metric == BOUND] += int(value)
+                    elif dim == by:
+                        merge(counters, name, metric, int(value))
+            shares: list[Share] = [(b, k, n, w, bound) for (b, k, n), (w, bound) in sums.items()]
+            out.append((counters, paid, shares))
+        return out
 
     async def read_totals(self, by: Dimension) -> dict[str, Totals]:
         try:

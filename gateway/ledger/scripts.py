@@ -2,13 +2,16 @@
 
 RECORD = """
 -- A batch of usage records. ARGV: tag, dedupe ttl, retention, payload. The payload holds the records
--- separated by \\30 (ASCII record separator), each with 14 fields separated by \\31 (unit separator):
--- request id, bucket start, backend, pool, vendor, model, key, req, in, out, busy_us, cost_nusd, err, est.
--- (One argument per batch: the gateway then encodes one string, not 14 arguments per record.)
--- A record whose request id is already known (SET NX fails) is skipped: retries and re-sent batches
+-- separated by \\30 (ASCII record separator), each with 18 fields separated by \\31 (unit separator):
+-- request id, bucket start, backend, pool, vendor, model, key, class, req, in, out, busy_us, cost_nusd,
+-- err, est, weighted tokens, bound nusd, rate bin.
+-- (One argument per batch: the gateway then encodes one string, not 18 arguments per record.)
+-- A record whose request id (gateway-made) is already known (SET NX fails) is skipped: re-sent batches
 -- count once. Increments are summed per hash field first, then applied with one HINCRBY each.
+-- Allocation sums go to the bucket only: 'aw|<backend>|<bin>|<name>' and 'ab|...' (weighted, bound), for
+-- the backend, model, key and class dimensions (pool and vendor allocations are their backends').
 local tag, dedupe, keep, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local dims = {'backend', 'pool', 'vendor', 'model', 'key'}
+local dims = {'backend', 'pool', 'vendor', 'model', 'key', 'class'}
 local metrics = {'req', 'in', 'out', 'busy_us', 'cost_nusd', 'err', 'est'}
 local sums, windows, added = {}, {}, 0
 local function split(s, sep)
@@ -27,20 +30,25 @@ local function add(key, field, v)
 end
 for _, line in ipairs(split(payload, '\\30')) do
   local r = split(line, '\\31')
-  if #r == 14 and redis.call('SET', tag .. ':req:' .. r[1], '1', 'NX', 'EX', dedupe) then
+  if #r == 18 and redis.call('SET', tag .. ':req:' .. r[1], '1', 'NX', 'EX', dedupe) then
     added = added + 1
-    for d = 1, 5 do
+    local w, bound, share = tonumber(r[16]), tonumber(r[17]), '|' .. r[3] .. '|' .. r[18] .. '|'
+    for d = 1, 6 do
       local name = r[2 + d]
       local tot = tag .. ':tot:' .. dims[d]
       local win = tag .. ':m:' .. r[2] .. ':' .. dims[d]
       windows[win] = true
       for m = 1, 7 do
-        local v = tonumber(r[7 + m])
+        local v = tonumber(r[8 + m])
         if v ~= 0 then
           local f = metrics[m] .. '|' .. name
           add(tot, f, v)
           add(win, f, v)
         end
+      end
+      if w ~= 0 and d ~= 2 and d ~= 3 then
+        add(win, 'aw' .. share .. name, w)
+        if bound ~= 0 then add(win, 'ab' .. share .. name, bound) end
       end
     end
   end

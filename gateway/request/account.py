@@ -1,10 +1,11 @@
-"""Step 5: turn what a backend served into one ledger record and the cost attributed to the request.
+"""Step 5: turn what a backend served into one ledger record and the request's cost estimate.
 
-Attributed cost: once the ledger has measured the backend (paid GPU time over tokens served, 15-minute
-window), the request's tokens at that rate, output tokens weighted by `ledger.output_token_weight`
-(`Ledger.measured_cost`; rules in gateway/ledger/costs.py). Until then a time-share estimate: the
-backend's price per second (price per GPU-hour x GPUs) times the request's duration, divided by the
-requests it was serving at the same time.
+The request's allocated cost is settled when its bucket ends (gateway/ledger/allocation.py); the record
+carries its bound (price x GPUs x its time on the backend), and the estimate sent as
+`x-switchyard-cost-usd` is: once the ledger has measured the backend (paid GPU time over weighted tokens
+served, 15-minute window), the request's weighted tokens at that rate (`Ledger.measured_cost`), else a
+time share (its bound divided by the requests the backend was serving when it was sent); either way
+capped by the bound. Estimate and final allocation both lie in [0, bound].
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from backends.models import Backend
 from gateway.ledger.records import Ledger, UsageRecord, UsageSource
 from gateway.openai.responses import Usage
+from gateway.request.classify import Caller
 from gateway.request.parse import ParsedRequest
 from policies.profile import RequestProfile
 
@@ -35,13 +37,20 @@ class Served:
     """The backend's count of the prompt when it sent no usage (a stream cut short), if it could say."""
 
 
-def attributed_cost(backend: Backend, duration_s: float, concurrency: int) -> float:
-    return backend.pool.backend_price_per_second * duration_s / max(1, concurrency)
+def estimate_cost(
+    ledger: Ledger, backend: Backend, prompt: int, completion: int, duration_s: float, concurrency: int
+) -> float:
+    """USD: the measured rate for these tokens, else a time share; never above the request's bound."""
+    bound = backend.pool.backend_price_per_second * duration_s
+    cost = ledger.measured_cost(backend.name, prompt, completion)
+    if cost is None:
+        return bound / max(1, concurrency)
+    return cost if cost < bound else bound
 
 
 def account(
     ledger: Ledger,
-    request_id: str,
+    caller: Caller,
     parsed: ParsedRequest,
     profile: RequestProfile,
     route: str,
@@ -58,11 +67,9 @@ def account(
         source = "estimated"
     duration = max(0.0, served.ended_at - served.started_at)
     backend = served.backend
-    cost = ledger.measured_cost(backend.name, prompt, completion)
-    if cost is None:
-        cost = attributed_cost(backend, duration, served.concurrency)
+    cost = estimate_cost(ledger, backend, prompt, completion, duration, served.concurrency)
     record = UsageRecord(
-        request_id=request_id,
+        request_id=caller.request_id,
         endpoint=parsed.endpoint,
         model=parsed.model,
         backend=backend.name,
@@ -89,6 +96,8 @@ def account(
         class_header=profile.explicit_class,
         tenant=profile.tenant,
         session=profile.session,
+        bound_nusd=int(backend.pool.backend_price_per_second * duration * 1e9),
+        client_request_id=caller.client_request_id,
     )
     ledger.record(record)
     return record

@@ -26,6 +26,7 @@ class Caller:
     """What the HTTP layer read about the client besides the body."""
 
     request_id: str
+    """Made by the gateway (gateway/routes.py), unguessable: the ledger's key for this request."""
     authorization: str | None
     forwarded: dict[str, str]
     """Headers sent on to the backend (request id, trace context)."""
@@ -43,6 +44,8 @@ class Caller:
     """The authenticated API key (`auth.mode: keys`), set at the edge."""
     admission: Admission | None = None
     """Its reservation in the key's and team's limits, settled once at the request's end."""
+    client_request_id: str | None = None
+    """The client's valid `x-request-id`: echoed and logged, never used for accounting."""
 
 
 @lru_cache(maxsize=4096)

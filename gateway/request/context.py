@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from backends.models import Backend
     from gateway.ledger.records import UsageRecord
     from gateway.openai.responses import Usage
-    from gateway.request.classify import Caller, RequestProfile
+    from gateway.request.classify import Caller
     from gateway.request.limits import Limits
     from gateway.request.parse import Endpoint, ParsedRequest
     from gateway.request.sse import SseRelay
     from policies.framework import Decision
+    from policies.profile import RequestProfile
 
 
 # --- what the request path tells a request's trace -----------------------------------------------------

@@ -22,8 +22,8 @@ from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import usage_decoder
-from gateway.request.account import Served, account
+from gateway.openai.responses import Usage, usage_decoder
+from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
@@ -140,6 +140,8 @@ class Pipeline:
         """Open a stream; the relay ends the request when the stream ends."""
         opened = await self.upstream.open_stream(ctx)
         ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
+        if ctx.parsed.client_wants_usage:
+            sse.cost_of = _cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
         headers = _reply_headers(ctx, opened.backend)
         if ctx.caller.admission is not None:
@@ -183,7 +185,7 @@ class Pipeline:
     def _account(self, ctx: RequestContext, served: Served, observe_latency: bool) -> UsageRecord:
         ctx.accounting_ns = time_ns()
         parsed = ctx.parsed
-        record = account(self.ledger, ctx.caller.request_id, parsed, ctx.profile, ctx.decision.route, served)
+        record = account(self.ledger, ctx.caller, parsed, ctx.profile, ctx.decision.route, served)
         admission = ctx.caller.admission
         if admission is not None:
             self.tenants.settle(  # type: ignore[union-attr]
@@ -318,9 +320,26 @@ def observe(backend: Backend, record: UsageRecord) -> None:
         backend.observed.add(None, record.duration_s / tokens)
 
 
+def _cost_of(ledger: Ledger, ctx: RequestContext) -> Callable[[Usage], float]:
+    """The cost estimate for the stream's final usage event (the client asked for usage)."""
+    loop = asyncio.get_running_loop()
+    backend = ctx.backend
+    assert backend is not None
+
+    def cost_of(usage: Usage) -> float:
+        duration = loop.time() - ctx.started_at
+        return estimate_cost(
+            ledger, backend, usage.prompt_tokens, usage.completion_tokens, duration, ctx.concurrency
+        )
+
+    return cost_of
+
+
 def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:
+    caller = ctx.caller
     headers = {
-        "x-request-id": ctx.caller.request_id,
+        "x-request-id": caller.client_request_id or caller.request_id,
+        "x-switchyard-request-id": caller.request_id,
         "x-switchyard-backend": backend.name,
         "x-switchyard-pool": backend.pool.name,
         "x-switchyard-vendor": backend.pool.vendor,

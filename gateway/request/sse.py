@@ -8,6 +8,7 @@ not, the usage chunk is dropped on the way. Events are scanned, not parsed: only
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -23,7 +24,7 @@ _NULL_VALUE = b":null"
 
 
 class SseRelay:
-    __slots__ = ("_keep_usage", "_tail", "events", "failed", "usage")
+    __slots__ = ("_keep_usage", "_tail", "cost_of", "events", "failed", "usage")
 
     def __init__(self, keep_usage_chunk: bool) -> None:
         self._keep_usage = keep_usage_chunk
@@ -31,6 +32,8 @@ class SseRelay:
         self.usage: Usage | None = None
         self.events = 0
         self.failed: GatewayError | None = None
+        self.cost_of: Callable[[Usage], float] | None = None
+        """Set when the client asked for usage: its final usage event gets `switchyard_cost_usd`."""
 
     def feed(self, data: bytes) -> bytes:
         """Take bytes from the backend; return the complete events to send on (possibly empty)."""
@@ -75,6 +78,13 @@ class SseRelay:
                     if not chunk.choices and not self._keep_usage:
                         kept.append(complete[copied_to:start])
                         copied_to = end
+                    elif not chunk.choices and self.cost_of is not None:
+                        brace = complete.find(b"{", at + len(_USAGE_KEY), end)
+                        if brace > 0:
+                            cost = b'"switchyard_cost_usd":%.10f,' % self.cost_of(chunk.usage)
+                            kept.append(complete[copied_to : brace + 1])
+                            kept.append(cost)
+                            copied_to = brace + 1
             at = complete.find(_USAGE_KEY, end)
         if not copied_to:
             return complete

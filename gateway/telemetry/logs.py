@@ -64,6 +64,8 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     prefix: list[str] | None = None
     level: str = "info"
     logger: str = LOGGER
+    client_request_id: str | None = None
+    """The client's `x-request-id`, when it sent one (request_id is the gateway's)."""
 
 
 PREFIX_BLOCK_CHARS = 1024
@@ -124,6 +126,8 @@ class AccessLog:
         )  # fmt: skip
         if body is not None:
             line.request_body = body.decode("utf-8", "replace")
+        if r.client_request_id is not None:
+            line.client_request_id = r.client_request_id
         self._write(line)
 
     def error(

@@ -188,12 +188,17 @@ class Metrics:
             ("requests", "switchyard_backend_requests_total", "Requests answered."),
             ("prompt_tokens", "switchyard_backend_prompt_tokens_total", "Prompt tokens."),
             ("completion_tokens", "switchyard_backend_completion_tokens_total", "Output tokens."),
-            ("cost_usd", "switchyard_backend_cost_usd_total", "Attributed cost in USD."),
+            (
+                "cost_usd",
+                "switchyard_backend_cost_usd_total",
+                "Estimated cost in USD (sum of x-switchyard-cost-usd; settled costs: *_usd_per_hour).",
+            ),
         ):
             head(name, "counter", text)
             for b, c in cells:
                 add(f"{name}{{{_backend_labels(b)}}} {_num(getattr(c, attr))}")
         self._render_backends(head, add)
+        self._render_costs(head, add)
         self._render_gateway(head, add)
         add("")
         return "\n".join(out).encode()
@@ -227,6 +232,28 @@ class Metrics:
         head("switchyard_backend_breaker_opened_total", "counter", "Times the circuit breaker opened.")
         for b in self._backends:
             add(f"switchyard_backend_breaker_opened_total{{{_backend_labels(b)}}} {b.breaker.opened}")
+
+    def _render_costs(self, head: Callable[[str, str, str], None], add: Callable[[str], None]) -> None:
+        """Paid, allocated and idle USD per hour of each backend over the ledger's last 15 minutes, as the
+        last refresh read them from the ledger: on a shared Redis every replica reports the same values."""
+        if self._ledger is None:
+            return
+        rows = {row.name: row for row in getattr(self._ledger, "window_rows", ())}
+        for kind, text in (
+            ("paid", "GPU cost paid"),
+            ("allocated", "Paid cost allocated to requests"),
+            ("idle", "Paid cost no request used"),
+        ):
+            name = f"switchyard_backend_{kind}_usd_per_hour"
+            head(name, "gauge", f"{text}, USD per hour over the last 15 minutes (the same on every replica).")
+            for b in self._backends:
+                row = rows.get(b.name)
+                wall_hours = row.gpu_hours / b.pool.gpus_per_backend if row and row.gpu_hours else 0.0
+                nusd = getattr(row, f"{kind}_nusd", 0) or 0 if row is not None else 0
+                add(f"{name}{{{_backend_labels(b)}}} {_num(nusd / 1e9 / wall_hours if wall_hours else 0.0)}")
+        mode = getattr(self._ledger, "idle_cost", "idle")
+        head("switchyard_ledger_idle_cost_info", "gauge", "How idle cost is reported (ledger.idle_cost).")
+        add(f'switchyard_ledger_idle_cost_info{{mode="{mode}"}} 1')
 
     def _render_gateway(self, head: Callable[[str, str, str], None], add: Callable[[str], None]) -> None:
         router = self._router() if self._router is not None else None

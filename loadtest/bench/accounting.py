@@ -7,8 +7,12 @@ requests/s and gateway CPU µs per request per mode (medians over rounds), and t
 against `none` (the median of each round's ratio, so drift between rounds cancels).
 The Redis mode uses the Redis at --redis-url (loopback only) under a private key prefix, deleted after.
 
+`--baseline DIR` also runs the gateway code of another checkout (e.g. a git worktree of main, with this
+checkout's interpreter) in the same run: three more gateways, interleaved round by round with these, and
+reports per mode the CPU per request of this code over the baseline's (median of the rounds' ratios).
+
 Usage: python -m loadtest.bench.accounting [--duration 5] [--rounds 3] [--connections 64]
-       [--redis-url redis://127.0.0.1:6379/0] [--json out.json]
+       [--redis-url redis://127.0.0.1:6379/0] [--baseline DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -95,7 +99,9 @@ def _wrk(wrk: str, url: str, script: Path, connections: int, duration: float, cp
     return float(match.group(1))
 
 
-def run(duration: float, rounds: int, connections: int, redis_url: str) -> dict[str, Any]:
+def run(
+    duration: float, rounds: int, connections: int, redis_url: str, baseline: Path | None = None
+) -> dict[str, Any]:
     wrk = which("wrk")
     if wrk is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
@@ -103,7 +109,11 @@ def run(duration: float, rounds: int, connections: int, redis_url: str) -> dict[
         raise SystemExit("only a loopback Redis is allowed")
     proxy_cpu, load_cpu = pick_cpus()
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
-    samples: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    trees: dict[str, str | None] = {"": None}
+    if baseline is not None:
+        trees["baseline "] = str(baseline.resolve())
+    runs = [(tree, mode) for tree in trees for mode in MODES]
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
     with tempfile.TemporaryDirectory(prefix="bench-accounting-") as tmp:
         work = Path(tmp)
         script = work / "post.lua"
@@ -111,49 +121,59 @@ def run(duration: float, rounds: int, connections: int, redis_url: str) -> dict[
         group = ProcessGroup(work)
         try:
             backend_url = start_zero_delay_backend(group, MODEL, load_cpu)
-            gateways: dict[str, tuple[str, int]] = {}
-            for mode in MODES:
+            gateways: dict[tuple[str, str], tuple[str, int]] = {}
+            for n, (tree, mode) in enumerate(runs):
                 port = free_port()
-                path = work / f"gateway-{mode}.yaml"
-                path.write_text(yaml.safe_dump(_gateway_config(port, backend_url, mode, redis_url, prefix)))
+                path = work / f"gateway-{n}.yaml"
+                config = _gateway_config(port, backend_url, mode, redis_url, f"{prefix}-{n}")
+                path.write_text(yaml.safe_dump(config))
                 child = group.start(
-                    f"gateway-{mode}",
+                    f"gateway-{n}",
                     python_argv("gateway.cli", "serve", "--config", str(path), "--log-level", "warning"),
                     cpu=proxy_cpu,
+                    cwd=trees[tree],
                 )
                 url = f"http://127.0.0.1:{port}"
                 assert_loopback(url)
                 wait_until(lambda u=url: healthy(u), timeout=30, what=url, child=child)
                 status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
                 if status != 200:
-                    raise RuntimeError(f"{mode} gateway answered {status}: {body[:300]!r}")
-                gateways[mode] = (url, child.pid)
+                    raise RuntimeError(f"{tree}{mode} gateway answered {status}: {body[:300]!r}")
+                gateways[(tree, mode)] = (url, child.pid)
             for url, _ in gateways.values():  # warm up
                 _wrk(wrk, url + "/v1/chat/completions", script, connections, 1, load_cpu)
             for r in range(rounds):
-                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
-                for mode in order:
-                    url, pid = gateways[mode]
+                order = runs[r % len(runs) :] + runs[: r % len(runs)]
+                for run in order:
+                    url, pid = gateways[run]
                     cpu_before = session_cpu_seconds(pid)
                     rps = _wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)
                     cpu = session_cpu_seconds(pid) - cpu_before
-                    samples[mode].append((rps, cpu / max(1.0, rps * duration) * 1e6))
+                    samples[run].append((rps, cpu / max(1.0, rps * duration) * 1e6))
             time.sleep(0.5)  # let the Redis gateway flush its last batch
-            ledger = json.loads(_get(gateways["redis"][0] + "/ready"))["ledger"]
+            ledger = json.loads(_get(gateways[("", "redis")][0] + "/ready"))["ledger"]
         finally:
             group.close()
-            _delete_prefix(redis_url, prefix)
-    summary = {
-        mode: {
-            "rps": statistics.median(s[0] for s in samples[mode]),
-            "cpu_us_per_req": statistics.median(s[1] for s in samples[mode]),
-            "rounds": [round(s[0]) for s in samples[mode]],
+            for n in range(len(runs)):
+                _delete_prefix(redis_url, f"{prefix}-{n}")
+    summary: dict[str, Any] = {}
+    for tree, mode in runs:
+        s = samples[(tree, mode)]
+        pairs = zip(s, samples[(tree, "none")], strict=True)  # each round's runs ran back to back
+        summary[tree + mode] = {
+            "rps": statistics.median(x[0] for x in s),
+            "cpu_us_per_req": statistics.median(x[1] for x in s),
+            "rounds": [round(x[0]) for x in s],
+            "cpu_rounds": [round(x[1], 1) for x in s],
+            "vs_none": statistics.median(m[0] / n[0] for m, n in pairs),
         }
-        for mode in MODES
-    }
-    for mode in MODES:  # paired: each round's modes ran back to back, so drift cancels in the ratio
-        pairs = zip(samples[mode], samples["none"], strict=True)
-        summary[mode]["vs_none"] = statistics.median(m[0] / n[0] for m, n in pairs)
+    if baseline is not None:
+        summary["cpu_vs_baseline"] = {
+            mode: statistics.median(
+                a[1] / b[1] for a, b in zip(samples[("", mode)], samples[("baseline ", mode)], strict=True)
+            )
+            for mode in MODES
+        }
     summary["redis_ledger_stats"] = ledger
     return summary
 
@@ -179,11 +199,17 @@ def _delete_prefix(redis_url: str, prefix: str) -> None:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    lines = [f"{'ledger':<8} {'req/s':>8} {'vs none':>8} {'CPU µs/req':>11}  req/s per round"]
-    for mode in MODES:
-        s = summary[mode]
+    lines = [f"{'ledger':<17} {'req/s':>8} {'vs none':>8} {'CPU µs/req':>11}  req/s per round"]
+    for name in [k for k in summary if k.removeprefix("baseline ") in MODES]:
+        s = summary[name]
         lines.append(
-            f"{mode:<8} {s['rps']:>8.0f} {s['vs_none']:>8.3f} {s['cpu_us_per_req']:>11.0f}  {s['rounds']}"
+            f"{name:<17} {s['rps']:>8.0f} {s['vs_none']:>8.3f} {s['cpu_us_per_req']:>11.1f}  {s['rounds']}"
+        )
+    ratios = summary.get("cpu_vs_baseline")
+    if ratios:
+        lines.append(
+            "CPU per request, this code / baseline (median of paired rounds): "
+            + ", ".join(f"{mode} {ratio:.3f}" for mode, ratio in ratios.items())
         )
     return "\n".join(lines)
 
@@ -196,12 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout to compare with")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 20 or not 1 <= args.connections <= 512:
         parser.error("--duration 1..120, --rounds 1..20, --connections 1..512")
     install_interrupt_handlers()
-    summary = run(args.duration, args.rounds, args.connections, args.redis_url)
+    if args.baseline is not None and not (args.baseline / "gateway" / "cli.py").is_file():
+        parser.error(f"--baseline {args.baseline}: not a Switchyard checkout")
+    summary = run(args.duration, args.rounds, args.connections, args.redis_url, args.baseline)
     print(format_table(summary))
     print("redis ledger:", summary["redis_ledger_stats"])
     if args.json is not None:

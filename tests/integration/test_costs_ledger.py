@@ -1,7 +1,9 @@
 """The Redis ledger end to end: gateway processes, a simulated fleet, the official openai SDK.
 
-Totals in Redis must equal the usage the clients received (counted once per request id), for streaming
-and non-streaming requests, retries, two gateways sharing one Redis, and a Redis restart mid-run.
+Totals in Redis must equal the usage the clients received (each request counted once, by the id the
+gateway made), for streaming and non-streaming requests, clients re-using an `x-request-id`, two
+gateways sharing one Redis, and a Redis restart mid-run; and the costs of every report add up to the
+paid GPU cost (allocated + idle = paid, to the nano-dollar).
 
 The restart test runs its own `redis-server` (never the shared one on 6379) with `--appendonly yes
 --appendfsync always`: a real Redis keeps what it acknowledged across a restart, and the gateway relies
@@ -48,7 +50,7 @@ FAST = {"flush_interval": 0.05, "paid_interval": 0.2, "refresh_interval": 0.3}
 
 @dataclass
 class Sent:
-    """What the clients received: usage per request id (first answer wins, as the ledger counts once)."""
+    """What the clients received: usage per gateway request id (`x-switchyard-request-id`)."""
 
     usage: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     header_cost: dict[str, float] = field(default_factory=dict)
@@ -94,9 +96,11 @@ def ask(base_url: str, api_key: str, sent: Sent, i: int, request_id: str | None 
         assert usage is not None
         with sent.lock:
             sent.header_cost.setdefault(
-                raw.headers["x-request-id"], float(raw.headers["x-switchyard-cost-usd"])
+                raw.headers["x-switchyard-request-id"], float(raw.headers["x-switchyard-cost-usd"])
             )
-    sent.add(raw.headers["x-request-id"], api_key, usage.prompt_tokens, usage.completion_tokens)
+    if request_id:
+        assert raw.headers["x-request-id"] == request_id
+    sent.add(raw.headers["x-switchyard-request-id"], api_key, usage.prompt_tokens, usage.completion_tokens)
 
 
 def key_id(api_key: str) -> str:
@@ -162,7 +166,7 @@ def test_two_gateways_share_totals_with_retries_and_streams(two_gateways: tuple[
         ask(a if i % 3 else b, ("team-a", "team-b")[i % 2], sent, i)
     for i in range(6):  # only non-streaming requests, so every cost is in a header
         ask((a, b)[i % 2], "team-c", sent, i * 2)
-    for i in range(4):  # retries: the same request id sent twice, once to each replica
+    for i in range(4):  # a client re-using its request id, on each replica: two requests, both count
         request_id = f"retry-{uuid.uuid4().hex[:8]}-{i}"
         ask(a, "team-a", sent, 100 + i, request_id)
         ask(b, "team-a", sent, 100 + i, request_id)
@@ -176,6 +180,30 @@ def test_two_gateways_share_totals_with_retries_and_streams(two_gateways: tuple[
     assert sum(r["requests"] for r in by_vendor) == len(sent.usage)
     ready = httpx.get(a + "/ready").json()
     assert ready["ledger"]["store"] == "redis" and ready["ledger"]["dropped"] == 0
+    assert_costs_add_up(a, b)
+
+
+def assert_costs_add_up(*gateways: str) -> None:
+    """Every report of every replica: allocated + idle = paid, to the nano-dollar, row by row for the
+    dimensions that own GPUs, and in the sum of the rows for every dimension."""
+    for base in gateways:
+        for by in ("backend", "pool", "vendor", "model", "key", "class"):
+            body = httpx.get(base + f"/admin/v1/costs?by={by}&window=1h").json()
+            assert body["idle_cost"] == "idle"
+            totals, rows = body["totals"], body["rows"]
+            assert totals["paid_nusd"] == totals["allocated_nusd"] + totals["idle_nusd"] > 0
+            for row in rows:
+                assert row["allocated_nusd"] >= 0 and (row["idle_nusd"] or 0) >= 0
+                if by in ("backend", "pool", "vendor"):
+                    assert row["paid_nusd"] == row["allocated_nusd"] + row["idle_nusd"]
+            assert sum(r["allocated_nusd"] for r in rows) == totals["allocated_nusd"], by
+            assert sum(r["idle_nusd"] or 0 for r in rows) == totals["idle_nusd"], by
+
+
+def _stable(table: str) -> list[list[str]]:
+    """The columns of a cost table that do not move while the clock runs (paid time grows)."""
+    lines = table.strip("\n").split("\n")
+    return [lines[0].split(), lines[1].split()] + [line.split()[:6] for line in lines[2:-1]]
 
 
 def test_costs_endpoint_and_cli_print_the_same_table(two_gateways: tuple[str, str]) -> None:
@@ -194,7 +222,6 @@ def test_costs_endpoint_and_cli_print_the_same_table(two_gateways: tuple[str, st
         assert r["paid_usd"] > 0 and 0 <= r["utilisation"] <= 1
         assert r["blended_usd_per_mtok"] > 0
         assert r["output_usd_per_mtok"] == pytest.approx(4 * r["input_usd_per_mtok"])
-    # model rows (spend = attributed cost) do not move between two reads once traffic has stopped
     time.sleep(0.3)
     text = httpx.get(a + "/admin/v1/costs?by=model&window=1h&format=text").text
     cli = subprocess.run(
@@ -216,9 +243,10 @@ def test_costs_endpoint_and_cli_print_the_same_table(two_gateways: tuple[str, st
         cwd=ROOT,
     )
     assert cli.returncode == 0, cli.stderr
-    assert cli.stdout == text
+    assert _stable(cli.stdout) == _stable(text)
     body = httpx.get(a + "/admin/v1/costs?by=model&window=1h").json()
-    assert cli.stdout.rstrip("\n") == format_cost_table("model", "1h", body["rows"])
+    assert _stable(cli.stdout) == _stable(format_cost_table("model", "1h", body["rows"], body["idle_cost"]))
+    assert "(idle)" in text and "total paid" in text
     assert httpx.get(a + "/admin/v1/costs?by=gpu").status_code == 400
     assert httpx.get(a + "/admin/v1/costs?window=2d").status_code == 400
 

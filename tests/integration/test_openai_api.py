@@ -65,6 +65,10 @@ def test_client_request_id_is_kept(env: Env) -> None:
         model=MODEL, messages=PROMPT, max_tokens=2, extra_headers={"x-request-id": "my-trace-0001"}
     )
     assert raw.headers["x-request-id"] == "my-trace-0001"
+    # the ledger keys the request on an id the gateway made; the client's is only kept alongside
+    ledger_id = raw.headers["x-switchyard-request-id"]
+    assert ledger_id.startswith("req-") and len(ledger_id) == 4 + 32
+    assert ledger_record(env, ledger_id)["client_request_id"] == "my-trace-0001"
 
 
 def test_stream_reassembles_to_the_non_streaming_content_and_hides_usage_unless_asked(env: Env) -> None:
@@ -95,7 +99,9 @@ def test_stream_with_include_usage_ends_with_the_usage_chunk(env: Env) -> None:
     usage_chunks = [c for c in chunks if c.usage is not None]
     assert len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1]
     assert chunks[-1].choices == []
-    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    usage = chunks[-1].usage.model_dump()
+    cost = usage.pop("switchyard_cost_usd")  # the request's cost estimate, as x-switchyard-cost-usd
+    assert usage == whole.usage.model_dump() and 0 < cost < 1
 
 
 async def test_async_client_chat_and_stream(env: Env) -> None:

@@ -123,7 +123,7 @@ async def _check_recent_and_hints(a: AsyncTestClient, b: AsyncTestClient) -> Non
 
     async def seen_on_b() -> bool:
         rows = (await b.get("/admin/v1/requests")).json()
-        return any(r["request_id"] == "fleet-rec-1" and r["replica"] == "r0" for r in rows["data"])
+        return any(r.get("client_request_id") == "fleet-rec-1" and r["replica"] == "r0" for r in rows["data"])
 
     await _until(seen_on_b, 2)
     # A breaker opening on replica a (here: as a refused connection opens it) is a hint b shows.

@@ -10,7 +10,7 @@ from backends.models import Backend, Pool
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import DIMENSIONS, UsageRecord
 from gateway.openai.responses import Usage
-from gateway.request.account import Served, account, attributed_cost
+from gateway.request.account import Served, account, estimate_cost
 from gateway.request.classify import Caller, classify
 from gateway.request.parse import parse
 
@@ -176,7 +176,7 @@ PROFILE = classify(PARSED, Caller("req-1", "Bearer sk-abc", {}))
 def test_account_uses_backend_usage_when_present():
     ledger = InMemoryLedger()
     record = account(
-        ledger, "req-1", PARSED, PROFILE, "least-inflight", _served(Usage(12, 34, 46), events=99)
+        ledger, _caller("req-1"), PARSED, PROFILE, "least-inflight", _served(Usage(12, 34, 46), events=99)
     )
     assert (record.prompt_tokens, record.completion_tokens, record.usage_source) == (12, 34, "backend")
     assert ledger.recent(1) == [record]
@@ -197,7 +197,7 @@ def test_account_uses_backend_usage_when_present():
 
 def test_account_estimates_without_usage():
     ledger = InMemoryLedger()
-    record = account(ledger, "req-2", PARSED, PROFILE, "r", _served(None, events=8, status=504))
+    record = account(ledger, _caller("req-2"), PARSED, PROFILE, "r", _served(None, events=8, status=504))
     # prompt: ceil(41 / 4) = 11; completion: one token per event minus the [DONE] event
     assert (record.prompt_tokens, record.completion_tokens, record.usage_source) == (11, 7, "estimated")
     assert record.status == 504
@@ -206,30 +206,58 @@ def test_account_estimates_without_usage():
 
 
 def test_account_estimate_never_negative():
-    record = account(InMemoryLedger(), "req-3", PARSED, PROFILE, "r", _served(None, events=0))
+    record = account(InMemoryLedger(), _caller("req-3"), PARSED, PROFILE, "r", _served(None, events=0))
     assert record.completion_tokens == 0
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 5])
 def test_attributed_cost(concurrency: int):
     record = account(
-        InMemoryLedger(), "req-c", PARSED, PROFILE, "r", _served(Usage(1, 1, 2), concurrency=concurrency)
+        InMemoryLedger(),
+        _caller("req-c"),
+        PARSED,
+        PROFILE,
+        "r",
+        _served(Usage(1, 1, 2), concurrency=concurrency),
     )
     # price/h x gpus x duration / 3600 / concurrency
     assert record.cost_usd == pytest.approx(3.6 * 2 * 2.0 / 3600 / concurrency)
 
 
-def test_attributed_cost_function():
+def _caller(request_id: str, client_request_id: str | None = None) -> Caller:
+    return Caller(request_id, "Bearer sk-abc", {}, client_request_id=client_request_id)
+
+
+def test_estimate_cost_before_the_backend_is_measured_is_a_time_share():
     backend = _backend()
-    assert attributed_cost(backend, 3600.0, 1) == pytest.approx(7.2)
-    assert attributed_cost(backend, 3600.0, 4) == pytest.approx(1.8)
-    assert attributed_cost(backend, 3600.0, 0) == pytest.approx(7.2)  # never divides by zero
-    assert attributed_cost(backend, 0.0, 1) == 0.0
+    ledger = InMemoryLedger()
+    assert estimate_cost(ledger, backend, 1, 1, 3600.0, 1) == pytest.approx(7.2)
+    assert estimate_cost(ledger, backend, 1, 1, 3600.0, 4) == pytest.approx(1.8)
+    assert estimate_cost(ledger, backend, 1, 1, 3600.0, 0) == pytest.approx(7.2)  # never divides by zero
+    assert estimate_cost(ledger, backend, 1, 1, 0.0, 1) == 0.0
+
+
+def test_estimate_cost_at_the_measured_rate_never_exceeds_the_requests_bound():
+    backend = _backend()
+    ledger = InMemoryLedger()
+    ledger._rates["amd-0"] = 1e-6  # USD per weighted token, as the refresher sets it
+    assert estimate_cost(ledger, backend, 100, 10, 3600.0, 1) == pytest.approx(140e-6)
+    # an idle backend's measured rate is enormous: the estimate stops at price x GPUs x duration
+    ledger._rates["amd-0"] = 1.0
+    assert estimate_cost(ledger, backend, 100, 10, 2.0, 1) == pytest.approx(7.2 * 2.0 / 3600)
+
+
+def test_account_keeps_the_client_request_id_apart_and_the_bound():
+    record = account(
+        InMemoryLedger(), _caller("req-x", "client-1"), PARSED, PROFILE, "r", _served(Usage(1, 1, 2))
+    )
+    assert (record.request_id, record.client_request_id) == ("req-x", "client-1")
+    assert record.bound_nusd == int(7.2 / 3600 * 2.0 * 1e9)
 
 
 def test_account_clock_going_backwards_costs_nothing():
     served = dataclasses.replace(_served(Usage(1, 1, 2)), ended_at=99.0, first_byte_at=None)
-    record = account(InMemoryLedger(), "req-b", PARSED, PROFILE, "r", served)
+    record = account(InMemoryLedger(), _caller("req-b"), PARSED, PROFILE, "r", served)
     assert record.duration_s == 0.0
     assert record.cost_usd == 0.0
     assert record.ttft_s is None

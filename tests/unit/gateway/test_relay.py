@@ -13,12 +13,13 @@ from backends.models import Backend, Pool
 from gateway.errors import GatewayError
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import UsageRecord
-from gateway.request.classify import Caller, RequestProfile
+from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline, Reply
 from gateway.settings import Retries, Timeouts
 from policies.framework import Decision
+from policies.profile import RequestProfile
 from tests.memory_transport import SSE, MemoryTransport, Scripted
 
 POOL = Pool(

@@ -39,7 +39,7 @@ def test_windows() -> None:
 
 def test_table_prints_dashes_for_unknowns() -> None:
     (row,) = build_rows("model", {"llama": {"req": 1, "in": 5, "cost_nusd": 10}}, {}, _backends(), 4.0)
-    text = format_cost_table("model", "1h", [asdict(row)])
+    text = format_cost_table("model", "1h", [asdict(row)], "idle")
     assert "llama" in text and " - " in text and "costs by model, window 1h" in text
 
 

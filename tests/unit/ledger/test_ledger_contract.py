@@ -64,6 +64,7 @@ def rec(request_id: str, **fields: object) -> UsageRecord:
         "cost_usd": 0.001,
         "finished_at": T0 + 10,
         "busy_s": 9.0,
+        "bound_nusd": 9_000_000,  # 9 s at $3.60/GPU-h x 1 GPU
     }
     values.update(fields)
     return UsageRecord(**values)  # type: ignore[arg-type]
@@ -194,8 +195,12 @@ async def test_effective_cost_split_and_utilisation(replicas: Make) -> None:
     assert row.price_per_gpu_hour == pytest.approx(3.6)
     idle = {r.name: r for r in await ledger.costs("backend", "15m")}["nv-1"]
     assert (idle.requests, idle.blended_usd_per_mtok, idle.utilisation) == (0, None, 0.0)
-    model = {r.name: r for r in await ledger.costs("model", "15m")}["llama"]
-    assert model.paid_usd is None and model.spend_usd == pytest.approx(0.001)  # attributed
+    models = {r.name: r for r in await ledger.costs("model", "15m")}
+    # the only request in its bucket ($0.06 paid) is allocated its bound, 9 s of GPU time; the rest is idle
+    assert models["llama"].paid_usd is None and models["llama"].allocated_nusd == 9_000_000
+    assert row.allocated_nusd == 9_000_000 and row.idle_nusd == row.paid_nusd - 9_000_000
+    paid = sum(r.paid_nusd or 0 for r in await ledger.costs("backend", "15m"))
+    assert models["(idle)"].idle_nusd == paid - 9_000_000
 
 
 async def test_refresh_feeds_routing_and_attribution(replicas: Make) -> None:
