@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -84,6 +84,53 @@ def traffic_mix(records: list[dict[str, Any]], now: float, minutes: int = 30) ->
         "start": start,
         "count": len(records),
     }
+
+
+class Recent:
+    """Answers kept `ttl` seconds, then refreshed in the background while the kept one is still shown.
+
+    The cost tables and the day's chart read thousands of ledger buckets (seconds, with 64 backends and
+    a day of data); a page view must not wait for that. The first view of a key waits (login starts
+    it, see routes.py); later views answer at once from what was read within the last `ttl` or so.
+    """
+
+    def __init__(self, ttl: float = 10.0) -> None:
+        self.ttl = ttl
+        self._values: dict[Hashable, tuple[float, Any]] = {}
+        self._pending: dict[Hashable, asyncio.Task[Any]] = {}
+
+    async def get(self, key: Hashable, compute: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+        """(wall time it was read, value)."""
+        entry = self._values.get(key)
+        if entry is None or time.time() - entry[0] > self.ttl:
+            task = self._pending.get(key)
+            if task is None:
+                task = self._pending[key] = asyncio.create_task(self._fill(key, compute))
+                task.add_done_callback(_retrieve)
+            if entry is None:
+                return await asyncio.shield(task)
+        return entry
+
+    def start(self, key: Hashable, compute: Callable[[], Awaitable[Any]]) -> None:
+        """Read `key` in the background now unless it is fresh or being read."""
+        entry = self._values.get(key)
+        if (entry is None or time.time() - entry[0] > self.ttl) and key not in self._pending:
+            task = self._pending[key] = asyncio.create_task(self._fill(key, compute))
+            task.add_done_callback(_retrieve)
+
+    async def _fill(self, key: Hashable, compute: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+        try:
+            entry = (time.time(), await compute())
+            self._values[key] = entry
+            return entry
+        finally:
+            self._pending.pop(key, None)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """A background refresh that failed is retried by the next view; its error is not left unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 class CostSeries:

@@ -64,6 +64,7 @@ class Console:
         self.sessions = Sessions(admin_hash) if admin_hash else None
         self.api = data.AdminApi(handlers)
         self.series = data.CostSeries(pipeline.ledger)
+        self.recent = data.Recent(ttl=10.0)
 
     def session(self, request: Req) -> str | None:
         token = request.cookies.get(COOKIE)
@@ -106,6 +107,17 @@ class Console:
     async def fleet_fragment(self, request: Req) -> str:
         return pages.fleet_fragment(await data.fleet(self.api, request), self.backend_extra())
 
+    async def costs_body(self, request: Req, window: str) -> str:
+        tables = {by: await data.costs(self.api, request, by, window)
+                  for by in ("vendor", "pool", "backend", "key", "model")}  # fmt: skip
+        if self.series.available:
+            hours, series = await self.series.hourly("vendor")
+            chart = pages.cost_chart(hours, series)
+        else:
+            chart = "<p>This ledger keeps no history (ledger.store: none).</p>"
+        budgets = pages.budget_bars(await data.keys_with_spend(self.api))
+        return pages.costs_page(window, tables, chart, budgets)
+
     async def keys_fragment(self) -> str:
         return keys_fragment(await data.keys_with_spend(self.api), self.api.has("keys-list"))
 
@@ -140,6 +152,8 @@ def console_handlers(
         material = (form.get("admin_key") or [""])[0].strip()
         if not material or not sessions.is_admin_key(material):
             return _html(pages.login("That is not the admin key."), 401)
+        # Start reading the costs now: the slow read is done while the operator looks at the fleet.
+        console.recent.start(("costs", "1h"), lambda: console.costs_body(request, "1h"))
         headers = {"location": "/console/fleet", "set-cookie": sessions.cookie_header(sessions.issue())}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
@@ -172,15 +186,11 @@ def console_handlers(
             return refusal  # type: ignore[return-value]
         if window not in data.WINDOWS:
             window = "1h"
-        tables = {by: await data.costs(console.api, request, by, window)
-                  for by in ("vendor", "pool", "backend", "key", "model")}  # fmt: skip
-        if console.series.available:
-            hours, series = await console.series.hourly("vendor")
-            chart = pages.cost_chart(hours, series)
-        else:
-            chart = "<p>This ledger keeps no history (ledger.store: none).</p>"
-        budgets = pages.budget_bars(await data.keys_with_spend(console.api))
-        return console.render(token, "costs", "Costs", pages.costs_page(window, tables, chart, budgets))
+        read_at, body = await console.recent.get(
+            ("costs", window), lambda: console.costs_body(request, window)
+        )
+        as_of = f'<p class="summary">As of {time.strftime("%H:%M:%S", time.localtime(read_at))}</p>'
+        return console.render(token, "costs", "Costs", as_of + body)
 
     @get("/console/routing", name="console-routing")
     async def routing(request: Req) -> Response[str]:

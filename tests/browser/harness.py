@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import redis
 import yaml
@@ -106,7 +107,8 @@ def seed_history(config_path: Path, hours: int = 24, per_hour: int = 6, seed: in
     rng = random.Random(seed)
 
     async def write() -> None:
-        ledger = RedisLedger(settings.ledger, settings.backends)
+        options = msgspec.structs.replace(settings.ledger, redis_timeout=30.0)
+        ledger = RedisLedger(options, settings.backends)
         now = time.time()
         ledger._started_at = now - hours * 3600
         for h in range(hours):
@@ -141,7 +143,8 @@ def seed_history(config_path: Path, hours: int = 24, per_hour: int = 6, seed: in
                         )
                     )
         assert await ledger.flush()
-        await ledger.tick(now)
+        for h in range(hours, -1, -1):  # the paid GPU time, an hour per call as a running replica claims it
+            await ledger.tick(now - h * 3600)
         await ledger.client.aclose()
 
     # Its own thread: Playwright's sync API keeps an event loop running in this one.
