@@ -65,4 +65,5 @@ def line_chart(
     legend = "".join(
         f'<span class="legend series-{n % 6}">{escape(name)}</span>' for n, name in enumerate(series)
     )
-    return f'<figure class="chart-box">{"".join(parts)}<figcaption>{legend}</figcaption></figure>'
+    caption = f'<figcaption><b class="chart-title">{escape(title)}</b> {legend}</figcaption>'
+    return f'<figure class="chart-box">{caption}{"".join(parts)}</figure>'

@@ -115,8 +115,11 @@ class Console:
             chart = pages.cost_chart(hours, series)
         else:
             chart = "<p>This ledger keeps no history (ledger.store: none).</p>"
-        budgets = pages.budget_bars(await data.keys_with_spend(self.api))
-        return pages.costs_page(window, tables, chart, budgets)
+        keys = await data.keys_with_spend(self.api)
+        names = {k["id"]: k.get("name") for k in keys}
+        for row in tables["key"]:
+            row["name"] = f"{names.get(row['name']) or ''} {row['name']}".strip() or "(no key)"
+        return pages.costs_page(window, tables, chart, pages.budget_bars(keys))
 
     async def keys_fragment(self) -> str:
         return keys_fragment(await data.keys_with_spend(self.api), self.api.has("keys-list"))

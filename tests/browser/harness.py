@@ -53,6 +53,8 @@ groups:
       tpot_ms: 1}}
 """
 REPO_SCREENSHOTS = ROOT / "deploy" / "console-screenshots"
+README_SHOTS = {"fleet", "costs", "routing-explain", "keys-created"}
+"""The screenshots the README shows, one per page."""
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: run `make browser` (make test does)", allow_module_level=True)
@@ -163,7 +165,7 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def save_screenshot(page: Any, folder: Path, name: str) -> Path:
     path = folder / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
-    if os.environ.get("SWITCHYARD_UPDATE_SCREENSHOTS") == "1":
+    if name in README_SHOTS and os.environ.get("SWITCHYARD_UPDATE_SCREENSHOTS") == "1":
         REPO_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         (REPO_SCREENSHOTS / path.name).write_bytes(path.read_bytes())
     return path

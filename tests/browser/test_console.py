@@ -31,10 +31,22 @@ def _served_by(url: str, key: str, n: int) -> Counter[str]:
     return served
 
 
+def _streamed(url: str, key: str, n: int) -> None:
+    """Streams give the gateway each backend's time to first token and time per token."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+    for _ in range(n):
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=24, stream=True
+        )
+        assert any(chunk.choices and chunk.choices[0].delta.content for chunk in chunks)
+    client.close()
+
+
 def test_every_page_renders_without_console_errors(
     replicas: Replicas, new_page: Any, console_errors: list[str], screenshots: Path
 ) -> None:
     _served_by(replicas.urls[0], replicas.traffic_key, 12)
+    _streamed(replicas.urls[0], replicas.traffic_key, 12)
     login(new_page, replicas.urls[0])
     for slug in PAGES:
         response = new_page.goto(f"{replicas.urls[0]}/console/{slug}")
@@ -47,6 +59,8 @@ def test_every_page_renders_without_console_errors(
     assert fleet is not None
     for backend in ("h100-0", "h100-1", "mi300x-0", "mi300x-1"):
         assert new_page.locator("td .name", has_text=backend).count() == 1
+    ttft = new_page.locator("table.backends tbody tr td:nth-child(11)").all_inner_texts()
+    assert any(text.endswith(" ms") for text in ttft), f"no recent TTFT shown: {ttft}"
 
 
 def test_charts_draw_data_points(replicas: Replicas, new_page: Any, console_errors: list[str]) -> None:
