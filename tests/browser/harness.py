@@ -171,8 +171,10 @@ def save_screenshot(page: Any, folder: Path, name: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Per module, not per session: Playwright's sync API runs an event loop in this thread while it is
+    open, and the asyncio tests that run after the browser tests need the thread without one."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
