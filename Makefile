@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 # `make test` skips the HTTP-vs-replay agreement test (about a minute); .ci/run calls `make test-whatif`.
 .PHONY: test-whatif whatif-demo
-.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
+.PHONY: demo test lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,12 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(VENV)/bin/switchyard demo $(ARGS)
 
-test: venv
+# The console's browser tests run Debian's chromium (Playwright drives it; it downloads no browser).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+test: venv browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache

@@ -16,6 +16,7 @@ from backends.catalog import Catalog
 from gateway.admin_costs import costs_handler
 from gateway.admin_policy import policy_handlers
 from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
+from gateway.console import console_handlers
 from gateway.errors import GatewayError, body_too_large
 from gateway.fastpath import FastPath
 from gateway.ledger.factory import build_ledger
@@ -154,6 +155,8 @@ class SwitchyardPlugin(InitPluginProtocol):
         if tenants is not None:
             app_config.route_handlers.extend(key_handlers(tenants))
             app_config.guards.append(admin_guard(tenants))
+        # The console calls the admin handlers registered above; it belongs wherever they are served.
+        app_config.route_handlers.extend(console_handlers(pipeline, tenants, app_config.route_handlers))
         if self.telemetry.metrics is not None:
             extra = tenants.watch.render if tenants is not None else None
             app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))

@@ -79,7 +79,12 @@ class LedgerBase:
     async def report(self, by: Dimension, window: str) -> tuple[list[CostRow], dict[str, int]]:
         """The cost rows, and the window's totals over all backends: `paid_nusd` = `allocated_nusd` +
         `idle_nusd` (the rows of any dimension add up to them)."""
-        buckets = window_buckets(window, self.options.bucket_seconds, self._clock())
+        return await self.report_buckets(
+            by, window_buckets(window, self.options.bucket_seconds, self._clock())
+        )
+
+    async def report_buckets(self, by: Dimension, buckets: list[int]) -> tuple[list[CostRow], dict[str, int]]:
+        """`report` over any list of buckets (the console's hourly chart reads one hour at a time)."""
         backends = {b.name: b for b in self.backends}
         spread = self.idle_cost == "spread"
         counters: dict[str, Counters] = {}

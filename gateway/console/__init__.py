@@ -1,0 +1,5 @@
+"""The operator console at `/console`: server-rendered pages over the admin API (README "Console")."""
+
+from gateway.console.routes import console_handlers
+
+__all__ = ["console_handlers"]

@@ -1,0 +1,260 @@
+"""`/console`: the operator console's routes. Pages need a session (gateway/console/session.py); every
+action (POST) needs the session, its CSRF token and a same-origin Origin/Referer.
+
+Reads and actions go through the admin API's handler functions (gateway/console/data.py), so they are
+the admin API's, on the same shared state.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from litestar import Request, Response, get, post
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.params import FromPath, FromQuery
+from litestar.response import Redirect
+
+from gateway.console import data, pages
+from gateway.console.keys_page import keys_fragment, keys_page
+from gateway.console.routing_page import explained_fragment, routing_page
+from gateway.console.session import COOKIE, CSRF_HEADER, Sessions, cleared_cookie_header, same_origin
+from gateway.errors import GatewayError
+from gateway.request.parse import UPSTREAM_PATHS
+from gateway.request.pipeline import Pipeline
+from gateway.tenants.admission import Tenants
+
+STATIC = Path(__file__).parent / "static"
+_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
+NO_ADMIN_KEY = (
+    "The console needs an admin key, and none is configured: set the environment variable named by "
+    "`auth.admin_key_env` (SWITCHYARD_ADMIN_KEY by default) and restart the gateway."
+)
+Req = Request[Any, Any, Any]
+
+
+def _refused(status: int, message: str, code: str) -> GatewayError:
+    kind = "authentication_error" if status == 401 else "permission_error"
+    return GatewayError(status, message, kind, code=code, headers=SECURITY_HEADERS)
+
+
+def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> Response[str]:
+    return Response(
+        body, status_code=status, media_type="text/html", headers={**SECURITY_HEADERS, **(headers or {})}
+    )
+
+
+class Console:
+    def __init__(self, pipeline: Pipeline, tenants: Tenants | None, handlers: list[BaseRouteHandler]) -> None:
+        self.pipeline = pipeline
+        self.tenants = tenants
+        admin_hash = tenants.admin_hash if tenants is not None else None
+        self.sessions = Sessions(admin_hash) if admin_hash else None
+        self.api = data.AdminApi(handlers)
+        self.series = data.CostSeries(pipeline.ledger)
+        self.recent = data.Recent(ttl=10.0)
+
+    def session(self, request: Req) -> str | None:
+        token = request.cookies.get(COOKIE)
+        return token if self.sessions is not None and self.sessions.valid(token) else None
+
+    def page_or_login(self, request: Req) -> tuple[str | None, Response[str] | None]:
+        """(session, None), or (None, the login page refusing the request)."""
+        if self.sessions is None:
+            return None, _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
+        token = self.session(request)
+        if token is None:
+            return None, _html(pages.login("Log in with the admin key."), 401)
+        return token, None
+
+    def check_action(self, request: Req, form_csrf: str | None = None) -> str:
+        """The session of an allowed action; raises the refusal otherwise."""
+        if self.sessions is None:
+            raise _refused(503, NO_ADMIN_KEY, "console_disabled")
+        if not same_origin(request):
+            raise _refused(
+                403, "Refused: the action was not sent from this console's origin.", "cross_origin"
+            )
+        token = self.session(request)
+        if token is None:
+            raise _refused(401, "Log in to the console first.", "no_session")
+        if not self.sessions.csrf_ok(token, form_csrf or request.headers.get(CSRF_HEADER)):
+            raise _refused(403, "Refused: missing or wrong CSRF token; reload the page.", "csrf")
+        return token
+
+    def render(self, token: str, slug: str, title: str, body: str) -> Response[str]:
+        assert self.sessions is not None
+        return _html(pages.frame(title, slug, self.sessions.csrf_token(token), body))
+
+    def backend_extra(self) -> dict[str, dict[str, Any]]:
+        return {
+            b.name: {"accelerator": b.pool.accelerator, "ttft": b.observed.ttft, "tpot": b.observed.tpot}
+            for b in self.pipeline.catalog.backends
+        }
+
+    async def fleet_fragment(self, request: Req) -> str:
+        return pages.fleet_fragment(await data.fleet(self.api, request), self.backend_extra())
+
+    async def costs_body(self, request: Req, window: str) -> str:
+        tables = {by: await data.costs(self.api, request, by, window)
+                  for by in ("vendor", "pool", "backend", "key", "model")}  # fmt: skip
+        if self.series.available:
+            hours, series = await self.series.hourly("vendor")
+            chart = pages.cost_chart(hours, series)
+        else:
+            chart = "<p>This ledger keeps no history (ledger.store: none).</p>"
+        keys = await data.keys_with_spend(self.api)
+        names = {k["id"]: k.get("name") for k in keys}
+        for row in tables["key"]:
+            row["name"] = f"{names.get(row['name']) or ''} {row['name']}".strip() or "(no key)"
+        return pages.costs_page(window, tables, chart, pages.budget_bars(keys))
+
+    async def keys_fragment(self) -> str:
+        return keys_fragment(await data.keys_with_spend(self.api), self.api.has("keys-list"))
+
+
+def console_handlers(
+    pipeline: Pipeline, tenants: Tenants | None, handlers: list[BaseRouteHandler]
+) -> list[HTTPRouteHandler]:
+    """The console's routes; `handlers` are the app's route handlers, among them the admin API's."""
+    console = Console(pipeline, tenants, handlers)
+    assets = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
+
+    @get("/console", name="console", include_in_schema=False)
+    async def home() -> Redirect:
+        return Redirect("/console/fleet", status_code=303)
+
+    @get("/console/login", name="console-login-form")
+    async def login_form(request: Req) -> Response[Any]:
+        if console.session(request) is not None:
+            return Redirect("/console/fleet", status_code=303)
+        if console.sessions is None:
+            return _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
+        return _html(pages.login())
+
+    @post("/console/login", name="console-login", status_code=303)
+    async def login(request: Req) -> Response[Any]:
+        sessions = console.sessions
+        if sessions is None:
+            return _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
+        if not same_origin(request):
+            return _html(pages.login("Refused: the login was not sent from this console's origin."), 403)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        material = (form.get("admin_key") or [""])[0].strip()
+        if not material or not sessions.is_admin_key(material):
+            return _html(pages.login("That is not the admin key."), 401)
+        # Start reading the costs now: the slow read is done while the operator looks at the fleet.
+        console.recent.start(("costs", "1h"), lambda: console.costs_body(request, "1h"))
+        headers = {"location": "/console/fleet", "set-cookie": sessions.cookie_header(sessions.issue())}
+        return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
+
+    @post("/console/logout", name="console-logout", status_code=303)
+    async def logout(request: Req) -> Response[Any]:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        console.check_action(request, (form.get("csrf") or [None])[0])
+        headers = {"location": "/console/login", "set-cookie": cleared_cookie_header()}
+        return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
+
+    @get("/console/fleet", name="console-fleet")
+    async def fleet_page(request: Req) -> Response[str]:
+        token, refusal = console.page_or_login(request)
+        if token is None:
+            return refusal  # type: ignore[return-value]
+        body = pages.fleet_page(await console.fleet_fragment(request))
+        return console.render(token, "fleet", "Fleet", body)
+
+    @get("/console/fleet/fragment", name="console-fleet-fragment")
+    async def fleet_fragment(request: Req) -> Response[str]:
+        token, refusal = console.page_or_login(request)
+        if token is None:
+            return refusal  # type: ignore[return-value]
+        return _html(await console.fleet_fragment(request))
+
+    @get("/console/costs", name="console-costs")
+    async def costs_page(request: Req, window: FromQuery[str] = "1h") -> Response[str]:
+        token, refusal = console.page_or_login(request)
+        if token is None:
+            return refusal  # type: ignore[return-value]
+        if window not in data.WINDOWS:
+            window = "1h"
+        read_at, body = await console.recent.get(
+            ("costs", window), lambda: console.costs_body(request, window)
+        )
+        as_of = f'<p class="summary">As of {time.strftime("%H:%M:%S", time.localtime(read_at))}</p>'
+        return console.render(token, "costs", "Costs", as_of + body)
+
+    @get("/console/routing", name="console-routing")
+    async def routing(request: Req) -> Response[str]:
+        token, refusal = console.page_or_login(request)
+        if token is None:
+            return refusal  # type: ignore[return-value]
+        state = await console.api.call("policy", request=request)
+        mix = data.traffic_mix(await data.recent(console.api, request), time.time())
+        return console.render(token, "routing", "Routing", routing_page(state, mix, list(UPSTREAM_PATHS)))
+
+    @get("/console/keys", name="console-keys")
+    async def keys(request: Req) -> Response[str]:
+        token, refusal = console.page_or_login(request)
+        if token is None:
+            return refusal  # type: ignore[return-value]
+        enabled = console.api.has("keys-list")
+        return console.render(token, "keys", "Keys", keys_page(await console.keys_fragment(), enabled))
+
+    @get("/console/keys/fragment", name="console-keys-fragment")
+    async def keys_fragment_view(request: Req) -> Response[str]:
+        token, refusal = console.page_or_login(request)
+        if token is None:
+            return refusal  # type: ignore[return-value]
+        return _html(await console.keys_fragment())
+
+    @post("/console/backends/{name:str}/{action:str}", name="console-drain", status_code=200)
+    async def drain(request: Req, name: FromPath[str], action: FromPath[str]) -> Response[Any]:
+        console.check_action(request)
+        if action not in ("drain", "undrain"):
+            raise GatewayError(404, f"Unknown path `{request.url.path}`.", "invalid_request_error")
+        result = await console.api.call(action, name=name, state=request.app.state)
+        return Response(result, headers=SECURITY_HEADERS)
+
+    @post("/console/keys", name="console-keys-create", status_code=201)
+    async def create_key(request: Req) -> Response[Any]:
+        console.check_action(request)
+        if not console.api.has("keys-create"):
+            raise _refused(404, "Keys need the tenants service.", "not_found")
+        return Response(await console.api.call("keys-create", request=request), status_code=201,
+                        headers=SECURITY_HEADERS)  # fmt: skip
+
+    @post("/console/keys/{key_id:str}/revoke", name="console-keys-revoke", status_code=200)
+    async def revoke_key(request: Req, key_id: FromPath[str]) -> Response[Any]:
+        console.check_action(request)
+        if not console.api.has("keys-revoke"):
+            raise _refused(404, "Keys need the tenants service.", "not_found")
+        return Response(await console.api.call("keys-revoke", key_id=key_id), headers=SECURITY_HEADERS)
+
+    @post("/console/explain", name="console-explain", status_code=200)
+    async def explain(request: Req, endpoint: FromQuery[str] = "chat") -> Response[str]:
+        console.check_action(request)
+        result = await console.api.call("explain", request=request, endpoint=endpoint)
+        return _html(explained_fragment(result))
+
+    @get("/console/static/{file:str}", name="console-static")
+    async def static(file: FromPath[str]) -> Response[bytes]:
+        content = assets.get(file)
+        if content is None:
+            raise GatewayError(404, f"No console asset `{file}`.", "invalid_request_error")
+        headers = {"cache-control": "max-age=300", "x-content-type-options": "nosniff"}
+        return Response(content, media_type=_TYPES[Path(file).suffix], headers=headers)
+
+    return [home, login_form, login, logout, fleet_page, fleet_fragment, costs_page, routing, keys,
+            keys_fragment_view, drain, create_key, revoke_key, explain, static]  # fmt: skip

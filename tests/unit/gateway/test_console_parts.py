@@ -1,0 +1,112 @@
+"""The console's pure parts: the session token and CSRF token, the origin check, the SVG chart, the mix."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import pytest
+from litestar import Request
+
+from gateway.console.charts import line_chart
+from gateway.console.data import Recent, traffic_mix
+from gateway.console.session import Sessions, same_origin
+
+ADMIN = "sy-admin-material"
+HASH = hashlib.sha256(ADMIN.encode()).hexdigest()
+
+
+def _request(**headers: str) -> Request[Any, Any, Any]:
+    raw = [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+    return Request(
+        {"type": "http", "method": "POST", "path": "/console/x", "headers": raw, "query_string": b""}
+    )
+
+
+def test_session_token_is_signed_expires_and_belongs_to_the_admin_key() -> None:
+    sessions = Sessions(HASH, lifetime_s=60)
+    token = sessions.issue(now=1000.0)
+    assert sessions.valid(token, now=1059.0)
+    assert not sessions.valid(token, now=1061.0), "an expired session is refused"
+    expiry, nonce, mac = token.split(".")
+    assert not sessions.valid(f"{int(expiry) + 3600}.{nonce}.{mac}", now=1000.0), "a lengthened expiry"
+    assert not sessions.valid(f"{expiry}.{nonce}x.{mac}", now=1000.0)
+    assert not sessions.valid("", now=1000.0) and not sessions.valid("a.b", now=1000.0)
+    other = Sessions(hashlib.sha256(b"another admin key").hexdigest(), lifetime_s=60)
+    assert not other.valid(token, now=1000.0), "a new admin key ends every session"
+    assert sessions.is_admin_key(ADMIN) and not sessions.is_admin_key(ADMIN + "x")
+
+
+def test_csrf_token_is_per_session() -> None:
+    sessions = Sessions(HASH)
+    first, second = sessions.issue(), sessions.issue()
+    assert sessions.csrf_ok(first, sessions.csrf_token(first))
+    assert not sessions.csrf_ok(first, sessions.csrf_token(second))
+    assert not sessions.csrf_ok(first, None) and not sessions.csrf_ok(first, "")
+
+
+def test_cookie_is_secure_http_only_and_strict() -> None:
+    header = Sessions(HASH).cookie_header("t")
+    assert {"Secure", "HttpOnly", "SameSite=Strict", "Path=/console"} <= {
+        p.strip() for p in header.split(";")
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "allowed"),
+    [
+        ({"host": "gw:8080", "origin": "http://gw:8080"}, True),
+        ({"host": "gw:8080", "origin": "https://gw:8080"}, True),
+        ({"host": "gw:8080", "referer": "http://gw:8080/console/fleet"}, True),
+        ({"host": "gw:8080", "origin": "http://evil:8080"}, False),
+        ({"host": "gw:8080", "origin": "http://gw:8081"}, False),
+        ({"host": "gw:8080", "origin": "null"}, False),
+        ({"host": "gw:8080", "origin": "null", "referer": "http://gw:8080/"}, True),
+        ({"host": "gw:8080", "referer": "http://gw:8080.evil/console"}, False),
+        ({"host": "gw:8080", "origin": "javascript://gw:8080"}, False),
+        ({"host": "gw:8080"}, False),
+        ({"origin": "http://gw:8080"}, False),
+    ],
+)
+def test_same_origin(headers: dict[str, str], allowed: bool) -> None:
+    assert same_origin(_request(**headers)) is allowed
+
+
+def test_line_chart_draws_one_point_per_value_and_escapes_names() -> None:
+    svg = line_chart("t", ["a", "b", "c"], {"<amd>": [1.0, None, 3.0], "nvidia": [2.0, 2.5, 0.0]})
+    assert svg.count("<circle") == 5
+    assert svg.count("<polyline") == 2
+    assert "<amd>" not in svg and "&lt;amd&gt;" in svg
+
+
+def test_traffic_mix_counts_classes_routes_and_vendors_per_minute() -> None:
+    now = 6030.0
+    records = [
+        {"request_class": "chat", "route": "fast", "vendor": "amd", "finished_at": now - 30},
+        {"request_class": "chat", "route": "fast", "vendor": "nvidia", "finished_at": now - 90},
+        {"request_class": "batch", "route": "cheap", "vendor": "amd", "finished_at": now - 90},
+        {"request_class": "batch", "route": "cheap", "vendor": "amd", "finished_at": now - 4000},
+    ]
+    mix = traffic_mix(records, now, minutes=30)
+    assert dict(mix["classes"]) == {"chat": 2, "batch": 2}
+    assert mix["split"]["amd"][-1] == 1 and mix["split"]["amd"][-2] == 1
+    assert mix["split"]["nvidia"][-2] == 1
+    assert sum(mix["split"]["amd"]) == 2, "a record older than the chart is left out of it"
+
+
+async def test_recent_answers_kept_value_while_refreshing_behind() -> None:
+    calls: list[int] = []
+
+    async def compute() -> int:
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return len(calls)
+
+    recent = Recent(ttl=0.05)
+    assert (await recent.get("k", compute))[1] == 1
+    assert (await recent.get("k", compute))[1] == 1 and len(calls) == 1
+    await asyncio.sleep(0.06)
+    assert (await recent.get("k", compute))[1] == 1, "stale: answered at once, refreshed behind"
+    await asyncio.sleep(0.03)
+    assert (await recent.get("k", compute))[1] == 2
