@@ -34,6 +34,11 @@ class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     as its headroom allows (gateway/batch/headroom.py)."""
     kv_reserve: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
     """KV-cache fraction of each backend kept free of batch lines, for online bursts."""
+    ramp_lines: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    """New batch lines a backend gets per scrape of its metrics at most (the room is measured again
+    before more are added)."""
+    resume_after_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    """A paused backend gets batch lines again once it has gone this long without a reason to pause."""
     slo_margin: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75
     """Batch dispatch to a backend pauses when its predicted online TTFT or TPOT reaches this fraction of
     the tightest online SLO that may route there."""

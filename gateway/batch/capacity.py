@@ -1,6 +1,10 @@
 """Where this replica's batch lines go: the backends with headroom (gateway/batch/headroom.py), cheapest
 first, whatever pool the online routes prefer. Tracks the lines it has on each backend, so the headroom
 counts them, and the lines sent since each backend's last scrape, which the scraped figures do not show.
+
+A paused backend resumes only once it has gone `resume_after_s` without a reason to pause: predicted
+latency is an average of recent requests, and one that dips under the margin for a moment (a few short
+answers) must not reopen a backend online traffic is using.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ BATCH_CLASS = "batch"
 
 
 class FleetRoom:
-    def __init__(self, pipeline: Pipeline, limits: HeadroomLimits) -> None:
+    def __init__(self, pipeline: Pipeline, limits: HeadroomLimits, resume_after_s: float = 0.0) -> None:
         self.pipeline = pipeline
         self.limits = limits
+        self.resume_after_s = resume_after_s
+        self._paused_at: dict[Backend, float] = {}
+        """When each backend last had a reason to pause (monotonic)."""
         self.lines: dict[Backend, int] = {}
         """This replica's batch lines running on each backend."""
         self._sent: dict[Backend, list[float]] = {}
@@ -65,8 +72,15 @@ class FleetRoom:
 
     def plan(self, model: str) -> list[Backend]:
         """One backend per new line that may start now, in the order they should be filled."""
+        now = time.monotonic()
+        open_rooms = []
+        for room in self.rooms(model):
+            if room.paused is not None:
+                self._paused_at[room.backend] = now
+            elif now - self._paused_at.get(room.backend, -1e9) >= self.resume_after_s:
+                open_rooms.append(room)
         picks: list[Backend] = []
-        for room in fill_order(self.rooms(model)):
+        for room in fill_order(open_rooms):
             picks.extend([room.backend] * room.free)
         return picks
 

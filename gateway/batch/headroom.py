@@ -14,8 +14,9 @@ Per backend, from the tightest online route that may send requests there (its `p
         KV room     (online KV limit - reserve - scraped usage) / KV of one sequence (usage / running)
         TPOT room   (margin x TPOT SLO - predicted TPOT) / TPOT each running sequence has added over
                     the unloaded backend's
-    less the lines sent since the last scrape (not yet in the scraped figures). Before the backend has
-    run anything to measure, `probe_lines` at a time.
+    less the lines sent since the last scrape (not yet in the scraped figures); and at most
+    `ramp_lines` new ones per scrape, so the room is measured again before more are added (additive
+    increase), and a burst of batch prefills never lands in front of online requests.
 
 vLLM batches decode: one decode step streams the weights once for every running sequence, so a backend
 with KV room turns extra sequences into tokens at a small TPOT cost. That room is what batch lines fill;
@@ -40,8 +41,9 @@ class HeadroomLimits:
     slo_margin: float = 0.75
     """Pause when predicted online TTFT or TPOT reaches this fraction of the SLO."""
     max_per_backend: int = 48
-    probe_lines: int = 2
-    """New lines a backend gets per scrape before its KV per sequence can be measured."""
+    ramp_lines: int = 2
+    """New lines a backend gets per scrape at most: the headroom is re-measured before more are added,
+    and their prefills never arrive at once in front of online requests."""
     default_kv_limit: float = 0.95
     """KV limit when no online route sets one for the backend."""
 
@@ -128,7 +130,7 @@ def new_lines(backend: Backend, online: OnlineLimits, limits: HeadroomLimits) ->
     load = backend.load
     running = load.running
     if running < 1 or load.kv_cache_usage <= 0:
-        return limits.probe_lines
+        return limits.ramp_lines  # nothing to measure the KV of one sequence on yet
     kv_room = online.max_kv - limits.kv_reserve - load.kv_cache_usage
     room = kv_room / (load.kv_cache_usage / running)
     if online.tpot_s is not None and backend.observed.tpot is not None:
@@ -145,7 +147,8 @@ def assess(
     why = pause_reason(backend, online, queued, limits)
     if why is not None:
         return Room(backend, batch.lines, 0, cost, why)
-    cap = min(limits.max_per_backend, batch.lines + new_lines(backend, online, limits) - batch.unseen)
+    room = min(new_lines(backend, online, limits), limits.ramp_lines)
+    cap = min(limits.max_per_backend, batch.lines + room - batch.unseen)
     return Room(backend, max(cap, 0), max(0, cap - batch.lines), cost)
 
 

@@ -37,8 +37,10 @@ class BatchRunner:
         self.service = service
         self.options = service.options
         options = service.options
-        limits = HeadroomLimits(options.kv_reserve, options.slo_margin, options.per_backend)
-        self.room = FleetRoom(service.pipeline, limits)
+        limits = HeadroomLimits(
+            options.kv_reserve, options.slo_margin, options.per_backend, options.ramp_lines
+        )
+        self.room = FleetRoom(service.pipeline, limits, options.resume_after_s)
         self.token = service.replica
         self.batches: dict[str, StoredBatch] = {}
         """Batches in progress, as last read."""

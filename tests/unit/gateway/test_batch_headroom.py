@@ -22,9 +22,15 @@ from gateway.batch.headroom import (
 )
 from policies.config import Route
 
-H100 = Pool("h100", "nvidia", "h100", 2, 2.9, {}, prior_ttft_s=0.05, prior_tpot_s=0.01, cost_floor_per_mtok=3.0)
-MI300X = Pool("mi300x", "amd", "mi300x", 1, 1.75, {}, prior_ttft_s=0.08, prior_tpot_s=0.02, cost_floor_per_mtok=1.0)
-LIMITS = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, max_per_backend=48, probe_lines=2)
+H100 = Pool(
+    "h100", "nvidia", "h100", 2, 2.9, {}, prior_ttft_s=0.05, prior_tpot_s=0.01, cost_floor_per_mtok=3.0
+)
+MI300X = Pool(
+    "mi300x", "amd", "mi300x", 1, 1.75, {}, prior_ttft_s=0.08, prior_tpot_s=0.02, cost_floor_per_mtok=1.0
+)
+LIMITS = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, max_per_backend=48, ramp_lines=100)
+"""No ramp: the room alone sets the cap."""
+RAMPED = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, max_per_backend=48, ramp_lines=2)
 ONLINE = OnlineLimits(ttft_s=0.8, tpot_s=0.06, max_kv=0.9)
 
 
@@ -78,10 +84,19 @@ def test_tpot_room_limits_the_cap_when_decode_slows_with_each_sequence() -> None
     assert assess(backend, BatchLoad(), ONLINE, 0, LIMITS).free == 7
 
 
-def test_a_backend_never_measured_gets_probe_lines_only() -> None:
+def test_a_backend_never_measured_gets_ramp_lines_only() -> None:
     backend = _backend()
-    assert assess(backend, BatchLoad(), ONLINE, 0, LIMITS).free == 2
-    assert assess(backend, BatchLoad(lines=2, unseen=2), ONLINE, 0, LIMITS).free == 0
+    assert assess(backend, BatchLoad(), ONLINE, 0, RAMPED).free == 2
+    assert assess(backend, BatchLoad(lines=2, unseen=2), ONLINE, 0, RAMPED).free == 0
+
+
+def test_room_is_filled_a_ramp_at_a_time_per_scrape() -> None:
+    backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)  # room for 8
+    assert assess(backend, BatchLoad(lines=2), ONLINE, 0, RAMPED).free == 2
+    assert assess(backend, BatchLoad(lines=3, unseen=1), ONLINE, 0, RAMPED).free == 1
+    assert assess(backend, BatchLoad(lines=4, unseen=2), ONLINE, 0, RAMPED).free == 0
+    full = _backend(running=14, kv=0.70, ttft=0.1, tpot=0.01)
+    assert assess(full, BatchLoad(lines=10), ONLINE, 0, RAMPED).free == 0
 
 
 def test_cap_never_exceeds_the_per_backend_ceiling() -> None:
@@ -160,17 +175,17 @@ def test_fill_order_is_cheapest_first_then_most_headroom_whatever_the_pool() -> 
     dear = _backend(H100, cost=4.0, name="dear")
     full = _backend(MI300X, cost=0.5, name="full")
     rooms = [
-        assess(dear, BatchLoad(), ONLINE, 0, LIMITS),
-        assess(cheap_small, BatchLoad(lines=1, unseen=1), ONLINE, 0, LIMITS),
-        assess(cheap_big, BatchLoad(), ONLINE, 0, LIMITS),
-        assess(full, BatchLoad(lines=2, unseen=2), ONLINE, 0, LIMITS),
+        assess(dear, BatchLoad(), ONLINE, 0, RAMPED),
+        assess(cheap_small, BatchLoad(lines=1, unseen=1), ONLINE, 0, RAMPED),
+        assess(cheap_big, BatchLoad(), ONLINE, 0, RAMPED),
+        assess(full, BatchLoad(lines=2, unseen=2), ONLINE, 0, RAMPED),
     ]
     assert [r.backend.name for r in fill_order(rooms)] == ["cheap-big", "cheap-small", "dear"]
 
 
 def test_unmeasured_cost_falls_back_to_the_accelerator_floor() -> None:
-    rooms = [assess(_backend(H100, name="h"), BatchLoad(), ONLINE, 0, LIMITS)]
-    rooms.append(assess(_backend(MI300X, name="m"), BatchLoad(), ONLINE, 0, LIMITS))
+    rooms = [assess(_backend(H100, name="h"), BatchLoad(), ONLINE, 0, RAMPED)]
+    rooms.append(assess(_backend(MI300X, name="m"), BatchLoad(), ONLINE, 0, RAMPED))
     assert [r.backend.name for r in fill_order(rooms)] == ["m", "h"]
 
 
@@ -192,3 +207,18 @@ def test_fleet_room_counts_its_own_lines_and_those_the_scrape_has_not_seen() -> 
     pipeline.queued = 0
     room.ended(backend)
     assert room.lines[backend] == 2
+
+
+def test_a_paused_backend_resumes_only_after_a_quiet_spell() -> None:
+    backend = _backend(running=6, kv=0.30, waiting=1, ttft=0.1, tpot=0.01)
+    pipeline = SimpleNamespace(
+        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
+    )
+    held = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    at_once = FleetRoom(pipeline, LIMITS, resume_after_s=0)  # type: ignore[arg-type]
+    assert held.plan("m") == [] and at_once.plan("m") == []
+    backend.load.waiting = 0  # the queue emptied a moment ago
+    assert held.plan("m") == []
+    assert len(at_once.plan("m")) == 9
+    never_paused = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    assert len(never_paused.plan("m")) == 9
