@@ -29,8 +29,19 @@ class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 3
     """Times a line is sent before a backend failure (5xx, 429) becomes its error line."""
     retry_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
-    per_backend: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
-    """Batch lines this replica keeps in flight per backend with idle room."""
+    per_backend: Annotated[int, msgspec.Meta(ge=1, le=256)] = 48
+    """At most this many batch lines in flight per backend, per replica; within it, a backend gets as many
+    as its headroom allows (gateway/batch/headroom.py)."""
+    kv_reserve: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
+    """KV-cache fraction of each backend kept free of batch lines, for online bursts."""
+    ramp_lines: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    """New batch lines a backend gets per scrape of its metrics at most (the room is measured again
+    before more are added)."""
+    resume_after_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    """A paused backend gets batch lines again once it has gone this long without a reason to pause."""
+    slo_margin: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75
+    """Batch dispatch to a backend pauses when its predicted online TTFT or TPOT reaches this fraction of
+    the tightest online SLO that may route there."""
     tick_s: _Seconds = 0.05
     """How often the scheduler looks at the fleet for idle room."""
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 200 * 1024 * 1024

@@ -1,58 +1,96 @@
-"""How many batch lines the fleet has idle room for right now, read from the state routing reads.
+"""Where this replica's batch lines go: the backends with headroom (gateway/batch/headroom.py), cheapest
+first, whatever pool the online routes prefer. Tracks the lines it has on each backend, so the headroom
+counts them, and the lines sent since each backend's last scrape, which the scraped figures do not show.
 
-A backend has room for batch work when online traffic is not using it: nothing waits in vLLM's queue,
-its KV cache is under every online route's saturation limit, and no online route that prefers it is
-predicted to miss its SLO there (predicted from measured latency, which batch lines already on it
-raise: that is the feedback that stops adding them). While requests of any class wait in the gateway's
-own back-pressure queues, batch work is paused everywhere: online traffic needs the room.
+A paused backend resumes only once it has gone `resume_after_s` without a reason to pause: predicted
+latency is an average of recent requests, and one that dips under the margin for a moment (a few short
+answers) must not reopen a backend online traffic is using.
 """
 
 from __future__ import annotations
 
+import time
+
 from backends.models import Backend
+from gateway.batch.headroom import (
+    BatchLoad,
+    HeadroomLimits,
+    OnlineLimits,
+    Room,
+    assess,
+    fill_order,
+    online_limits,
+)
 from gateway.request.pipeline import Pipeline
 from policies.config import Route
 from policies.engine import PolicyEngine
-from policies.predict import slo_miss_reason
-from policies.selectors import selects
 
 BATCH_CLASS = "batch"
 
 
-class IdleRoom:
-    def __init__(self, pipeline: Pipeline, per_backend: int) -> None:
+class FleetRoom:
+    def __init__(self, pipeline: Pipeline, limits: HeadroomLimits, resume_after_s: float = 0.0) -> None:
         self.pipeline = pipeline
-        self.per_backend = per_backend
+        self.limits = limits
+        self.resume_after_s = resume_after_s
+        self._paused_at: dict[Backend, float] = {}
+        """When each backend last had a reason to pause (monotonic)."""
+        self.lines: dict[Backend, int] = {}
+        """This replica's batch lines running on each backend."""
+        self._sent: dict[Backend, list[float]] = {}
+        """Monotonic times lines were sent to each backend, since its last scrape."""
         self._router: object = None
         self._online: list[Route] = []
-        self._max_kv = 0.95
+        self._per_backend: dict[Backend, OnlineLimits] = {}
 
-    def _online_routes(self) -> list[Route]:
+    def _online_of(self, backend: Backend) -> OnlineLimits:
         router = self.pipeline.router
         if router is not self._router:
             self._router = router
             routes = router.loaded.policy.routes if isinstance(router, PolicyEngine) else {}
             self._online = [r for name, r in routes.items() if name != BATCH_CLASS]
-            limits = [r.saturation.max_kv_cache_usage for r in self._online]
-            self._max_kv = min(limits, default=0.95)
-        return self._online
+            self._per_backend = {}
+        online = self._per_backend.get(backend)
+        if online is None:
+            online = online_limits(self._online, backend, self.limits.default_kv_limit)
+            self._per_backend[backend] = online
+        return online
 
-    def has_room(self, backend: Backend) -> bool:
-        if not backend.healthy or backend.draining:
-            return False
-        load = backend.load
-        if load.waiting > 0 or load.kv_cache_usage > self._max_kv:
-            return False
-        for route in self._online:
-            slo_here = route.slo is not None and selects(route.prefer, backend.pool)
-            if slo_here and slo_miss_reason(backend, route) is not None:
-                return False
-        return True
+    def _load(self, backend: Backend) -> BatchLoad:
+        sent = self._sent.get(backend)
+        scraped = backend.load.scraped_at
+        if sent and scraped is not None:
+            sent[:] = [t for t in sent if t > scraped]
+        return BatchLoad(self.lines.get(backend, 0), len(sent) if sent else 0)
 
-    def slots(self, model: str) -> int:
-        """Lines this replica may have in flight for `model` (0: paused)."""
-        if self.pipeline.queued:
-            return 0
-        self._online_routes()
-        free = sum(1 for b in self.pipeline.catalog.serving(model) if self.has_room(b))
-        return free * self.per_backend
+    def rooms(self, model: str) -> list[Room]:
+        queued = self.pipeline.queued
+        return [
+            assess(b, self._load(b), self._online_of(b), queued, self.limits)
+            for b in self.pipeline.catalog.serving(model)
+        ]
+
+    def plan(self, model: str) -> list[Backend]:
+        """One backend per new line that may start now, in the order they should be filled."""
+        now = time.monotonic()
+        open_rooms = []
+        for room in self.rooms(model):
+            if room.paused is not None:
+                self._paused_at[room.backend] = now
+            elif now - self._paused_at.get(room.backend, -1e9) >= self.resume_after_s:
+                open_rooms.append(room)
+        picks: list[Backend] = []
+        for room in fill_order(open_rooms):
+            picks.extend([room.backend] * room.free)
+        return picks
+
+    def started(self, backend: Backend) -> None:
+        self.lines[backend] = self.lines.get(backend, 0) + 1
+        self._sent.setdefault(backend, []).append(time.monotonic())
+
+    def ended(self, backend: Backend) -> None:
+        left = self.lines.get(backend, 0) - 1
+        if left > 0:
+            self.lines[backend] = left
+        else:
+            self.lines.pop(backend, None)

@@ -1,7 +1,10 @@
 """One line of a batch's input: checked, sent through the pipeline as class `batch`, turned into a result.
 
-A line goes through `Pipeline.handle` like any request (the tenants seam with the batch's key, routing,
-retries across backends, the ledger), marked with `x-switchyard-class: batch` and priority `batch`.
+A line goes through the pipeline's steps like any request (the tenants seam with the batch's key, the
+policy's class and route, the ledger), marked with `x-switchyard-class: batch` and priority `batch`, but
+to the backend the scheduler chose for it (gateway/batch/capacity.py) rather than the route's first
+choice: batch work goes where there is idle room, whatever pool the online routes prefer. A line too long
+for that backend goes where the route sends it. A failed send is retried by the scheduler, later.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from typing import Any
 
 import msgspec
 
+from backends.models import Backend
 from gateway.batch.objects import ENDPOINTS
 from gateway.errors import GatewayError
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
-from gateway.request.pipeline import Pipeline
+from gateway.request.pipeline import Pipeline, Reply
 from gateway.tenants.admission import Tenant
+from policies.framework import Decision
 
 _decoder = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder().encode
@@ -87,8 +92,32 @@ def error_line(custom_id: str | None, code: str, message: str) -> LineResult:
     return LineResult(result_line(custom_id, None, None, {"code": code, "message": message}), failed=True)
 
 
+async def send_to(pipeline: Pipeline, ctx: RequestContext, backend: Backend | None) -> Reply:
+    """`Pipeline.handle` for a non-streaming line, sent to `backend` when it can take the line."""
+    pipeline.parse(ctx)
+    pipeline.classify(ctx)
+    key, tenants = ctx.caller.key, pipeline.tenants
+    ignored: list[str] = []
+    if key is not None:
+        assert tenants is not None  # a key is set only when the tenants seam is on
+        ignored = tenants.check(key, ctx.profile)
+    pipeline.route(ctx)
+    routed = ctx.decision
+    if backend is not None and backend.max_model_len >= ctx.profile.context_needed:
+        ctx.decision = Decision([backend], routed.route, routed.request_class)
+    if key is not None:
+        ctx.caller.admission = await tenants.admit(key, ctx.profile, ctx.decision.candidates, ignored)  # type: ignore[union-attr]
+    return await pipeline.complete(ctx)
+
+
 async def run_line(
-    pipeline: Pipeline, raw: bytes, endpoint: str, request_id: str, tenant: Tenant | None, auth: str | None
+    pipeline: Pipeline,
+    raw: bytes,
+    endpoint: str,
+    request_id: str,
+    tenant: Tenant | None,
+    auth: str | None,
+    backend: Backend | None = None,
 ) -> LineResult:
     try:
         custom_id, gateway_endpoint, body = parse_line(raw, endpoint)
@@ -105,7 +134,7 @@ async def run_line(
     ctx = RequestContext(gateway_endpoint, caller)  # type: ignore[arg-type]
     ctx.body = _encode(body)
     try:
-        reply = await pipeline.handle(ctx)
+        reply = await send_to(pipeline, ctx, backend)
     except GatewayError as exc:
         pipeline.end(ctx, exc)  # the request path ends a request that raised where it is served from
         status, code = exc.status, exc.body.code

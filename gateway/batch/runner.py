@@ -1,12 +1,13 @@
 """The scheduler each replica runs: moves batches through their statuses and runs their lines in the
-fleet's idle room (gateway/batch/capacity.py).
+fleet's idle room (gateway/batch/capacity.py, headroom.py).
 
-Every `tick_s` it hands out as many lines as there is room for, claimed one at a time from the shared
-state (round robin over the batches in progress); every `refresh_s` it re-reads which batches exist and
-advances them: `validating` -> `in_progress` (the input read, lines counted), `in_progress` ->
-`finalizing` (every line has a result, or the window is over), `cancelling` -> `finalizing`, and
-`finalizing` -> `completed` / `expired` / `cancelled` (output and error files written, by one replica
-under a lock). A replica that dies mid-batch stops renewing its leases; another claims those lines.
+Every `tick_s` it hands out as many lines as the backends have headroom for, each to its backend,
+claimed one at a time from the shared state (round robin over the batches in progress); every
+`refresh_s` it re-reads which batches exist and advances them: `validating` -> `in_progress` (the input
+read, lines counted), `in_progress` -> `finalizing` (every line has a result, or the window is over),
+`cancelling` -> `finalizing`, and `finalizing` -> `completed` / `expired` / `cancelled` (output and
+error files written, by one replica under a lock). A replica that dies mid-batch stops renewing its
+leases; another claims those lines.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 
-from gateway.batch.capacity import IdleRoom
+from backends.models import Backend
+from gateway.batch.capacity import FleetRoom
 from gateway.batch.finalize import finalize, read_input
+from gateway.batch.headroom import HeadroomLimits
 from gateway.batch.lines import run_line
 from gateway.batch.objects import ErrorData, StoredBatch
 from gateway.batch.service import BatchService
@@ -34,7 +36,11 @@ class BatchRunner:
     def __init__(self, service: BatchService) -> None:
         self.service = service
         self.options = service.options
-        self.room = IdleRoom(service.pipeline, service.options.per_backend)
+        options = service.options
+        limits = HeadroomLimits(
+            options.kv_reserve, options.slo_margin, options.per_backend, options.ramp_lines
+        )
+        self.room = FleetRoom(service.pipeline, limits, options.resume_after_s)
         self.token = service.replica
         self.batches: dict[str, StoredBatch] = {}
         """Batches in progress, as last read."""
@@ -136,18 +142,19 @@ class BatchRunner:
     # --- lines ---------------------------------------------------------------------------------------
 
     async def dispatch(self) -> None:
+        """Start a line on every free slot of the backends with headroom, round robin over the batches."""
         if not self.batches:
             return
-        running = Counter(self.batches[b].model or "" for b, _ in self.running if b in self.batches)
-        room: dict[str, int] = {}
+        slots: dict[str, list[Backend]] = {}
         order = [b for b in self.batches.values() if b.batch.id not in self.exhausted]
         while order:
             self._turn = (self._turn + 1) % len(order)
             stored = order[self._turn]
             model = stored.model or ""
-            if model not in room:
-                room[model] = self.room.slots(model) - running[model]
-            if room[model] <= 0:
+            free = slots.get(model)
+            if free is None:
+                free = slots[model] = self.room.plan(model)
+            if not free:
                 order.remove(stored)
                 continue
             line = await self.service.state.claim(
@@ -157,11 +164,12 @@ class BatchRunner:
                 self.exhausted.add(stored.batch.id)
                 order.remove(stored)
                 continue
-            room[model] -= 1
+            backend = free.pop(0)
+            self.room.started(backend)
             key = (stored.batch.id, line)
-            self.running[key] = asyncio.get_running_loop().create_task(self._run(stored, line))
+            self.running[key] = asyncio.get_running_loop().create_task(self._run(stored, line, backend))
 
-    async def _run(self, stored: StoredBatch, line: int) -> None:
+    async def _run(self, stored: StoredBatch, line: int, backend: Backend) -> None:
         service, state = self.service, self.service.state
         batch_id = stored.batch.id
         try:
@@ -180,6 +188,7 @@ class BatchRunner:
                 f"{batch_id}-{line}",
                 tenant,
                 stored.authorization,
+                backend,
             )
             if result.retry and attempt < self.options.max_attempts:
                 await state.release(batch_id, line, self.token, self.options.retry_backoff_s * attempt)
@@ -194,6 +203,7 @@ class BatchRunner:
             with contextlib.suppress(Exception):
                 await state.release(batch_id, line, self.token, self.options.retry_backoff_s)
         finally:
+            self.room.ended(backend)
             self.running.pop((batch_id, line), None)
 
     async def _renew(self) -> None:

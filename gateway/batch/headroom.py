@@ -1,0 +1,157 @@
+"""How many batch lines one backend may run right now without hurting online traffic: a pure decision on
+what the gateway knows at that moment (no I/O), so it can be tested on constructed backend states.
+
+Per backend, from the tightest online route that may send requests there (its `prefer` or `fallback`):
+
+    pause (no new line) when   it is unhealthy or drained;
+                               any request waits in the gateway's back-pressure queues;
+                               any request waits in vLLM's own queue (scraped `waiting`);
+                               predicted online TTFT or TPOT (policies/predict.py) passes
+                                   `slo_margin` x the route's SLO;
+                               its KV cache is at the online limit minus the reserve.
+    otherwise its cap is       the lines already running + the new ones that fit in
+                               min(KV room, TPOT room), at most `max_per_backend`:
+        KV room     (online KV limit - reserve - scraped usage) / KV of one sequence (usage / running)
+        TPOT room   (margin x TPOT SLO - predicted TPOT) / TPOT each running sequence has added over
+                    the unloaded backend's
+    less the lines sent since the last scrape (not yet in the scraped figures); and at most
+    `ramp_lines` new ones per scrape, so the room is measured again before more are added (additive
+    increase), and a burst of batch prefills never lands in front of online requests.
+
+vLLM batches decode: one decode step streams the weights once for every running sequence, so a backend
+with KV room turns extra sequences into tokens at a small TPOT cost. That room is what batch lines fill;
+the reserve is what an online burst finds free when it arrives, and the pause keeps it free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from backends.models import Backend
+from policies.config import Route
+from policies.predict import predicted_tpot, predicted_ttft
+from policies.selectors import selects
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomLimits:
+    kv_reserve: float = 0.2
+    """KV cache fraction kept free for online bursts."""
+    slo_margin: float = 0.75
+    """Pause when predicted online TTFT or TPOT reaches this fraction of the SLO."""
+    max_per_backend: int = 48
+    ramp_lines: int = 2
+    """New lines a backend gets per scrape at most: the headroom is re-measured before more are added,
+    and their prefills never arrive at once in front of online requests."""
+    default_kv_limit: float = 0.95
+    """KV limit when no online route sets one for the backend."""
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineLimits:
+    """The tightest online requirements on one pool: its SLOs and KV saturation limit."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    max_kv: float = 0.95
+
+
+def online_limits(routes: list[Route], backend: Backend, default_kv: float = 0.95) -> OnlineLimits:
+    """The tightest SLO and KV limit of the online routes that may send requests to `backend`."""
+    ttft: float | None = None
+    tpot: float | None = None
+    max_kv = default_kv
+    for route in routes:
+        if not (selects(route.prefer, backend.pool) or selects(route.fallback, backend.pool)):
+            continue
+        max_kv = min(max_kv, route.saturation.max_kv_cache_usage)
+        slo = route.slo
+        if slo is None:
+            continue
+        if slo.ttft_ms is not None:
+            ttft = min(ttft, slo.ttft_ms / 1000) if ttft is not None else slo.ttft_ms / 1000
+        if slo.tpot_ms is not None:
+            tpot = min(tpot, slo.tpot_ms / 1000) if tpot is not None else slo.tpot_ms / 1000
+    return OnlineLimits(ttft, tpot, max_kv)
+
+
+@dataclass(slots=True)
+class BatchLoad:
+    """This replica's batch lines on one backend."""
+
+    lines: int = 0
+    unseen: int = 0
+    """Lines sent after the backend's last scrape: not yet in its running / KV figures."""
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    backend: Backend
+    cap: int
+    """Batch lines the backend may run now (this replica's, those running included)."""
+    free: int
+    """New lines it may take now: cap - lines running, never negative."""
+    cost_per_mtok: float
+    paused: str | None = None
+    """Why it takes no new line (None when it may, or when it is simply full)."""
+
+
+def cost_per_mtok(backend: Backend) -> float:
+    """Measured USD per million tokens (the ledger's), else the accelerator's floor."""
+    measured = backend.measured_cost_per_mtok
+    return measured if measured is not None else backend.pool.cost_floor_per_mtok
+
+
+def pause_reason(backend: Backend, online: OnlineLimits, queued: int, limits: HeadroomLimits) -> str | None:
+    if not backend.healthy or backend.draining:
+        return "unavailable"
+    if queued > 0:
+        return f"{queued} requests wait in the gateway's queues"
+    load = backend.load
+    if load.waiting > 0:
+        return f"{load.waiting:g} requests wait in its queue"
+    margin = limits.slo_margin
+    if online.ttft_s is not None:
+        ttft = predicted_ttft(backend)
+        if ttft > margin * online.ttft_s:
+            return f"predicted TTFT {ttft * 1000:.0f} ms near the SLO {online.ttft_s * 1000:g} ms"
+    if online.tpot_s is not None:
+        tpot = predicted_tpot(backend)
+        if tpot > margin * online.tpot_s:
+            return f"predicted TPOT {tpot * 1000:.1f} ms near the SLO {online.tpot_s * 1000:g} ms"
+    if load.kv_cache_usage >= online.max_kv - limits.kv_reserve:
+        return f"KV cache {load.kv_cache_usage:.0%} at the online limit less the reserve"
+    return None
+
+
+def new_lines(backend: Backend, online: OnlineLimits, limits: HeadroomLimits) -> int:
+    """Sequences the backend can add before its KV room or its online TPOT room runs out."""
+    load = backend.load
+    running = load.running
+    if running < 1 or load.kv_cache_usage <= 0:
+        return limits.ramp_lines  # nothing to measure the KV of one sequence on yet
+    kv_room = online.max_kv - limits.kv_reserve - load.kv_cache_usage
+    room = kv_room / (load.kv_cache_usage / running)
+    if online.tpot_s is not None and backend.observed.tpot is not None:
+        added = (backend.observed.tpot - backend.pool.prior_tpot_s) / running
+        if added > 0:
+            room = min(room, (limits.slo_margin * online.tpot_s - predicted_tpot(backend)) / added)
+    return max(0, math.floor(room + 1e-9))
+
+
+def assess(
+    backend: Backend, batch: BatchLoad, online: OnlineLimits, queued: int, limits: HeadroomLimits
+) -> Room:
+    cost = cost_per_mtok(backend)
+    why = pause_reason(backend, online, queued, limits)
+    if why is not None:
+        return Room(backend, batch.lines, 0, cost, why)
+    room = min(new_lines(backend, online, limits), limits.ramp_lines)
+    cap = min(limits.max_per_backend, batch.lines + room - batch.unseen)
+    return Room(backend, max(cap, 0), max(0, cap - batch.lines), cost)
+
+
+def fill_order(rooms: list[Room]) -> list[Room]:
+    """Backends that may take lines: cheapest first, then the one with the most headroom."""
+    return sorted((r for r in rooms if r.free > 0), key=lambda r: (round(r.cost_per_mtok, 3), -r.free))

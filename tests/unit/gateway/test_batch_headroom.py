@@ -1,0 +1,224 @@
+"""Batch headroom: where batch lines may run, how many, and when dispatch pauses, on constructed backends."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+
+from backends.models import Backend, EngineLoad, Observed, Pool
+from gateway.batch.capacity import FleetRoom
+from gateway.batch.headroom import (
+    BatchLoad,
+    HeadroomLimits,
+    OnlineLimits,
+    assess,
+    fill_order,
+    new_lines,
+    online_limits,
+    pause_reason,
+)
+from policies.config import Route
+
+H100 = Pool(
+    "h100", "nvidia", "h100", 2, 2.9, {}, prior_ttft_s=0.05, prior_tpot_s=0.01, cost_floor_per_mtok=3.0
+)
+MI300X = Pool(
+    "mi300x", "amd", "mi300x", 1, 1.75, {}, prior_ttft_s=0.08, prior_tpot_s=0.02, cost_floor_per_mtok=1.0
+)
+LIMITS = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, max_per_backend=48, ramp_lines=100)
+"""No ramp: the room alone sets the cap."""
+RAMPED = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, max_per_backend=48, ramp_lines=2)
+ONLINE = OnlineLimits(ttft_s=0.8, tpot_s=0.06, max_kv=0.9)
+
+
+def _backend(
+    pool: Pool = H100,
+    *,
+    running: float = 0,
+    waiting: float = 0,
+    kv: float = 0.0,
+    ttft: float | None = None,
+    tpot: float | None = None,
+    inflight: int = 0,
+    cost: float | None = None,
+    name: str = "b",
+) -> Backend:
+    return Backend(
+        name=name,
+        url="http://127.0.0.1:1",
+        models=frozenset({"m"}),
+        max_model_len=8192,
+        pool=pool,
+        inflight=inflight,
+        measured_cost_per_mtok=cost,
+        load=EngineLoad(running=running, waiting=waiting, kv_cache_usage=kv, scraped_at=0.0),
+        observed=Observed(ttft=ttft, tpot=tpot),
+    )
+
+
+def _route(**fields: Any) -> Route:
+    return msgspec.convert(fields, Route)
+
+
+def test_kv_room_sets_the_cap_less_the_reserve() -> None:
+    # 6 sequences use 30% of the KV cache: 5% each; room to 90% - 20% reserve is 40%: 8 more sequences.
+    backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)
+    room = assess(backend, BatchLoad(lines=2), ONLINE, 0, LIMITS)
+    assert room.paused is None
+    assert (room.cap, room.free) == (10, 8)
+
+
+def test_lines_sent_since_the_last_scrape_count_against_the_room() -> None:
+    backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)
+    room = assess(backend, BatchLoad(lines=5, unseen=3), ONLINE, 0, LIMITS)
+    assert (room.cap, room.free) == (10, 5)
+
+
+def test_tpot_room_limits_the_cap_when_decode_slows_with_each_sequence() -> None:
+    # Each of 10 running sequences added 2 ms over the unloaded 10 ms; 0.75 x 60 ms = 45 ms leaves 15 ms: 7.
+    backend = _backend(running=10, kv=0.10, ttft=0.1, tpot=0.03)
+    assert new_lines(backend, ONLINE, LIMITS) == 7
+    assert assess(backend, BatchLoad(), ONLINE, 0, LIMITS).free == 7
+
+
+def test_a_backend_never_measured_gets_ramp_lines_only() -> None:
+    backend = _backend()
+    assert assess(backend, BatchLoad(), ONLINE, 0, RAMPED).free == 2
+    assert assess(backend, BatchLoad(lines=2, unseen=2), ONLINE, 0, RAMPED).free == 0
+
+
+def test_room_is_filled_a_ramp_at_a_time_per_scrape() -> None:
+    backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)  # room for 8
+    assert assess(backend, BatchLoad(lines=2), ONLINE, 0, RAMPED).free == 2
+    assert assess(backend, BatchLoad(lines=3, unseen=1), ONLINE, 0, RAMPED).free == 1
+    assert assess(backend, BatchLoad(lines=4, unseen=2), ONLINE, 0, RAMPED).free == 0
+    full = _backend(running=14, kv=0.70, ttft=0.1, tpot=0.01)
+    assert assess(full, BatchLoad(lines=10), ONLINE, 0, RAMPED).free == 0
+
+
+def test_cap_never_exceeds_the_per_backend_ceiling() -> None:
+    backend = _backend(running=1, kv=0.001, ttft=0.1, tpot=0.01)
+    room = assess(backend, BatchLoad(lines=40), ONLINE, 0, LIMITS)
+    assert (room.cap, room.free) == (48, 8)
+
+
+def test_waiting_in_vllm_pauses_and_resumes_when_the_queue_empties() -> None:
+    backend = _backend(running=6, kv=0.30, waiting=1, ttft=0.1, tpot=0.01)
+    room = assess(backend, BatchLoad(lines=4), ONLINE, 0, LIMITS)
+    assert room.free == 0 and room.paused is not None and "wait in its queue" in room.paused
+    assert room.cap == 4  # the running lines go on; only new ones are held back
+    backend.load.waiting = 0
+    assert assess(backend, BatchLoad(lines=4), ONLINE, 0, LIMITS).free == 8
+
+
+def test_a_request_queued_in_the_gateway_pauses_every_backend() -> None:
+    backend = _backend(running=1, kv=0.05, ttft=0.1, tpot=0.01)
+    assert pause_reason(backend, ONLINE, 1, LIMITS) == "1 requests wait in the gateway's queues"
+    assert pause_reason(backend, ONLINE, 0, LIMITS) is None
+
+
+@pytest.mark.parametrize(
+    ("ttft", "tpot", "paused"),
+    [
+        (0.59, 0.01, False),  # under 0.75 x 800 ms
+        (0.61, 0.01, True),  # past it: online TTFT nears the SLO
+        (0.1, 0.044, False),
+        (0.1, 0.046, True),  # past 0.75 x 60 ms
+    ],
+)
+def test_predicted_online_latency_near_the_slo_pauses(ttft: float, tpot: float, paused: bool) -> None:
+    backend = _backend(running=2, kv=0.1, ttft=ttft, tpot=tpot)
+    assert (pause_reason(backend, ONLINE, 0, LIMITS) is not None) is paused
+
+
+def test_waiting_pauses_a_backend_no_online_slo_covers() -> None:
+    backend = _backend(running=2, kv=0.1, ttft=0.3, waiting=2)
+    assert pause_reason(backend, OnlineLimits(max_kv=0.9), 0, LIMITS) == "2 requests wait in its queue"
+
+
+def test_kv_at_the_online_limit_less_the_reserve_pauses() -> None:
+    backend = _backend(running=10, kv=0.71, ttft=0.1, tpot=0.01)
+    assert "KV cache 71%" in (pause_reason(backend, ONLINE, 0, LIMITS) or "")
+    backend.load.kv_cache_usage = 0.69
+    assert pause_reason(backend, ONLINE, 0, LIMITS) is None
+
+
+def test_unhealthy_or_drained_backends_get_nothing() -> None:
+    sick = _backend()
+    sick.healthy = False
+    drained = _backend()
+    drained.draining = True
+    for backend in (sick, drained):
+        assert assess(backend, BatchLoad(), ONLINE, 0, LIMITS).free == 0
+
+
+def test_online_limits_are_the_tightest_of_routes_that_may_send_there() -> None:
+    routes = [
+        _route(prefer={"vendor": "nvidia"}, fallback={"vendor": "amd"}, slo={"ttft_ms": 800, "tpot_ms": 60}),
+        _route(prefer={"accelerator": "mi300x"}, saturation={"max_kv_cache_usage": 0.85}),
+        _route(prefer="any", slo={"ttft_ms": 2000, "tpot_ms": 100}),
+        _route(prefer={"accelerator": "h100"}, slo={"ttft_ms": 300}),
+    ]
+    amd = online_limits(routes, _backend(MI300X))
+    assert amd == OnlineLimits(ttft_s=0.8, tpot_s=0.06, max_kv=0.85)
+    nvidia = online_limits(routes, _backend(H100))
+    assert nvidia.ttft_s == 0.3 and nvidia.tpot_s == 0.06
+    assert online_limits([], _backend(H100)) == OnlineLimits(None, None, 0.95)
+
+
+def test_fill_order_is_cheapest_first_then_most_headroom_whatever_the_pool() -> None:
+    cheap_small = _backend(MI300X, cost=1.0, name="cheap-small")
+    cheap_big = _backend(MI300X, cost=1.0, name="cheap-big")
+    dear = _backend(H100, cost=4.0, name="dear")
+    full = _backend(MI300X, cost=0.5, name="full")
+    rooms = [
+        assess(dear, BatchLoad(), ONLINE, 0, RAMPED),
+        assess(cheap_small, BatchLoad(lines=1, unseen=1), ONLINE, 0, RAMPED),
+        assess(cheap_big, BatchLoad(), ONLINE, 0, RAMPED),
+        assess(full, BatchLoad(lines=2, unseen=2), ONLINE, 0, RAMPED),
+    ]
+    assert [r.backend.name for r in fill_order(rooms)] == ["cheap-big", "cheap-small", "dear"]
+
+
+def test_unmeasured_cost_falls_back_to_the_accelerator_floor() -> None:
+    rooms = [assess(_backend(H100, name="h"), BatchLoad(), ONLINE, 0, RAMPED)]
+    rooms.append(assess(_backend(MI300X, name="m"), BatchLoad(), ONLINE, 0, RAMPED))
+    assert [r.backend.name for r in fill_order(rooms)] == ["m", "h"]
+
+
+def test_fleet_room_counts_its_own_lines_and_those_the_scrape_has_not_seen() -> None:
+    backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)
+    catalog = SimpleNamespace(serving=lambda model: [backend])
+    pipeline = SimpleNamespace(router=None, catalog=catalog, queued=0)
+    room = FleetRoom(pipeline, LIMITS)  # type: ignore[arg-type]
+    # No policy: no online route limits KV below the default 95%; (95% - 20% - 30%) / 5% = 9.
+    assert room.plan("m") == [backend] * 9
+    for _ in range(3):
+        room.started(backend)
+    assert len(room.plan("m")) == 6  # sent after the last scrape: not in its KV figure yet
+    backend.load.scraped_at = 1e12  # a scrape after they were sent, which shows them running
+    backend.load.running, backend.load.kv_cache_usage = 9, 0.45
+    assert len(room.plan("m")) == 6
+    pipeline.queued = 1
+    assert room.plan("m") == []
+    pipeline.queued = 0
+    room.ended(backend)
+    assert room.lines[backend] == 2
+
+
+def test_a_paused_backend_resumes_only_after_a_quiet_spell() -> None:
+    backend = _backend(running=6, kv=0.30, waiting=1, ttft=0.1, tpot=0.01)
+    pipeline = SimpleNamespace(
+        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
+    )
+    held = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    at_once = FleetRoom(pipeline, LIMITS, resume_after_s=0)  # type: ignore[arg-type]
+    assert held.plan("m") == [] and at_once.plan("m") == []
+    backend.load.waiting = 0  # the queue emptied a moment ago
+    assert held.plan("m") == []
+    assert len(at_once.plan("m")) == 9
+    never_paused = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    assert len(never_paused.plan("m")) == 9
