@@ -22,6 +22,7 @@ from gateway.ledger.records import Ledger
 from gateway.lifespan import lifespan
 from gateway.ops import backend_handlers, metrics_handler, ops_handlers
 from gateway.request.forward import Upstream
+from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
@@ -121,6 +122,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         span_exporter: SpanExporter | None = None,
     ) -> None:
         self.settings = settings
+        set_limits(settings.server.limits)
         catalog = Catalog(settings.backends)
         for backend in catalog.backends:
             backend.breaker.options = settings.server.breaker

@@ -11,6 +11,7 @@ import msgspec
 from backends.breaker import BreakerOptions
 from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
+from gateway.request.bounds import RequestLimits
 from gateway.yamlfile import ConfigError, decode, parse_yaml, read_text
 from policies import presets
 from policies.config import LoadedPolicy, load_policy
@@ -87,6 +88,28 @@ class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How often the policy file is checked for changes; a valid change applies to new requests."""
 
 
+_Count = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ConnectionLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What one client connection may do (gateway/http_limits.py); a connection past a timeout is closed."""
+
+    header_timeout: _Seconds = 10.0
+    """From a request's first byte to the end of its headers (slowloris); then 408."""
+    body_timeout: _Seconds = 60.0
+    """From the end of the headers to the end of the body (slow bodies); then 408."""
+    keep_alive_timeout: _Seconds = 5.0
+    """An idle connection (new, or between requests) is closed after this long."""
+    max_total: _Count = 10_000
+    """Open client connections in all; past it a new one gets 503 and is closed."""
+    max_per_client: _Count = 256
+    """Open connections from one client address; past it a new one gets 429 and is closed."""
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 65_536
+    """Request line plus all headers; past it 431."""
+    max_header_value_bytes: Annotated[int, msgspec.Meta(ge=256)] = 8_190
+    """One header's value (8190 is what vLLM's server accepts); past it 431."""
+
+
 class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
@@ -97,6 +120,8 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     breaker: BreakerOptions = msgspec.field(default_factory=BreakerOptions)
     retries: Retries = msgspec.field(default_factory=Retries)
     scrape: Scrape = msgspec.field(default_factory=Scrape)
+    limits: RequestLimits = msgspec.field(default_factory=RequestLimits)
+    connections: ConnectionLimits = msgspec.field(default_factory=ConnectionLimits)
     shutdown_grace: _Seconds = 30.0
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
 
