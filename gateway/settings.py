@@ -143,6 +143,11 @@ class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     paid_interval: _Seconds = 1.0
     refresh_interval: _Seconds = 5.0
     redis_timeout: _Seconds = 2.0
+    spill: bool = True
+    """While Redis is unreachable, keep the buffered records in a local file the next start replays."""
+    spill_path: str | None = None
+    """Default: `$XDG_STATE_HOME/switchyard/ledger-<key_prefix>.spill` (~/.local/state/...). One per
+    gateway process: replicas on one host need their own."""
     output_token_weight: Annotated[float, msgspec.Meta(gt=0)] = 4.0
     """One output token costs this many input tokens' worth of GPU time (decode vs prefill)."""
 
