@@ -47,6 +47,9 @@ _STATUS_TYPES = {
 }
 
 
+_CLIENT_LEFT = "client disconnected prematurely"
+
+
 def _request_id(request: Request[Any, Any, Any]) -> str:
     given = request.headers.get("x-request-id")
     return given if given and valid_request_id(given) else new_request_id()
@@ -63,6 +66,10 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         limit = request.route_handler.resolve_request_max_body_size() or 0
         return _gateway_error(request, body_too_large(limit))
     status = exc.status_code
+    if status == 500 and exc.detail == _CLIENT_LEFT:  # the client closed mid-body: its doing, not ours
+        return _gateway_error(
+            request, GatewayError(400, "The request body was cut short.", "invalid_request_error")
+        )
     if status >= 500:
         log.error("%s on %s: %s", status, request.url.path, exc.detail, exc_info=exc)
     kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
