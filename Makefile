@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
+.PHONY: demo test test-hostile lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,10 @@ test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# 500 slow and idle connections for a minute against a gateway while normal clients run (about 90 s).
+test-hostile: venv
+	SWITCHYARD_HOSTILE=1 $(PY) -m pytest tests/hostile -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
