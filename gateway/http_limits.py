@@ -4,8 +4,9 @@ The limits are `gateway.connections` in the config file:
 
 - Timeouts: an idle connection (new, or between requests) is closed after `keep_alive_timeout`; a request's
   headers must arrive within `header_timeout` of its first byte, its body within `body_timeout` of the end
-  of its headers (then 408). One sweeper task per server checks every connection's deadline a few times a
-  second, so a request pays a few attribute writes, not a timer.
+  of its headers (then 408). A request pays nothing for this: one sweeper task per server looks at every
+  connection a few times a second, reads where it is from uvicorn's own state (`_phase`) and closes those
+  that stayed in one phase too long, at most two sweep intervals (a fifth of the timeout) late.
 - Caps: `max_total` open connections (then 503) and `max_per_client` per client address (then 429); the
   answer is written at once and the connection closed.
 - Header sizes: the request line plus headers past `max_header_bytes`, or one header value past
@@ -20,8 +21,6 @@ The limits are `gateway.connections` in the config file:
 from __future__ import annotations
 
 import asyncio
-import math
-import re
 from collections import Counter
 from typing import Any
 
@@ -32,23 +31,34 @@ from gateway.errors import GatewayError
 from gateway.settings import ConnectionLimits
 
 _IDLE, _HEADERS, _BODY, _BUSY = 0, 1, 2, 3
+_NOT_SEEN = object()
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
+_TRACE_HEADERS = frozenset((_TRACEPARENT, _TRACESTATE))
 # W3C Trace Context: version-traceid-parentid-flags, lowercase hex; version ff is invalid; a version above
 # 00 may append fields after a dash.
-_TRACEPARENT_RE = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+_HEX_AND_DASH = b"0123456789abcdef-"
 _ZERO_TRACE = b"0" * 32
 _ZERO_SPAN = b"0" * 16
 
 
 def valid_traceparent(value: bytes) -> bool:
-    match = _TRACEPARENT_RE.match(value)
-    if match is None:
+    """W3C Trace Context: `version-traceid-parentid-flags` in lowercase hex, ids not all zero, version `ff`
+    invalid; version 00 is exactly 55 characters, a later version may append `-...` (C-level checks only)."""
+    size = len(value)
+    if size < 55 or (size > 55 and (value.startswith(b"00") or value[55] != 45)):
         return False
-    version, trace_id, span_id, _flags, rest = match.groups()
-    if version == b"ff" or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
-        return False
-    return rest is None if version == b"00" else True
+    fields = value[:55]
+    return (
+        value[2] == 45
+        and value[35] == 45
+        and value[52] == 45
+        and fields.count(b"-") == 3
+        and not fields.translate(None, _HEX_AND_DASH)
+        and not value.startswith(b"ff")
+        and value[3:35] != _ZERO_TRACE
+        and value[36:52] != _ZERO_SPAN
+    )
 
 
 class HeaderTooLarge(Exception):
@@ -76,18 +86,21 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """A protocol class bound to `limits`, with its own per-address counts and sweeper."""
 
     invalid_http = _canned(400, "Invalid HTTP request received.", "invalid_request_error", "invalid_http")
-    header_timeout = _canned(
-        408,
-        f"The request headers did not arrive within {limits.header_timeout:g} s.",
-        "invalid_request_error",
-        "request_timeout",
-    )
-    body_timeout = _canned(
-        408,
-        f"The request body did not arrive within {limits.body_timeout:g} s.",
-        "invalid_request_error",
-        "request_timeout",
-    )
+    timed_out = {
+        _HEADERS: _canned(
+            408,
+            f"The request headers did not arrive within {limits.header_timeout:g} s.",
+            "invalid_request_error",
+            "request_timeout",
+        ),
+        _BODY: _canned(
+            408,
+            f"The request body did not arrive within {limits.body_timeout:g} s.",
+            "invalid_request_error",
+            "request_timeout",
+        ),
+    }
+    timeouts = {_IDLE: limits.keep_alive_timeout, _HEADERS: limits.header_timeout, _BODY: limits.body_timeout}
     headers_too_large = _canned(
         431,
         f"Request headers are larger than the gateway's limits ({limits.max_header_bytes} bytes in all, "
@@ -114,43 +127,45 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "upgrade_not_supported",
     )
     per_client: Counter[str] = Counter()
-    sweep_every = max(0.05, min(limits.header_timeout, limits.body_timeout, limits.keep_alive_timeout) / 10)
+    sweep_every = max(0.05, min(timeouts.values()) / 10)
+    max_header_bytes = limits.max_header_bytes
+    max_value_bytes = limits.max_header_value_bytes
+    base = HttpToolsProtocol
 
     class LimitedHttpProtocol(HttpToolsProtocol):
         _sweeper: asyncio.Task[None] | None = None
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._phase = _IDLE
-            self._deadline = math.inf
-            self._header_bytes = 0
-            self._received_bytes = 0
             self._address: str | None = None
-            self._traceparent = False
+            self._refused = False
+            self._seen: object = _NOT_SEEN
+            """What the sweeper last saw this connection doing (a phase and the request it concerns)..."""
+            self._seen_since = 0.0
+            """...and since when."""
+            self._counted_scope: object = None
+            self._received_bytes = 0
+            self._big_read = False
+            self._trace_headers = self._parents = 0
+            self._parent = b""
             self._upgrade_refused = False
 
         # --- connections ----------------------------------------------------------------------------
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._deadline = self.loop.time() + limits.keep_alive_timeout
             address = self.client[0] if self.client else ""
             if len(self.connections) > limits.max_total:
-                self._refuse(too_many)
+                self._answer_and_close(too_many)
                 return
             if per_client[address] >= limits.max_per_client:
-                self._refuse(too_many_from_client)
+                self._answer_and_close(too_many_from_client)
                 return
             per_client[address] += 1
             self._address = address
             cls = type(self)
             if cls._sweeper is None:
                 cls._sweeper = self.loop.create_task(_sweep(self.connections))
-
-        def _refuse(self, response: bytes) -> None:
-            self._phase = _BUSY
-            self.transport.write(response)
-            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             address = self._address
@@ -163,10 +178,41 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     del per_client[address]
             super().connection_lost(exc)
 
-        # --- reading --------------------------------------------------------------------------------
+        def _phase(self) -> tuple[int, object]:
+            """Where the connection is, read from uvicorn's state: on_message_begin makes a new `scope`,
+            on_headers_complete a cycle holding it, on_message_complete clears `more_body`."""
+            cycle, scope = self.cycle, self.scope
+            if self.pipeline:  # a pipelined request waits, complete, for the one being served
+                return _BUSY, cycle
+            if cycle is None or cycle.scope is not scope:
+                return (_IDLE, cycle) if scope is None else (_HEADERS, scope)
+            if cycle.response_complete:
+                return _IDLE, cycle
+            if cycle.more_body and not cycle.response_started:
+                return _BODY, cycle
+            return _BUSY, cycle
+
+        def sweep(self, now: float) -> None:
+            if self._refused or self.transport.is_closing():
+                return
+            seen = self._phase()
+            if seen != self._seen:
+                self._seen, self._seen_since = seen, now
+                return
+            phase = seen[0]
+            if phase == _BUSY or now - self._seen_since < timeouts[phase]:
+                return
+            if phase == _IDLE:
+                self.transport.close()
+            else:
+                self._answer_and_close(timed_out[phase])
+
+        # --- reading: what uvicorn does, plus the header bounds and answers in OpenAI's shape ---------
 
         def data_received(self, data: bytes) -> None:
             self._unset_keepalive_if_required()
+            if len(data) > max_header_bytes:
+                self._big_read = True  # on_headers_complete sums the headers
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserUpgrade:
@@ -176,9 +222,12 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 too_large = isinstance(exc.__context__, HeaderTooLarge)
                 self._answer_and_close(headers_too_large if too_large else invalid_http)
                 return
-            if self._phase == _HEADERS:  # bytes buffered by the parser for headers not yet complete
+            scope, cycle = self.scope, self.cycle
+            if scope is not None and (cycle is None or cycle.scope is not scope):  # headers incomplete
+                if scope is not self._counted_scope:
+                    self._counted_scope, self._received_bytes = scope, 0
                 self._received_bytes += len(data)
-                if self._received_bytes > limits.max_header_bytes:
+                if self._received_bytes > max_header_bytes:
                     self._answer_and_close(headers_too_large)
 
         def _upgrade_requested(self) -> None:
@@ -189,6 +238,7 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
         def _answer_and_close(self, response: bytes) -> None:
+            self._refused = True
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 if cycle.response_started:
@@ -196,7 +246,6 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     return
                 cycle.disconnected = True
                 cycle.message_event.set()
-            self._phase = _BUSY
             if not self.transport.is_closing():
                 self.transport.write(response)
                 self.transport.close()
@@ -204,63 +253,40 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         def send_400_response(self, msg: str) -> None:
             self._answer_and_close(invalid_http)
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._phase = _HEADERS
-            self._deadline = self.loop.time() + limits.header_timeout
-            self._header_bytes = 0
-            self._received_bytes = 0
-            self._traceparent = False
-            self._upgrade_refused = False
-
         def on_header(self, name: bytes, value: bytes) -> None:
-            size = self._header_bytes + len(name) + len(value) + 4
-            if len(value) > limits.max_header_value_bytes or size > limits.max_header_bytes:
+            if len(value) > max_value_bytes:
                 raise HeaderTooLarge
-            self._header_bytes = size
             name = name.lower()
             if name == b"expect" and value.lower() == b"100-continue":
                 self.expect_100_continue = True
-            elif name in (_TRACEPARENT, _TRACESTATE):
-                self._traceparent = True
+            elif name in _TRACE_HEADERS:
+                self._trace_headers += 1
+                if name == _TRACEPARENT:
+                    self._parents += 1
+                    self._parent = value
             self.headers.append((name, value))
 
         def on_headers_complete(self) -> None:
-            if self._traceparent:
-                _drop_invalid_traceparent(self.headers)
-            if self.parser.should_upgrade() and _has_body(self.headers):
+            headers = self.headers
+            if self._big_read:
+                self._big_read = False
+                if sum(len(n) + len(v) for n, v in headers) > max_header_bytes:
+                    raise HeaderTooLarge
+            if self._trace_headers:
+                # W3C: exactly one valid traceparent, or it and tracestate are dropped (a new trace starts)
+                if self._parents != 1 or not valid_traceparent(self._parent):
+                    headers[:] = [(n, v) for n, v in headers if n not in _TRACE_HEADERS]
+                self._trace_headers = self._parents = 0
+            if self.parser.should_upgrade() and _has_body(headers):
                 self._upgrade_refused = True
                 self._answer_and_close(upgrade_refused)
                 return
-            self._phase = _BODY
-            self._deadline = self.loop.time() + limits.body_timeout
-            super().on_headers_complete()
+            base.on_headers_complete(self)
 
         def on_message_complete(self) -> None:
             if self._upgrade_refused:
                 return
-            self._phase = _BUSY
-            self._deadline = math.inf
-            super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            if self._phase == _BUSY:
-                self._phase = _IDLE
-                self._deadline = self.loop.time() + limits.keep_alive_timeout
-            super().on_response_complete()
-
-        def expire(self, now: float) -> None:
-            if now < self._deadline or self.transport.is_closing():
-                return
-            phase = self._phase
-            if phase == _HEADERS:
-                self._answer_and_close(header_timeout)
-            elif phase == _BODY:
-                self._answer_and_close(body_timeout)
-            else:
-                self._phase = _BUSY
-                self._deadline = math.inf
-                self.transport.close()
+            base.on_message_complete(self)
 
     async def _sweep(connections: set[Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -269,21 +295,13 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 await asyncio.sleep(sweep_every)
                 now = loop.time()
                 for connection in list(connections):
-                    expire = getattr(connection, "expire", None)
-                    if expire is not None:
-                        expire(now)
+                    sweep = getattr(connection, "sweep", None)
+                    if sweep is not None:
+                        sweep(now)
         finally:
             LimitedHttpProtocol._sweeper = None
 
     return LimitedHttpProtocol
-
-
-def _drop_invalid_traceparent(headers: list[tuple[bytes, bytes]]) -> None:
-    """W3C: one valid traceparent or none; without a valid one, tracestate is dropped too."""
-    parents = [value for name, value in headers if name == _TRACEPARENT]
-    if len(parents) == 1 and valid_traceparent(parents[0]):
-        return
-    headers[:] = [(n, v) for n, v in headers if n not in (_TRACEPARENT, _TRACESTATE)]
 
 
 def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
