@@ -31,7 +31,6 @@ from gateway.errors import GatewayError
 from gateway.settings import ConnectionLimits
 
 _IDLE, _HEADERS, _BODY, _BUSY = 0, 1, 2, 3
-_NOT_SEEN = object()
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
 _TRACE_HEADERS = frozenset((_TRACEPARENT, _TRACESTATE))
@@ -139,8 +138,10 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             super().__init__(*args, **kwargs)
             self._address: str | None = None
             self._refused = False
-            self._seen: object = _NOT_SEEN
-            """What the sweeper last saw this connection doing (a phase and the request it concerns)..."""
+            self._seen_phase = -1
+            self._seen_request: object = None
+            """What the sweeper last saw this connection doing (a phase and the request it concerns, held
+            so that `is` compares it: an equal-looking later request is another request)..."""
             self._seen_since = 0.0
             """...and since when."""
             self._counted_scope: object = None
@@ -195,11 +196,10 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         def sweep(self, now: float) -> None:
             if self._refused or self.transport.is_closing():
                 return
-            seen = self._phase()
-            if seen != self._seen:
-                self._seen, self._seen_since = seen, now
+            phase, request = self._phase()
+            if phase != self._seen_phase or request is not self._seen_request:
+                self._seen_phase, self._seen_request, self._seen_since = phase, request, now
                 return
-            phase = seen[0]
             if phase == _BUSY or now - self._seen_since < timeouts[phase]:
                 return
             if phase == _IDLE:
