@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 # `make test` skips the HTTP-vs-replay agreement test (about a minute); .ci/run calls `make test-whatif`.
 .PHONY: test-whatif whatif-demo
-.PHONY: demo test lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
+.PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
 
 venv: $(STAMP)
 
@@ -39,6 +39,10 @@ test-whatif: venv
 # Record traffic through the real gateway (access log on), replay it under two presets, print the comparison.
 whatif-demo: venv
 	$(PY) -m loadtest.whatif.demo $(ARGS)
+
+# 500 slow and idle connections for a minute against a gateway while normal clients run (about 90 s).
+test-hostile: venv
+	SWITCHYARD_HOSTILE=1 $(PY) -m pytest tests/hostile -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -25,6 +25,7 @@ from gateway.lifespan import lifespan
 from gateway.ops import backend_handlers, metrics_handler, ops_handlers
 from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
 from gateway.request.forward import Upstream
+from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
@@ -51,6 +52,9 @@ _STATUS_TYPES = {
 }
 
 
+_CLIENT_LEFT = "client disconnected prematurely"
+
+
 def _request_id(request: Request[Any, Any, Any]) -> str:
     given = request.headers.get("x-request-id")
     return given if given and valid_request_id(given) else new_request_id()
@@ -67,6 +71,10 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         limit = request.route_handler.resolve_request_max_body_size() or 0
         return _gateway_error(request, body_too_large(limit))
     status = exc.status_code
+    if status == 500 and exc.detail == _CLIENT_LEFT:  # the client closed mid-body: its doing, not ours
+        return _gateway_error(
+            request, GatewayError(400, "The request body was cut short.", "invalid_request_error")
+        )
     if status >= 500:
         log.error("%s on %s: %s", status, request.url.path, exc.detail, exc_info=exc)
     kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
@@ -125,6 +133,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         span_exporter: SpanExporter | None = None,
     ) -> None:
         self.settings = settings
+        set_limits(settings.server.limits)
         catalog = Catalog(settings.backends)
         for backend in catalog.backends:
             backend.breaker.options = settings.server.breaker

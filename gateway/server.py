@@ -1,4 +1,8 @@
-"""Run the gateway app under uvicorn (uvloop + httptools, no access log: the hot path logs nothing)."""
+"""Run the gateway app under uvicorn (uvloop + httptools, no access log: the hot path logs nothing).
+
+The HTTP protocol is uvicorn's httptools one with the connection limits of `gateway.connections`
+(gateway/http_limits.py); no websocket protocol is loaded, so an `Upgrade` request is served as HTTP.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import asgi_entry, create_app
+from gateway.http_limits import protocol_class
 from gateway.settings import Settings
 
 
@@ -14,12 +19,15 @@ def server_config(
     settings: Settings, host: str, port: int, log_level: str = "info", app: Any = None
 ) -> uvicorn.Config:
     """uvicorn's settings for the gateway; `app` is the ASGI entry (by default built from `settings`)."""
+    limits = settings.server.connections
     return uvicorn.Config(
         app if app is not None else asgi_entry(create_app(settings)),
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(limits),
+        ws="none",
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
         access_log=False,
         proxy_headers=False,
         server_header=False,

@@ -14,6 +14,7 @@ from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from gateway.batch_options import BatchOptions
+from gateway.request_bounds import RequestLimits
 from policies import presets
 from policies.engine import PolicyEngine, load_engine
 
@@ -90,6 +91,28 @@ class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How often the policy file is checked for changes; a valid change applies to new requests."""
 
 
+_Count = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ConnectionLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What one client connection may do (gateway/http_limits.py); a connection past a timeout is closed."""
+
+    header_timeout: _Seconds = 10.0
+    """From a request's first byte to the end of its headers (slowloris); then 408."""
+    body_timeout: _Seconds = 60.0
+    """From the end of the headers to the end of the body (slow bodies); then 408."""
+    keep_alive_timeout: _Seconds = 5.0
+    """An idle connection (new, or between requests) is closed after this long."""
+    max_total: _Count = 10_000
+    """Open client connections in all; past it a new one gets 503 and is closed."""
+    max_per_client: _Count = 256
+    """Open connections from one client address; past it a new one gets 429 and is closed."""
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 65_536
+    """Request line plus all headers; past it 431."""
+    max_header_value_bytes: Annotated[int, msgspec.Meta(ge=256)] = 8_190
+    """One header's value (8190 is what vLLM's server accepts); past it 431."""
+
+
 class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
@@ -102,6 +125,8 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     scrape: Scrape = msgspec.field(default_factory=Scrape)
     admin_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
     """Serve `/admin/...` on this port only (the main port then answers 404 there)."""
+    limits: RequestLimits = msgspec.field(default_factory=RequestLimits)
+    connections: ConnectionLimits = msgspec.field(default_factory=ConnectionLimits)
     shutdown_grace: _Seconds = 30.0
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
@@ -125,6 +150,11 @@ class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     paid_interval: _Seconds = 1.0
     refresh_interval: _Seconds = 5.0
     redis_timeout: _Seconds = 2.0
+    spill: bool = True
+    """While Redis is unreachable, keep the buffered records in a local file the next start replays."""
+    spill_path: str | None = None
+    """Default: `$XDG_STATE_HOME/switchyard/ledger-<key_prefix>.spill` (~/.local/state/...). One per
+    gateway process: replicas on one host need their own."""
     output_token_weight: Annotated[float, msgspec.Meta(gt=0)] = 4.0
     """One output token costs this many input tokens' worth of GPU time (decode vs prefill)."""
     idle_cost: Literal["idle", "spread"] = "idle"

@@ -62,6 +62,9 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
         body = msgspec.json.decode(await request.read())
     except msgspec.DecodeError as exc:
         raise SimError(400, f"Invalid JSON body: {exc}") from None
+    except (UnicodeDecodeError, RecursionError):
+        # vLLM (FastAPI) answers a body it cannot parse for any other reason with this 400.
+        raise SimError(400, "There was an error parsing the body") from None
     if not isinstance(body, dict):
         raise SimError(400, "The request body must be a JSON object")
     return body

@@ -6,8 +6,9 @@ batch leaves the buffer only after Redis acknowledged it; a failed or timed-out 
 the flusher retries with a growing pause (up to 2 s). Re-sending a batch that Redis did apply is harmless:
 each request id is counted once (SET NX). When the buffer is full, new records are dropped, counted
 (`dropped` in `stats()`, shown by /ready and /admin/v1/costs) and logged, never silently.
-`close()` flushes what is left (bounded by a few seconds) and logs whether every record reached Redis
-or how many are lost.
+`close()` flushes what is left (bounded by a few seconds) and logs anything it could not write.
+While Redis is unreachable the buffer is also spilled to a local file that the next start replays
+(gateway/ledger/spill.py), so neither SIGTERM nor SIGKILL loses what was buffered.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,6 +37,7 @@ from gateway.ledger.costs import BOUND, PAID, WEIGHTED, Counters, merge
 from gateway.ledger.keys import Keys
 from gateway.ledger.records import GPU_DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.ledger.scripts import CLAIM_PAID, RECORD
+from gateway.ledger.spill import LedgerSpill, default_spill_path
 from gateway.settings import LedgerOptions
 
 log = logging.getLogger("switchyard.ledger")
@@ -80,6 +83,8 @@ class RedisLedger(LedgerBase):
         self.dropped = 0
         self.flush_errors = 0
         self.last_error: str | None = None
+        self.spill: LedgerSpill | None = None
+        """Set by `start` when spilling is on and this process owns the file."""
 
     # --- request path ---------------------------------------------------------------------------------
 
@@ -102,20 +107,47 @@ class RedisLedger(LedgerBase):
     # --- flushing -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        options = self.options
+        if options.spill and self.spill is None:
+            spill = LedgerSpill(Path(options.spill_path or default_spill_path(options.key_prefix)))
+            if spill.claim():
+                self.spill = spill
+                self._buffer.extendleft(reversed(spill.load()))
         await super().start()
         self._tasks.append(asyncio.create_task(self._flush_loop()))
 
     async def _flush_loop(self) -> None:
         pause = self.options.flush_interval
         while True:
-            try:
-                async with asyncio.timeout(pause):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            if self.spill is not None and self.last_error is not None:
+                await self._spill_while_down(pause)
+            else:
+                try:
+                    async with asyncio.timeout(pause):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
             self._wake.clear()
             written = await self.flush()
             pause = self.options.flush_interval if written else min(_MAX_BACKOFF_S, pause * 2)
+
+    async def _spill_while_down(self, pause: float) -> None:
+        """Wait `pause` before the next try at Redis, putting new records on disk every `flush_interval`."""
+        deadline = time.monotonic() + pause
+        while True:
+            try:
+                await self._write_spill()
+            except OSError as exc:
+                log.error("ledger: cannot spill to %s: %s", self.spill and self.spill.path, exc)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, self.options.flush_interval))
+
+    async def _write_spill(self) -> None:
+        if self.spill is not None:
+            async with self._lock:
+                await self.spill.append_new(self._buffer)
 
     async def flush(self) -> bool:
         """Write everything buffered; False if Redis failed (the records stay buffered)."""
@@ -130,11 +162,15 @@ class RedisLedger(LedgerBase):
                     return False
                 for _ in batch:
                     self._buffer.popleft()
+                if self.spill is not None:
+                    self.spill.acknowledged(len(batch))
                 self.flushed += len(batch)
                 self.duplicates += len(batch) - int(added)
                 if self.last_error is not None:
                     log.warning("ledger: Redis is back; %d records waiting", len(self._buffer))
                     self.last_error = None
+            if self.spill is not None:
+                await self.spill.clear_if_drained(self._buffer)
         return True
 
     def _failed(self, exc: Exception) -> None:
@@ -173,6 +209,21 @@ class RedisLedger(LedgerBase):
                 break
             await asyncio.sleep(0.1)
         lost = len(self._buffer)
+        if lost and self.spill is not None:
+            try:
+                await self._write_spill()
+                log.warning(
+                    "ledger: Redis unreachable at shutdown; %d records kept in %s and written to Redis at "
+                    "the next start",
+                    lost,
+                    self.spill.path,
+                )
+                lost = 0
+                kept = True
+            except OSError as exc:
+                log.error("ledger: cannot spill to %s: %s", self.spill.path, exc)
+        else:
+            kept = False
         if lost:
             one = lost == 1
             log.error(
@@ -183,7 +234,7 @@ class RedisLedger(LedgerBase):
                 "it" if one else "them",
                 self.last_error,
             )
-        else:
+        elif not kept:
             log.info("ledger: every record is written to Redis")
         if self._started_at is not None:
             try:
@@ -192,6 +243,8 @@ class RedisLedger(LedgerBase):
             except Exception as exc:
                 log.warning("ledger: final paid-time claim failed: %s", exc)
         await self.client.aclose()
+        if self.spill is not None:
+            self.spill.release()
 
     # --- paid time and reading ------------------------------------------------------------------------
 
@@ -266,4 +319,6 @@ class RedisLedger(LedgerBase):
             "duplicates": self.duplicates,
             "flush_errors": self.flush_errors,
             "last_error": self.last_error,
+            "spilled": self.spill.spilled if self.spill is not None else 0,
+            "replayed": self.spill.replayed if self.spill is not None else 0,
         }

@@ -26,6 +26,7 @@ class ChatCompletionRequest(msgspec.Struct):
     max_tokens: _PositiveInt | None = None
     max_completion_tokens: _PositiveInt | None = None
     n: _PositiveInt | None = 1
+    top_logprobs: int | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
 
@@ -37,6 +38,8 @@ class CompletionRequest(msgspec.Struct):
     stream_options: StreamOptions | None = None
     max_tokens: _PositiveInt | None = None
     n: _PositiveInt | None = 1
+    best_of: int | None = None
+    logprobs: int | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
 

@@ -22,6 +22,7 @@ from gateway.openai.requests import (
     completion_decoder,
     embedding_decoder,
 )
+from gateway.request_bounds import RequestLimits
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 
@@ -33,7 +34,16 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
 
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`")
+_OUT_OF_RANGE = re.compile(r"(>=|<=|<|>) ")
 _json_encoder = msgspec.json.Encoder()
+
+_limits = RequestLimits()
+
+
+def set_limits(limits: RequestLimits) -> None:
+    """The bounds `parse` enforces (`gateway.limits`); set once when the app is built."""
+    global _limits
+    _limits = limits
 
 
 @dataclass(slots=True)
@@ -101,20 +111,69 @@ def _validation_error(exc: msgspec.ValidationError) -> GatewayError:
             f"Missing required parameter: `{field}`.", param=field, code="missing_required"
         )
     where = f" at `{param}`" if param else ""
-    # msgspec says "Expected `int | null`, got `str`" for a wrong type, "Expected `int` >= 1" for a bad value.
-    code = "invalid_type" if ", got `" in reason else "invalid_value"
+    code = "invalid_value" if _OUT_OF_RANGE.search(reason) else "invalid_type"
     return invalid_request(f"Invalid value{where}: {reason}.", param=param or None, code=code)
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
+    """Decode `body`, which is forwarded as is only if all of it is checked: msgspec skips unknown fields
+    without validating their text, so the whole body's UTF-8 is checked here (a C pass, ~0.1 us per KB);
+    nesting deeper than the interpreter's recursion limit (about 1,000) is refused by msgspec itself."""
     if not body:
         raise invalid_request("The request body is empty; a JSON object is required.", code="invalid_json")
     try:
+        body.decode()
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise _validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    except UnicodeDecodeError as exc:
+        raise invalid_request(
+            f"The request body is not valid JSON: invalid UTF-8 at byte {exc.start}.", code="invalid_json"
+        ) from None
+    except RecursionError:
+        raise invalid_request(
+            "The request body is not valid JSON: nested too deeply.", code="invalid_json"
+        ) from None
+
+
+def _too_large(param: str, value: int, bound: int, what: str = "") -> GatewayError:
+    return invalid_request(
+        f"`{param}` is {value}{what}; the gateway allows at most {bound}.", param=param, code="invalid_value"
+    )
+
+
+def _check_bounds(
+    limits: RequestLimits, request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+) -> None:
+    if isinstance(request, EmbeddingRequest):
+        items = request.input
+        if isinstance(items, list):
+            if not items:
+                raise invalid_request("`input` must not be empty.", param="input", code="invalid_value")
+            if len(items) > limits.max_embedding_inputs:
+                raise _too_large("input", len(items), limits.max_embedding_inputs, " items")
+        return
+    n = request.n
+    if n is not None and n > limits.max_n:
+        raise _too_large("n", n, limits.max_n)
+    if request.max_tokens is not None and request.max_tokens > limits.max_tokens:
+        raise _too_large("max_tokens", request.max_tokens, limits.max_tokens)
+    if isinstance(request, ChatCompletionRequest):
+        if len(request.messages) > limits.max_messages:
+            raise _too_large("messages", len(request.messages), limits.max_messages, " messages")
+        wanted = request.max_completion_tokens
+        if wanted is not None and wanted > limits.max_tokens:
+            raise _too_large("max_completion_tokens", wanted, limits.max_tokens)
+        top = request.top_logprobs
+        if top is not None and not 0 <= top <= limits.max_logprobs:
+            raise _too_large("top_logprobs", top, limits.max_logprobs)
+        return
+    if request.best_of is not None and not 1 <= request.best_of <= limits.max_best_of:
+        raise _too_large("best_of", request.best_of, limits.max_best_of)
+    if request.logprobs is not None and not 0 <= request.logprobs <= limits.max_logprobs:
+        raise _too_large("logprobs", request.logprobs, limits.max_logprobs)
 
 
 def _text_chars(content: Any) -> int:
@@ -166,9 +225,18 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         model, stream, options, n, max_tokens = embedding.model, False, None, 1, None
     if not model:
         raise invalid_request("`model` must not be empty.", param="model", code="invalid_value")
+    limits = _limits
+    _check_bounds(limits, request)
+    if prompt_chars > limits.max_prompt_chars:
+        raise _too_large("prompt", prompt_chars, limits.max_prompt_chars, " characters")
     wants_usage = bool(options and options.include_usage)
     if stream and not wants_usage:
-        body = _with_usage_requested(body)
+        try:
+            body = _with_usage_requested(body)
+        except RecursionError:
+            raise invalid_request(
+                "The request body is not valid JSON: nested too deeply.", code="invalid_json"
+            ) from None
     return ParsedRequest(
         endpoint=endpoint,
         model=model,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _EVENT_END = b"\n\n"
 _USAGE_KEY = b'"usage"'
 _NULL_VALUE = b":null"
+_TEXT_COMPLETION = b'"text_completion"'
 
 
 class SseRelay:
@@ -45,6 +46,9 @@ class SseRelay:
             return b""
         end += 2
         complete, self._tail = data[:end], data[end:]
+        if not self.events and complete.find(_TEXT_COMPLETION, 0, complete.find(_EVENT_END)) >= 0:
+            # Accounting discounts one event for a chat stream's role chunk; /v1/completions has none.
+            self.events = 1
         self.events += complete.count(_EVENT_END)
         at = complete.find(_USAGE_KEY)
         if at < 0:
