@@ -308,9 +308,10 @@ def observe(backend: Backend, record: UsageRecord) -> None:
 
     Streams give time to first token and time per output token; a non-streaming answer gives only a
     time per token that includes the prefill, so it is used only when the output is long enough to
-    dominate.
+    dominate. With `n` choices the backend decodes them side by side: a token of each choice per step, so
+    the time per step is the duration over the tokens of one choice.
     """
-    tokens = record.completion_tokens
+    tokens = record.completion_tokens // max(1, record.n)
     if record.status != 200 or tokens < 1:
         return
     if record.stream and record.ttft_s is not None:
