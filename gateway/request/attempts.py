@@ -95,7 +95,7 @@ class Attempts:
             tries += 1
             if tries > 1:
                 _tried(ctx, backend)
-            started = loop.time()
+            ctx.started_at = loop.time()
             ctx.hold(backend)
             response: BackendResponse | None = None
             headers = self.headers.lines(backend, forwarded) + trace.attempt(backend, tries)
@@ -184,7 +184,6 @@ class Attempts:
                 ctx.release()
                 raise with_attempts(upstream_status_error(status, payload, backend), ctx)
             ctx.status = status
-            ctx.started_at = started
             ctx.concurrency = backend.inflight
             return response, payload
         ctx.attempts = tries
