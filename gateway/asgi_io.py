@@ -81,23 +81,31 @@ class DisconnectWatch:
     before the last write). One small task per request, parked on one future while the request waits.
     """
 
-    __slots__ = ("_task", "_watcher", "gone")
+    __slots__ = ("_receive", "_task", "_watcher", "gone")
 
     def __init__(self, receive: Any) -> None:
         self._task = asyncio.current_task()
+        self._receive = receive
         self.gone = False
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._watcher = self._arm()
 
-    async def _watch(self, receive: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.gone = True
-                if self._task is not None:
-                    self._task.cancel()
-                return
+    def _arm(self) -> asyncio.Task[Any]:
+        watcher = asyncio.get_running_loop().create_task(self._receive())
+        watcher.add_done_callback(self._received)
+        return watcher
+
+    def _received(self, watcher: asyncio.Task[Any]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        if watcher.result()["type"] != "http.disconnect":
+            self._watcher = self._arm()
+            return
+        if self._task is not None:
+            self.gone = True
+            self._task.cancel()
 
     def stop(self) -> None:
+        self._task = None  # a disconnect already received but not yet handled cancels nothing now
         self._watcher.cancel()
 
     def swallow(self) -> bool:
