@@ -5,8 +5,12 @@
     half-open ──(close_after successes)──▶ closed
     half-open ──(any failure)──▶ open (again for open_s)
 
-Failures are what the request path sees (refused or broken connections, 5xx answers, timeouts); active
-health checks (backends/health.py) set `Backend.health_ok` on their own thresholds. Routing reads one
+Failures are what the request path sees and attributes to the backend (gateway/request/attribution.py):
+refused or broken connections; 5xx answers and timeouts of requests another backend then served. A 5xx
+or timeout that no second backend could check (`suspect`) counts too, but the failure that would open
+the breaker first asks the backend's health check (`confirm`, set by backends/health.py): a backend whose
+`/health` answers while it fails one client's requests is not sick, so its count starts again. Active
+health checks set `Backend.health_ok` on their own thresholds. Routing reads one
 flag, `Backend.healthy`, which `Breaker.refresh` keeps equal to: health check passing, breaker not open,
 not draining, and no `Retry-After` pause in force. It changes only on these events, never per request.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal, Protocol
 
 import msgspec
@@ -59,8 +64,10 @@ class Guarded(Protocol):
 class Breaker:
     __slots__ = (
         "_backend",
+        "_confirming",
         "_timer",
         "_unpause",
+        "confirm",
         "failures",
         "opened",
         "options",
@@ -83,6 +90,9 @@ class Breaker:
         """time.monotonic() until which the backend asked not to be sent anything (`Retry-After`)."""
         self._timer: asyncio.TimerHandle | None = None
         self._unpause: asyncio.TimerHandle | None = None
+        self.confirm: Callable[[], Awaitable[bool]] | None = None
+        """Asks the backend's health check now (True: it passes); set by backends/health.py."""
+        self._confirming: asyncio.Task[None] | None = None
 
     # --- what the request path calls ------------------------------------------------------------------
 
@@ -114,6 +124,31 @@ class Breaker:
         if at_once or self.state is HALF_OPEN or self.failures >= self.options.failure_threshold:
             log.warning("backend %s: circuit opened (%s)", self._backend.name, why)
             self._set(OPEN)
+
+    def suspect(self, why: str) -> None:
+        """A 5xx or timeout no other backend could check (the request had nowhere else to go): counted
+        as a failure, except the one that would open a closed breaker, which asks `confirm` first."""
+        confirm = self.confirm
+        if confirm is None or self.state is not CLOSED or self.failures + 1 < self.options.failure_threshold:
+            self.failure(why)
+            return
+        if self.probes:
+            self.probes -= 1
+        if self._confirming is None:
+            self._confirming = _loop().create_task(self._confirm(confirm, why))
+
+    async def _confirm(self, confirm: Callable[[], Awaitable[bool]], why: str) -> None:
+        try:
+            passes = await confirm()
+        finally:
+            self._confirming = None
+        if self.state is not CLOSED:
+            return
+        if passes:
+            log.info("backend %s: %s, but its health check passes: not counted", self._backend.name, why)
+            self.failures = 0
+        else:
+            self.failure(f"{why}, and its health check fails", at_once=True)
 
     def release(self) -> None:
         """A request ended with no verdict on the backend (the client left, a 4xx); frees a probe."""
@@ -170,6 +205,9 @@ class Breaker:
             if handle is not None:
                 handle.cancel()
         self._timer = self._unpause = None
+        if self._confirming is not None:
+            self._confirming.cancel()
+            self._confirming = None
 
 
 def _loop() -> asyncio.AbstractEventLoop:

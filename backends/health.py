@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import aiohttp
 
@@ -51,6 +52,15 @@ class HealthChecker:
         """Per backend: consecutive passing checks (> 0) or failing ones (< 0)."""
         self._tasks: list[asyncio.Task[None]] = []
         self.rounds = 0
+        for plan, group in self._groups.items():
+            for backend in group:
+                backend.breaker.confirm = partial(self.confirm, backend, plan)
+
+    async def confirm(self, backend: Backend, plan: CheckPlan) -> bool:
+        """One check now, for the breaker (backends/breaker.py `suspect`); its streak counts it too."""
+        ok = await self._probe(backend, aiohttp.ClientTimeout(total=plan.timeout))
+        self._note(backend, ok, plan, False)
+        return ok
 
     async def _probe(self, backend: Backend, limit: aiohttp.ClientTimeout) -> bool:
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
@@ -99,6 +109,8 @@ class HealthChecker:
         ]
 
     async def stop(self) -> None:
+        for backend in self._backends:
+            backend.breaker.confirm = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

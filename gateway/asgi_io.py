@@ -72,37 +72,56 @@ async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
     await send_body(send, error.status, headers, error.to_json(), _JSON)
 
 
-class _DisconnectWatch:
-    """Cancels the streaming task when the client goes away, so the backend request is cancelled too.
+class DisconnectWatch:
+    """Cancels the request's task when the client goes away, so the backend request is cancelled too.
 
-    ASGI servers swallow writes to a closed connection; only `receive()` says the client left.
+    Started once the body is read and kept until the reply is sent: ASGI servers swallow writes to a
+    closed connection, and only `receive()` says the client left (uvicorn answers it at once with
+    `http.disconnect` when the connection closes, and also once the response is complete, hence `stop`
+    before the last write). One small task per request, parked on one future while the request waits.
     """
 
-    __slots__ = ("_task", "_watcher", "gone")
+    __slots__ = ("_receive", "_task", "_watcher", "gone")
 
     def __init__(self, receive: Any) -> None:
         self._task = asyncio.current_task()
+        self._receive = receive
         self.gone = False
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._watcher = self._arm()
 
-    async def _watch(self, receive: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.gone = True
-                if self._task is not None:
-                    self._task.cancel()
-                return
+    def _arm(self) -> asyncio.Task[Any]:
+        watcher = asyncio.get_running_loop().create_task(self._receive())
+        watcher.add_done_callback(self._received)
+        return watcher
+
+    def _received(self, watcher: asyncio.Task[Any]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        if watcher.result()["type"] != "http.disconnect":
+            self._watcher = self._arm()
+            return
+        if self._task is not None:
+            self.gone = True
+            self._task.cancel()
 
     def stop(self) -> None:
+        self._task = None  # a disconnect already received but not yet handled cancels nothing now
         self._watcher.cancel()
+
+    def swallow(self) -> bool:
+        """In an `except CancelledError`: True (and the task uncancelled) when the cancel was ours."""
+        if not self.gone:
+            return False
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        return True
 
 
 async def send_stream(
-    send: Any, receive: Any, headers: dict[str, str], content_type: str, stream: Any
+    send: Any, watch: DisconnectWatch, headers: dict[str, str], content_type: str, stream: Any
 ) -> None:
     """Send server-sent events as they come; `stream` is a RelayedStream (async iterable with `end()`)."""
-    watch = _DisconnectWatch(receive)
     try:
         await send(
             {
@@ -113,13 +132,11 @@ async def send_stream(
         )
         async for chunk in stream:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        watch.stop()
         await send({"type": "http.response.body", "body": b""})
     except asyncio.CancelledError:
-        if not watch.gone:
+        if not watch.swallow():
             raise
-        current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()
     finally:
         watch.stop()
         with contextlib.suppress(Exception):

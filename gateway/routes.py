@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -14,7 +15,14 @@ from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 
 from backends.catalog import Catalog
-from gateway.asgi_io import ClientGone, read_body, send_body, send_error, send_stream
+from gateway.asgi_io import (
+    ClientGone,
+    DisconnectWatch,
+    read_body,
+    send_body,
+    send_error,
+    send_stream,
+)
 from gateway.errors import GatewayError, model_not_found
 from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
@@ -106,29 +114,45 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         ctx = RequestContext(endpoint, caller)
+        watch: DisconnectWatch | None = None
         try:
             if authenticate is not None:
                 caller.key = await authenticate(caller.authorization)
             ctx.body = await read_body(scope, receive, max_body_bytes)
+            watch = DisconnectWatch(receive)  # the client leaving cancels the request from here on
             reply = await pipeline.handle(ctx)
         except GatewayError as error:
+            if watch is not None:
+                watch.stop()
             pipeline.end(ctx, error)
             await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         except ClientGone:
             return
         except Exception as exc:
+            if watch is not None:
+                watch.stop()
             log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
             pipeline.end(ctx, exc)
             await send_error(send, _INTERNAL_ERROR, caller.client_request_id or caller.request_id)
             return
         except BaseException as exc:  # cancelled: the request still ends
+            if watch is not None:
+                watch.stop()
+                if isinstance(exc, asyncio.CancelledError) and watch.swallow():
+                    pipeline.client_left(ctx)  # the backend request was cancelled with this task
+                    return
             pipeline.end(ctx, exc)
             raise
         if reply.stream is not None:
-            await send_stream(send, receive, reply.headers, reply.content_type, reply.stream)
-        else:
+            await send_stream(send, watch, reply.headers, reply.content_type, reply.stream)
+            return
+        watch.stop()
+        try:
             await send_body(send, 200, reply.headers, reply.body, reply.content_type.encode("latin-1"))
+        except asyncio.CancelledError:
+            if not watch.swallow():  # the client left as its answer was being sent: it was accounted
+                raise
 
     @asgi("/v1/chat/completions", name="chat-completions", copy_scope=False)
     async def chat_completions(scope: Any, receive: Any, send: Any) -> None:

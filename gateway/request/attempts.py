@@ -1,11 +1,15 @@
 """Step 4a: send a request to the candidates of its routing decision until one answers.
 
 Retries happen only before anything has reached the client: a refused, broken or timed-out attempt, or
-an answer of 429, 502, 503 or 504, moves the request to the next candidate, after a jittered backoff,
-while the request's `max_attempts` and the gateway-wide retry budget allow. Every outcome feeds the
-backend's circuit breaker (backends/breaker.py); a `Retry-After` pauses the backend. An error answered
-after several backends were tried names them all (`x-switchyard-backends-tried`, the message) and says
-how many (`x-switchyard-attempts`).
+a 5xx or 429 answer, moves the request to the next candidate, after a jittered backoff, while the
+request's `max_attempts` and the gateway-wide retry budget allow. A `Retry-After` pauses the backend. An
+error answered after several backends were tried names them all (`x-switchyard-backends-tried`, the
+message) and says how many (`x-switchyard-attempts`).
+
+Breaker feedback counts only failures that are the backend's (gateway/request/attribution.py): a refused
+or broken connection at once; a 5xx or a timeout once a second backend served the same request; never
+when a second backend failed it the same way (then failover stops and the client gets that error), nor
+a timeout the request's own size explains (a 504 at once, no failover).
 
 Timeouts (per class, gateway/request/limits.py): `connect` bounds opening a connection; `first_byte`
 bounds one attempt's wait for the whole answer (non-streaming) or the first chunk (streaming); `total`,
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.breaker import CLOSED
+from backends.breaker import CLOSED, Breaker
 from backends.models import Backend
 from gateway.errors import (
     GatewayError,
@@ -24,6 +28,13 @@ from gateway.errors import (
     normalise_upstream_error,
     upstream_failed,
     upstream_timeout,
+)
+from gateway.request.attribution import (
+    FIVE_XX,
+    TIMEOUT,
+    size_explains_timeout,
+    the_requests_fault,
+    too_large_for_timeout,
 )
 from gateway.request.backend_connection import ConnectFailed, ConnectTimeout, UpstreamError
 from gateway.request.backend_request import BackendHeaders
@@ -61,6 +72,9 @@ class Attempts:
         deadline = None if limits.total is None else loop.time() + limits.total
         tries = 0
         error: GatewayError | None = None
+        suspect: Breaker | None = None
+        """The breaker of an earlier attempt's 5xx or timeout, until a later attempt says whose it was."""
+        suspect_kind = suspect_why = ""
         for backend in ctx.decision.candidates:
             if not backend.healthy:
                 continue  # opened, drained or paused since routing
@@ -81,7 +95,7 @@ class Attempts:
             tries += 1
             if tries > 1:
                 _tried(ctx, backend)
-            started = loop.time()
+            ctx.started_at = loop.time()
             ctx.hold(backend)
             response: BackendResponse | None = None
             headers = self.headers.lines(backend, forwarded) + trace.attempt(backend, tries)
@@ -114,35 +128,55 @@ class Attempts:
             except TimeoutError:
                 _close(response)
                 ctx.release()
-                breaker.failure(f"no answer within {wait:g} s")
-                error = upstream_timeout(backend.name, wait, "its first chunk" if stream else "an answer")
                 trace.attempt_done(None, f"timeout: no answer within {wait:g} s")
+                predicted = size_explains_timeout(parsed, backend, wait)
+                if predicted is not None:  # the request's own size: not the backend's fault, nor retried
+                    breaker.release()
+                    _unresolved(suspect, suspect_why)
+                    ctx.attempts = tries
+                    raise with_attempts(
+                        too_large_for_timeout(parsed, backend, wait, predicted), ctx
+                    ) from None
+                why = f"no answer within {wait:g} s"
+                if suspect is not None and suspect_kind is TIMEOUT:
+                    raise self._the_requests(ctx, tries, suspect, breaker, TIMEOUT, 504, b"", wait) from None
+                if suspect is not None:
+                    suspect.failure(suspect_why)
+                suspect, suspect_kind, suspect_why = breaker, TIMEOUT, why
+                error = upstream_timeout(backend.name, wait, "its first chunk" if stream else "an answer")
                 continue
             except BaseException as exc:
                 _close(response)
                 ctx.release()
                 breaker.release()
+                if suspect is not None:
+                    suspect.release()  # cancelled: no verdict
                 trace.attempt_done(None, exc.__class__.__name__)
                 if isinstance(exc, GatewayError):
                     ctx.attempts = tries
                     with_attempts(exc, ctx)
                 raise
             trace.attempt_done(status)
-            if status in RETRY_STATUSES:
+            if status >= 500 or status in RETRY_STATUSES:
                 response.release()
                 ctx.release()
                 retry_after = response.headers.get("retry-after")
                 if retry_after is not None:
                     breaker.pause(retry_after_seconds(retry_after))
+                error = upstream_status_error(status, payload, backend, retry_after)
                 if status == 429:
                     breaker.release()  # overloaded, not broken
-                else:
-                    breaker.failure(f"HTTP {status}")
-                error = upstream_status_error(status, payload, backend, retry_after)
+                    continue
+                if suspect is not None and suspect_kind is FIVE_XX:
+                    raise self._the_requests(ctx, tries, suspect, breaker, FIVE_XX, status, payload, wait)
+                if suspect is not None:
+                    suspect.failure(suspect_why)
+                suspect, suspect_kind, suspect_why = breaker, FIVE_XX, f"HTTP {status}"
                 continue
-            if status >= 500:
-                breaker.failure(f"HTTP {status}")
-            elif breaker.failures or breaker.state is not CLOSED:
+            if suspect is not None:  # this backend served what the suspect failed: the suspect's fault
+                suspect.failure(suspect_why)
+                suspect = None
+            if breaker.failures or breaker.state is not CLOSED:
                 breaker.success()
             ctx.attempts = tries
             if stream and status >= 300:
@@ -150,16 +184,41 @@ class Attempts:
                 ctx.release()
                 raise with_attempts(upstream_status_error(status, payload, backend), ctx)
             ctx.status = status
-            ctx.started_at = started
             ctx.concurrency = backend.inflight
             return response, payload
         ctx.attempts = tries
+        _unresolved(suspect, suspect_why)
         if error is not None:
             raise with_attempts(error, ctx)
         names = ", ".join(b.name for b in ctx.decision.candidates)
         raise no_backend(
             parsed.model, f"every candidate ({names}) is out of routing (circuit open or draining)"
         )
+
+    @staticmethod
+    def _the_requests(
+        ctx: RequestContext,
+        tries: int,
+        suspect: Breaker,
+        breaker: Breaker,
+        kind: str,
+        status: int,
+        payload: bytes,
+        waited: float,
+    ) -> GatewayError:
+        """Two backends failed the request the same way: the request's fault; neither breaker counts it."""
+        suspect.release()
+        breaker.release()
+        ctx.attempts = tries
+        backend = ctx.backend
+        assert backend is not None
+        return the_requests_fault(kind, ctx.tried_names(), status, payload, backend, waited)
+
+
+def _unresolved(suspect: Breaker | None, why: str) -> None:
+    """A suspect failure no later attempt could check: counted, after the backend's health check agrees."""
+    if suspect is not None:
+        suspect.suspect(why)
 
 
 def _tried(ctx: RequestContext, backend: Backend) -> None:

@@ -40,6 +40,14 @@ if TYPE_CHECKING:
     from gateway.tenants.admission import Tenants
 
 
+CLIENT_CLOSED_REQUEST = 499
+"""The status recorded for a request whose client left before its answer (nginx's, which vLLM logs too)."""
+
+
+def client_closed_request() -> GatewayError:
+    return GatewayError(CLIENT_CLOSED_REQUEST, "The client closed the request.", "client_closed_request")
+
+
 @dataclass(slots=True)
 class Reply:
     """What the HTTP layer sends back: a whole body, or a stream of server-sent events."""
@@ -177,10 +185,24 @@ class Pipeline:
             ctx.first_byte_at,
             ctx.ended_at,
         )
-        if usage is None and sse is not None:
-            self._settle_later(ctx, served)  # a stream cut short: ask the backend for the prompt's count
+        if usage is None and (sse is not None or status == CLIENT_CLOSED_REQUEST):
+            served.first_byte_at = ctx.first_byte_at or None
+            self._settle_later(ctx, served)  # cut short: ask the backend for the prompt's count
             return None
         return self._account(ctx, served, True)
+
+    def client_left(self, ctx: RequestContext) -> None:
+        """A non-streaming client left before its answer (gateway/routes.py saw `http.disconnect` and
+        cancelled the request, which aborted the backend's connection): recorded as 499 with the prompt
+        the backend counts and no completion tokens, since none reached the gateway; nothing to record
+        when no backend had the request yet."""
+        if ctx.backend is None or ctx.ended:
+            self.end(ctx, client_closed_request())
+            return
+        ctx.status = CLIENT_CLOSED_REQUEST
+        ctx.usage = None
+        ctx.ended_at = asyncio.get_running_loop().time()
+        self.end(ctx)
 
     def _account(self, ctx: RequestContext, served: Served, observe_latency: bool) -> UsageRecord:
         ctx.accounting_ns = time_ns()
