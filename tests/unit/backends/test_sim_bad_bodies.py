@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from backends.sim.server import SimOptions, start_server
+from backends.sim.app import start_server
+from backends.sim.options import SimOptions
 
 MODEL = "llama-3.1-8b"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gateway.yamlfile import ConfigError
 
+from backends.yamlfile import ConfigError
 from gateway.settings import settings_from_text
 
 POOLS = """\
