@@ -16,7 +16,7 @@ from gateway.errors import GatewayError, invalid_request, model_not_found, no_ba
 from gateway.ledger.records import Ledger, UsageRecord
 from gateway.openai.responses import usage_decoder
 from gateway.request.account import Served, account
-from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
+from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import Caller, classify
 from gateway.request.forward import OpenStream, RelayedStream, Upstream, upstream_status_error
 from gateway.request.limits import Limits, resolve_limits
@@ -172,7 +172,7 @@ class Pipeline:
         queue = self.queues.get(cls)
         if queue is None:
             queue = self.queues[cls] = ClassQueue()
-        if not queue.waiters and not all_saturated(decision.candidates, saturation):
+        if not queue.waiters and not no_room(decision, saturation):
             return decision
         if len(queue) >= options.max_queued:
             queue.refused += 1
@@ -189,7 +189,7 @@ class Pipeline:
                     raise overloaded(cls, options.retry_after_s, f"waited {options.max_wait_ms:g} ms")
                 if queue.waiters[0] is waiter:
                     decision = self.route(profile)
-                    if not all_saturated(decision.candidates, saturation):
+                    if not no_room(decision, saturation):
                         queue.served += 1
                         return decision
                 await queue.turn(waiter, remaining)
