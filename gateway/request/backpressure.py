@@ -1,8 +1,9 @@
 """Back-pressure: when every candidate of a class is saturated, wait briefly for room, then refuse.
 
 Only routes with `backpressure:` (or `shed: true`, which implies it) in the policy take part. A request
-whose candidates are all saturated, or whose `shed` route found none able to take more work (the route's `saturation` limits: vLLM's queue, KV cache, requests in flight) joins its class's queue,
-bounded by `max_queued`; waiters are served in priority order (`high`, then unmarked, then `low` or
+whose candidates are all saturated (the route's `saturation` limits: vLLM's queue, KV cache, requests in
+flight), or whose `shed` route found none able to take more work (policies/engine.py), joins its class's
+queue, bounded by `max_queued`; waiters are served in priority order (`high`, then unmarked, then `low` or
 `batch`), first come first served within a priority. The head of the queue re-routes whenever a request
 finishes and at a short poll interval (scraped load changes without any request finishing); the rest
 wait their turn. After `max_wait_ms` the request gets 429 with `Retry-After` instead of adding to queues
