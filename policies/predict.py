@@ -9,8 +9,8 @@ A heuristic on purpose, cheap enough to run for every candidate of every request
     tpot  = observed time per output token (EWMA; prior before any)
 
 `base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
-measurement and whenever the last scrape found the backend idle (an average measured during a spike
-must not keep an idle backend out of use). The prefill speed is the accelerator's saturated throughput
+measurement. (An average measured during a spike keeps the backend demoted until a request refreshes it:
+it then only gets work once the other pools are predicted to miss too.) The prefill speed is the accelerator's saturated throughput
 times PREFILL_PER_DECODE_TOKEN (prefill is compute-bound and runs a few times faster than decode).
 
 The scrape is up to a scrape interval old; `Recent` holds what the gateway itself sent each backend
@@ -85,10 +85,8 @@ def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> fl
 def ttft_estimate(
     backend: Backend, recent: Recent | None, queue: float, prompt_tokens: int, prefill_speed: float
 ) -> float:
-    load = backend.load
     observed = backend.observed.ttft
-    idle = load.scraped_at is not None and load.running == 0 and load.waiting == 0
-    base = backend.pool.prior_ttft_s if observed is None or idle else observed
+    base = backend.pool.prior_ttft_s if observed is None else observed
     pending = prompt_tokens + (recent.prompt_tokens if recent is not None else 0)
     return base * (1.0 + queue * 0.5) + pending / prefill_speed
 
