@@ -27,7 +27,7 @@ from policies.classes import Predicate, compile_condition
 from policies.config import DEFAULT_CLASS, LoadedPolicy, PoolSelector, Route, Selection, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
-from policies.predict import RecentSends, queue_estimate, ttft_estimate
+from policies.predict import RecentSends
 from policies.profile import RequestProfile
 from policies.selectors import selects
 
@@ -279,26 +279,39 @@ class PolicyEngine:
         kept_tiers = [tiers[b] for b in kept]
         # Whether each can take more work: not saturated, and (below) not predicted to miss the SLO. The
         # queue counts what this engine sent since the last scrape (policies/predict.py).
+        # One pass, inlining policies/predict.py's queue_estimate and ttft_estimate (hot path).
         recent = self.recent
-        seen = [recent.get(b) for b in kept]
-        queues = [queue_estimate(b, r, max_kv) for b, r in zip(kept, seen, strict=True)]
-        able = [
-            queue <= max_waiting
-            and b.load.kv_cache_usage <= max_kv
-            and (max_inflight is None or b.inflight < max_inflight)
-            for b, queue in zip(kept, queues, strict=True)
-        ]
+        sent_to = recent.by_backend
+        speeds = recent.speeds
+        prompt = profile.prompt_tokens_estimate
+        able: list[bool] = []
+        ttfts: list[float] = []
+        tpots: list[float] = []
+        for b in kept:
+            load = b.load
+            r = sent_to.get(b)
+            if r is not None and r.scraped_at != load.scraped_at:
+                r = None
+            queue = load.waiting
+            if r is not None and (queue > 0 or load.kv_cache_usage > max_kv):
+                queue += r.requests
+            ok = (
+                queue <= max_waiting
+                and load.kv_cache_usage <= max_kv
+                and (max_inflight is None or b.inflight < max_inflight)
+            )
+            if predicts:
+                observed, pool = b.observed, b.pool
+                speed = speeds.get(pool.name) or recent.prefill_speed(b)
+                base = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
+                pending = prompt + r.prompt_tokens if r is not None else prompt
+                ttft = base * (1.0 + queue * 0.5) + pending / speed
+                tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
+                ok = ok and ttft <= ttft_limit and tpot <= tpot_limit
+                ttfts.append(ttft)
+                tpots.append(tpot)
+            able.append(ok)
         if predicts:
-            prompt = profile.prompt_tokens_estimate
-            ttfts = [
-                ttft_estimate(b, r, q, prompt, recent.prefill_speed(b))
-                for b, r, q in zip(kept, seen, queues, strict=True)
-            ]
-            tpots = [b.observed.tpot if b.observed.tpot is not None else b.pool.prior_tpot_s for b in kept]
-            able = [
-                ok and ttft <= ttft_limit and tpot <= tpot_limit
-                for ok, ttft, tpot in zip(able, ttfts, tpots, strict=True)
-            ]
             ctx.predicted_ttft = ttfts
             ctx.predicted_tpot = tpots
         if trace is not None:
@@ -323,8 +336,10 @@ class PolicyEngine:
         if trace is not None:
             trace.kept, trace.tiers, trace.totals, trace.able = kept, kept_tiers, totals, able
             trace.scores, trace.order = per_plugin, order
-        hold = route.shed and not any(able)
-        if not hold:
+        any_able = any(able)
+        hold = route.shed and not any_able
+        if any_able or route.config.backpressure is None:
+            # Counted as sent unless it may wait for room (re-routed then, and counted when it goes).
             recent.sent(kept[order[0]], profile.prompt_tokens_estimate)
         return Decision([kept[i] for i in order], route.label, request_class=cls, hold=hold)
 

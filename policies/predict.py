@@ -10,8 +10,9 @@ A heuristic on purpose, cheap enough to run for every candidate of every request
 
 `base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
 measurement. (An average measured during a spike keeps the backend demoted until a request refreshes it:
-it then only gets work once the other pools are predicted to miss too.) The prefill speed is the accelerator's saturated throughput
-times PREFILL_PER_DECODE_TOKEN (prefill is compute-bound and runs a few times faster than decode).
+it then only gets work once the other pools are predicted to miss too.) The prefill speed is the
+accelerator's saturated throughput times PREFILL_PER_DECODE_TOKEN (prefill is compute-bound and runs a few
+times faster than decode).
 
 The scrape is up to a scrape interval old; `Recent` holds what the gateway itself sent each backend
 since then, so a burst between two scrapes sees the queue it is building and spills to another pool
@@ -42,22 +43,23 @@ class Recent:
 class RecentSends:
     """Per backend: requests and prompt tokens routed since its last scrape (reset when it changes)."""
 
-    __slots__ = ("_by_backend", "_prefill_speed")
+    __slots__ = ("by_backend", "speeds")
 
     def __init__(self) -> None:
-        self._by_backend: dict[Backend, Recent] = {}
-        self._prefill_speed: dict[str, float] = {}
+        self.by_backend: dict[Backend, Recent] = {}
+        self.speeds: dict[str, float] = {}
+        """Prefill tokens per second of one backend, by pool name."""
 
     def get(self, backend: Backend) -> Recent | None:
-        recent = self._by_backend.get(backend)
+        recent = self.by_backend.get(backend)
         if recent is None or recent.scraped_at != backend.load.scraped_at:
             return None
         return recent
 
     def sent(self, backend: Backend, prompt_tokens: int) -> None:
-        recent = self._by_backend.get(backend)
+        recent = self.by_backend.get(backend)
         if recent is None:
-            recent = self._by_backend[backend] = Recent()
+            recent = self.by_backend[backend] = Recent()
         scraped_at = backend.load.scraped_at
         if recent.scraped_at != scraped_at:
             recent.scraped_at, recent.requests, recent.prompt_tokens = scraped_at, 0, 0
@@ -67,10 +69,10 @@ class RecentSends:
     def prefill_speed(self, backend: Backend) -> float:
         """Prompt tokens per second one backend of this pool prefills."""
         pool = backend.pool
-        speed = self._prefill_speed.get(pool.name)
+        speed = self.speeds.get(pool.name)
         if speed is None:
             speed = accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend
-            speed = self._prefill_speed[pool.name] = speed * PREFILL_PER_DECODE_TOKEN
+            speed = self.speeds[pool.name] = speed * PREFILL_PER_DECODE_TOKEN
         return speed
 
 
