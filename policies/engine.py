@@ -284,19 +284,16 @@ class PolicyEngine:
         sent_to = recent.by_backend
         speeds = recent.speeds
         prompt = profile.prompt_tokens_estimate
-        now = recent.clock()
         able: list[bool] = []
         ttfts: list[float] = []
         tpots: list[float] = []
         for b in kept:
             load = b.load
             r = sent_to.get(b)
+            if r is not None and r.scraped_at != load.scraped_at:
+                r = None
             queue = load.waiting
-            if (
-                r is not None
-                and r.scraped_at == load.scraped_at
-                and (queue > 0 or load.kv_cache_usage > max_kv)
-            ):
+            if r is not None and (queue > 0 or load.kv_cache_usage > max_kv):
                 queue += r.requests
             ok = (
                 queue <= max_waiting
@@ -307,11 +304,7 @@ class PolicyEngine:
                 observed, pool = b.observed, b.pool
                 speed = speeds.get(pool.name) or recent.prefill_speed(b)
                 base = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
-                pending = prompt
-                if r is not None:
-                    left = r.backlog - speed * (now - r.at)  # the prefill backlog (policies/predict.py)
-                    if left > 0:
-                        pending += left
+                pending = prompt + r.prompt_tokens if r is not None else prompt
                 ttft = base * (1.0 + queue * 0.5) + pending / speed
                 tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
                 ok = ok and ttft <= ttft_limit and tpot <= tpot_limit
@@ -347,7 +340,7 @@ class PolicyEngine:
         hold = route.shed and not any_able
         if any_able or route.config.backpressure is None:
             # Counted as sent unless it may wait for room (re-routed then, and counted when it goes).
-            recent.sent(kept[order[0]], profile.prompt_tokens_estimate, now)
+            recent.sent(kept[order[0]], profile.prompt_tokens_estimate)
         return Decision([kept[i] for i in order], route.label, request_class=cls, hold=hold)
 
     def rejections(

@@ -5,7 +5,7 @@ A heuristic on purpose, cheap enough to run for every candidate of every request
     queue = waiting at the last scrape
             + requests this gateway sent since that scrape, when the backend was already queueing
               (waiting > 0 or KV cache past the route's limit): those queue too
-    ttft  = base x (1 + queue / 2) + (prefill backlog + prompt) / prefill speed
+    ttft  = base x (1 + queue / 2) + (prompt + prompt tokens sent since the scrape) / prefill speed
     tpot  = observed time per output token (EWMA; prior before any)
 
 `base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
@@ -16,16 +16,11 @@ times faster than decode).
 
 The scrape is up to a scrape interval old; `Recent` holds what the gateway itself sent each backend
 since then, so a burst between two scrapes sees the queue it is building and spills to another pool
-instead of piling onto the one that looked idle. The prefill backlog is a fluid model of the prompts
-this gateway sent and the backend has not yet prefilled: each one adds its tokens, and the backlog drains
-at the prefill speed. vLLM admits long prompts into its running batch (chunked prefill), so its `waiting`
-gauge stays at 0 while they queue for compute; the backlog is what shows that queue.
+instead of piling onto the one that looked idle.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.hardware import accelerator
@@ -42,36 +37,34 @@ class Recent:
 
     scraped_at: float | None = None
     requests: int = 0
-    """Requests sent since the scrape at `scraped_at`."""
-    backlog: float = 0.0
-    """Prompt tokens sent and (by the fluid model) not yet prefilled, as of `at`."""
-    at: float = 0.0
+    prompt_tokens: int = 0
 
 
 class RecentSends:
-    """Per backend: requests routed since its last scrape (reset when it changes), and the prefill backlog."""
+    """Per backend: requests and prompt tokens routed since its last scrape (reset when it changes)."""
 
-    __slots__ = ("by_backend", "clock", "speeds")
+    __slots__ = ("by_backend", "speeds")
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self) -> None:
         self.by_backend: dict[Backend, Recent] = {}
         self.speeds: dict[str, float] = {}
         """Prefill tokens per second of one backend, by pool name."""
-        self.clock = clock
 
     def get(self, backend: Backend) -> Recent | None:
-        return self.by_backend.get(backend)
+        recent = self.by_backend.get(backend)
+        if recent is None or recent.scraped_at != backend.load.scraped_at:
+            return None
+        return recent
 
-    def sent(self, backend: Backend, prompt_tokens: int, now: float) -> None:
+    def sent(self, backend: Backend, prompt_tokens: int) -> None:
         recent = self.by_backend.get(backend)
         if recent is None:
-            recent = self.by_backend[backend] = Recent(at=now)
+            recent = self.by_backend[backend] = Recent()
         scraped_at = backend.load.scraped_at
         if recent.scraped_at != scraped_at:
-            recent.scraped_at, recent.requests = scraped_at, 0
+            recent.scraped_at, recent.requests, recent.prompt_tokens = scraped_at, 0, 0
         recent.requests += 1
-        recent.backlog = backlog(recent, self.prefill_speed(backend), now) + prompt_tokens
-        recent.at = now
+        recent.prompt_tokens += prompt_tokens
 
     def prefill_speed(self, backend: Backend) -> float:
         """Prompt tokens per second one backend of this pool prefills."""
@@ -83,30 +76,21 @@ class RecentSends:
         return speed
 
 
-def backlog(recent: Recent, speed: float, now: float) -> float:
-    left = recent.backlog - speed * (now - recent.at)
-    return left if left > 0 else 0.0
-
-
 def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> float:
     load = backend.load
     waiting = load.waiting
-    if (
-        recent is not None
-        and recent.scraped_at == load.scraped_at
-        and (waiting > 0 or load.kv_cache_usage > max_kv)
-    ):
+    if recent is not None and (waiting > 0 or load.kv_cache_usage > max_kv):
         waiting += recent.requests
     return waiting
 
 
 def ttft_estimate(
-    backend: Backend, recent: Recent | None, queue: float, prompt_tokens: int, speed: float, now: float
+    backend: Backend, recent: Recent | None, queue: float, prompt_tokens: int, prefill_speed: float
 ) -> float:
     observed = backend.observed.ttft
     base = backend.pool.prior_ttft_s if observed is None else observed
-    pending = prompt_tokens + (backlog(recent, speed, now) if recent is not None else 0.0)
-    return base * (1.0 + queue * 0.5) + pending / speed
+    pending = prompt_tokens + (recent.prompt_tokens if recent is not None else 0)
+    return base * (1.0 + queue * 0.5) + pending / prefill_speed
 
 
 def predicted_tpot(backend: Backend) -> float:
@@ -122,7 +106,7 @@ def predicted_ttft(backend: Backend, prompt_tokens: int = 0, recent: RecentSends
     sends = recent or _NO_RECENT
     seen = sends.get(backend)
     queue = queue_estimate(backend, seen, 1.0)
-    return ttft_estimate(backend, seen, queue, prompt_tokens, sends.prefill_speed(backend), sends.clock())
+    return ttft_estimate(backend, seen, queue, prompt_tokens, sends.prefill_speed(backend))
 
 
 def saturation_reason(backend: Backend, route: Route, recent: RecentSends | None = None) -> str | None:
