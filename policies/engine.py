@@ -185,20 +185,9 @@ class PolicyEngine:
         ttft_limit = slo.ttft_ms / 1000 if slo is not None and slo.ttft_ms is not None else float("inf")
         tpot_limit = slo.tpot_ms / 1000 if slo is not None and slo.tpot_ms is not None else float("inf")
         label = f"{self.name}/{name}"
-        return CompiledRoute(
-            name,
-            label,
-            route,
-            tiers,
-            filters,
-            extra,
-            scorers,
-            picker,
-            predicts or route.shed,
-            route.shed,
-            ttft_limit,
-            tpot_limit,
-        )
+        predicts = predicts or route.shed  # shedding decides by the same predictions
+        args = (tiers, filters, extra, scorers, picker, predicts, route.shed, ttft_limit, tpot_limit)
+        return CompiledRoute(name, label, route, *args)
 
     def _warn_unmatched_selectors(self, name: str, route: Route, backends: Sequence[Backend]) -> None:
         """A selector no pool matches is a typo or a pool that is gone: the route can never use it."""
