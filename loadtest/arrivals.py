@@ -50,6 +50,27 @@ def ramp_times(
     return times
 
 
+def burst_times(
+    rate: float,
+    burst_rate: float,
+    every_s: float,
+    burst_s: float,
+    duration_s: float,
+    rng: random.Random,
+    limit: int,
+) -> list[float]:
+    """Poisson at `rate`, at `burst_rate` in the first `burst_s` of every `every_s` (by thinning)."""
+    peak = max(rate, burst_rate)
+    times: list[float] = []
+    for t in poisson_times(peak, duration_s, rng, limit=10 * limit + 1000):
+        current = burst_rate if t % every_s < burst_s else rate
+        if rng.random() * peak < current:
+            times.append(t)
+            if len(times) >= limit:
+                break
+    return times
+
+
 def expected_ramp_count(start_rate: float, end_rate: float, duration_s: float) -> float:
     return (start_rate + end_rate) / 2 * duration_s
 

@@ -81,9 +81,18 @@ async def send(session: aiohttp.ClientSession, url: str, request: PlannedRequest
             outcome.vendor = headers.get("x-switchyard-vendor")
             outcome.route = headers.get("x-switchyard-route")
             if response.status != 200:
-                outcome.error = f"http {response.status}"
+                outcome.error = "refused (429)" if response.status == 429 else f"http {response.status}"
                 await response.read()
+                outcome.e2e = time.monotonic() - begin
                 return outcome
+            if not request.stream:
+                body = await response.read()
+                outcome.e2e = outcome.ttft = time.monotonic() - begin
+                try:
+                    usage = _usage_decoder.decode(body).usage
+                except msgspec.DecodeError:
+                    usage = None
+                return _finished(outcome, usage, request.n)
             previous = b""
             last: list[bytes] = []
             async for chunk in response.content.iter_any():
@@ -104,12 +113,19 @@ async def send(session: aiohttp.ClientSession, url: str, request: PlannedRequest
         return outcome
     if outcome.error is not None:
         return outcome
+    return _finished(outcome, usage, request.n)
+
+
+def _finished(outcome: Outcome, usage: _Usage | None, n: int) -> Outcome:
+    """Tokens and time per output token from the usage; a JSON answer's tpot is its whole time per token."""
     if usage is None:
         outcome.error = "no usage"
         return outcome
     outcome.prompt_tokens = usage.prompt_tokens
     outcome.completion_tokens = usage.completion_tokens
-    per_choice = usage.completion_tokens / max(1, request.n)
-    if outcome.ttft is not None and outcome.e2e is not None and per_choice > 1:
+    per_choice = usage.completion_tokens / max(1, n)
+    if outcome.ttft is not None and outcome.e2e is not None and outcome.e2e > outcome.ttft and per_choice > 1:
         outcome.tpot = (outcome.e2e - outcome.ttft) / (per_choice - 1)
+    elif outcome.e2e is not None and per_choice > 0 and outcome.e2e == outcome.ttft:
+        outcome.tpot = outcome.e2e / per_choice
     return outcome

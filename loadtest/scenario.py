@@ -76,7 +76,10 @@ class RequestClass(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     weight: _Positive = 1.0
     prompt_tokens: Lengths
     output_tokens: Lengths
-    n: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
+    n: Annotated[int, msgspec.Meta(ge=1, le=16)] | list[Annotated[int, msgspec.Meta(ge=1, le=16)]] = 1
+    """Choices per request; a list draws one of its values per request (`[1, 4]`)."""
+    stream: bool = True
+    """Streamed (chat) or one JSON answer (batch jobs); TTFT of a JSON answer is its whole time."""
     priority: Priority | None = None
     shared_prefix: SharedPrefix | None = None
     slo: Slo = msgspec.field(default_factory=Slo)
@@ -109,7 +112,16 @@ class Trace(msgspec.Struct, tag="trace", tag_field="process", forbid_unknown_fie
     file: Annotated[str, msgspec.Meta(min_length=1)]
 
 
-Arrivals = Poisson | Ramp | Trace
+class Bursts(msgspec.Struct, tag="bursts", tag_field="process", forbid_unknown_fields=True):
+    """A Poisson process at `rate`, rising to `burst_rate` for `burst_s` at the start of every `every_s`."""
+
+    rate: _Positive
+    burst_rate: _Positive
+    every_s: _Positive = 30.0
+    burst_s: _Positive = 5.0
+
+
+Arrivals = Poisson | Ramp | Trace | Bursts
 
 
 class ScenarioFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -215,8 +227,10 @@ def with_overrides(
     time_scale: float | None = None,
     max_requests: int | None = None,
     batch_lines: int | None = None,
+    fleet: FleetSpec | None = None,
 ) -> Scenario:
-    """The scenario with command-line overrides applied (`rate` scales a ramp, keeping its shape)."""
+    """The scenario with command-line overrides applied (`rate` scales a ramp or bursts, keeping the
+    shape; `fleet` replaces the scenario's fleet)."""
     spec = scenario.spec
     changes: dict[str, Any] = {}
     if duration_s is not None:
@@ -233,11 +247,32 @@ def with_overrides(
     elif rate is not None and isinstance(arrivals, Ramp):
         factor = rate / arrivals.rate if arrivals.rate > 0 else 1.0
         changes["arrivals"] = Ramp(rate=rate, to_rate=arrivals.to_rate * factor)
+    elif rate is not None and isinstance(arrivals, Bursts):
+        factor = rate / arrivals.rate
+        changes["arrivals"] = msgspec.structs.replace(
+            arrivals, rate=rate, burst_rate=arrivals.burst_rate * factor
+        )
     new_spec = msgspec.structs.replace(spec, **changes)
     scale = time_scale or scenario.time_scale
+    base_fleet = fleet if fleet is not None else scenario.fleet
+    model = scenario.model if fleet is None or spec.model is not None else fleet.model
     return msgspec.structs.replace(
         scenario,
         spec=new_spec,
         time_scale=scale,
-        fleet=msgspec.structs.replace(scenario.fleet, time_scale=scale),
+        model=model,
+        fleet=msgspec.structs.replace(base_fleet, time_scale=scale),
     )
+
+
+FLEETS_DIR = Path(__file__).parent / "fleets"
+DEMO_FLEET = Path(__file__).parent.parent / "backends" / "sim" / "fleets" / "demo.yaml"
+
+
+def load_fleet(name_or_path: str) -> FleetSpec:
+    """`demo` (backends/sim/fleets/demo.yaml), a fleet of loadtest/fleets/ by name, or a path."""
+    if name_or_path == "demo":
+        return load_fleet_spec(DEMO_FLEET)
+    if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")):
+        return load_fleet_spec(FLEETS_DIR / f"{name_or_path}.yaml")
+    return load_fleet_spec(Path(name_or_path))

@@ -220,3 +220,41 @@ def frontier_chart(
             f"<title>{escape(label)}: ${cost:.2f}/h, {met:.1%}</title></circle>"
         )
     return _frame(title, body, [("frontier", PALETTE[0]), ("meets target", PALETTE[2])])
+
+
+def rate_curves(
+    title: str, series: dict[str, Sequence[tuple[float, float]]], target: float | None = None
+) -> str:
+    """SLO attainment (0..1) against arrival rate, one line per series; the target as a dashed line."""
+    xs = [x for points in series.values() for x, _ in points]
+    x_max = _nice(max(xs, default=1.0))
+    body = _axes(100.0, "SLO attainment %", "{:.0f}")
+    plot_w, plot_h = _W - _L - _R, _H - _B - _T
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return _L + plot_w * x / x_max, _H - _B - plot_h * max(0.0, min(1.0, y))
+
+    for i in range(5):
+        value = x_max * i / 4
+        x, _ = at(value, 0)
+        body.append(
+            f'<text x="{x:.1f}" y="{_H - _B + 14}" font-size="10" text-anchor="middle">{value:g}</text>'
+        )
+    body.append(
+        f'<text x="{_L + plot_w / 2}" y="{_H - 8}" font-size="11" text-anchor="middle">'
+        "requests per second</text>"
+    )
+    if target is not None:
+        _, y = at(0, target)
+        body.append(
+            f'<line x1="{_L}" y1="{y:.1f}" x2="{_W - _R}" y2="{y:.1f}" stroke="#111" stroke-dasharray="4 3"/>'
+        )
+    legend = []
+    for i, (name, points) in enumerate(series.items()):
+        colour = PALETTE[i % len(PALETTE)]
+        legend.append((name, colour))
+        coords = [at(x, y) for x, y in sorted(points)]
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        body.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        body += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in coords]
+    return _frame(title, body, legend)

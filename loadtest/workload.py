@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from backends.sim.text import VOCABULARY
-from loadtest.arrivals import TraceEntry, load_trace, poisson_times, ramp_times
-from loadtest.scenario import Lengths, Poisson, Ramp, RequestClass, Scenario
+from loadtest.arrivals import TraceEntry, burst_times, load_trace, poisson_times, ramp_times
+from loadtest.scenario import Bursts, Lengths, Poisson, Ramp, RequestClass, Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class PlannedRequest:
     output_tokens: int
     n: int
     body: bytes
+    stream: bool = True
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -69,6 +70,11 @@ def arrival_entries(scenario: Scenario, rng: random.Random) -> list[TraceEntry]:
         times = poisson_times(arrivals.rate, spec.duration_s, rng, spec.max_requests)
     elif isinstance(arrivals, Ramp):
         times = ramp_times(arrivals.rate, arrivals.to_rate, spec.duration_s, rng, spec.max_requests)
+    elif isinstance(arrivals, Bursts):
+        a = arrivals
+        times = burst_times(
+            a.rate, a.burst_rate, a.every_s, a.burst_s, spec.duration_s, rng, spec.max_requests
+        )
     else:
         return load_trace(scenario.path(arrivals.file), spec.duration_s, spec.max_requests)
     return [TraceEntry(t=t) for t in times]
@@ -100,7 +106,7 @@ def _request(
 ) -> PlannedRequest:
     prompt_tokens = entry.prompt_tokens or draw_length(cls.prompt_tokens, rng)
     output_tokens = entry.output_tokens or draw_length(cls.output_tokens, rng)
-    n = entry.n or cls.n
+    n = entry.n or (cls.n if isinstance(cls.n, int) else rng.choice(cls.n))
     messages: list[dict[str, str]] = []
     question_tokens = prompt_tokens
     if cls.shared_prefix is not None:
@@ -113,11 +119,12 @@ def _request(
         "messages": messages,
         "max_tokens": output_tokens,
         "n": n,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": cls.stream,
         "temperature": 0.7,
         "seed": index,
     }
+    if cls.stream:
+        body["stream_options"] = {"include_usage": True}
     headers: dict[str, str] = {"x-request-id": f"loadtest-{scenario.spec.seed}-{index}"}
     priority = entry.priority
     if priority is None and cls.priority is not None and rng.random() < cls.priority.fraction:
@@ -133,4 +140,5 @@ def _request(
         n=n,
         body=msgspec.json.encode(body),
         headers=headers,
+        stream=cls.stream,
     )

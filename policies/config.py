@@ -132,6 +132,15 @@ class Route(msgspec.Struct, forbid_unknown_fields=True):
     timeouts: RouteTimeouts | None = None
     backpressure: Backpressure | None = None
     """Off unless given: requests are then sent even to saturated backends (tried last)."""
+    shed: bool = False
+    """Under overload this class may be held briefly and then refused (429 with `Retry-After`), so the
+    classes that are not shed keep their SLO: a request of it is admitted only while some candidate can
+    take more work (not saturated by the predicted queue, not predicted to miss this route's SLO).
+    Tighter `saturation` limits shed a class earlier. Implies `backpressure` (SHED_BACKPRESSURE unless
+    given)."""
+
+
+SHED_BACKPRESSURE = Backpressure(max_queued=64, max_wait_ms=500.0, retry_after_s=2)
 
 
 class PluginSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -149,6 +158,10 @@ class PolicyFile(msgspec.Struct, forbid_unknown_fields=True):
     classes: list[ClassRule] = []
     plugins: list[PluginSpec] = []
     imports: list[str] = []
+    headers: dict[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")], dict[str, str]] = {}
+    """Request headers that name a class, checked before the class rules: header name (any case) ->
+    value -> class. A value matches the header's first comma-separated item, case-insensitively, so
+    RFC 9218 `priority: u=6, i` matches `u=6`."""
 
 
 class LoadedPolicy(msgspec.Struct):
@@ -204,6 +217,23 @@ def _check_references(loaded: LoadedPolicy) -> None:
             loaded.line("routes"),
             "`routes` has no `default`",
             hint="add a `default:` route for the rest",
+        )
+    for header, values in policy.headers.items():
+        for value, cls in values.items():
+            if cls not in policy.routes:
+                raise ConfigError(
+                    source,
+                    loaded.line("headers", header, value),
+                    f"header `{header}: {value}` names class `{cls}`, which has no route",
+                    hint=f"one of: {', '.join(policy.routes)}",
+                )
+    if policy.routes and all(route.shed for route in policy.routes.values()):
+        last = list(policy.routes)[-1]
+        raise ConfigError(
+            source,
+            loaded.line("routes", last, "shed"),
+            "every route has `shed: true`: under overload nothing would be protected",
+            hint="keep at least one class (the interactive one) unshed",
         )
     for name in policy.routes:
         if name != DEFAULT_CLASS and name not in seen:
@@ -266,6 +296,13 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     policy = _decode(data, lines, PolicyFile, source)
     loaded = LoadedPolicy(source=source, policy=policy, lines=lines, version=policy_version(text))
     _check_references(loaded)
+    for route in policy.routes.values():
+        if route.shed and route.backpressure is None:
+            route.backpressure = SHED_BACKPRESSURE
+    policy.headers = {
+        header.lower(): {value.strip().lower(): cls for value, cls in values.items()}
+        for header, values in policy.headers.items()
+    }
     return loaded
 
 

@@ -27,6 +27,7 @@ from policies.classes import Predicate, compile_condition
 from policies.config import DEFAULT_CLASS, LoadedPolicy, PoolSelector, Route, Selection, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
+from policies.predict import RecentSends
 from policies.profile import RequestProfile
 from policies.selectors import selects
 
@@ -44,6 +45,8 @@ class CompiledRoute:
     picker: Picker
     predicts: bool
     """Whether latency predictions are needed (an SLO, or a scorer that reads them)."""
+    shed: bool
+    """The route's class may be held and refused under overload (`shed: true`)."""
     ttft_limit: float
     tpot_limit: float
     """The SLO in seconds (infinite when the route sets none)."""
@@ -90,6 +93,11 @@ class PolicyEngine:
         self._routes = {
             name: self._compile_route(name, route, backends) for name, route in loaded.policy.routes.items()
         }
+        self._headers: list[tuple[bytes, dict[str, str]]] = [
+            (name.encode("latin-1"), values) for name, values in loaded.policy.headers.items()
+        ]
+        self.recent = RecentSends()
+        """What this engine routed to each backend since its last scrape (policies/predict.py)."""
 
     # --- loading -------------------------------------------------------------------------------------
 
@@ -177,9 +185,9 @@ class PolicyEngine:
         ttft_limit = slo.ttft_ms / 1000 if slo is not None and slo.ttft_ms is not None else float("inf")
         tpot_limit = slo.tpot_ms / 1000 if slo is not None and slo.tpot_ms is not None else float("inf")
         label = f"{self.name}/{name}"
-        return CompiledRoute(
-            name, label, route, tiers, filters, extra, scorers, picker, predicts, ttft_limit, tpot_limit
-        )
+        predicts = predicts or route.shed  # shedding decides by the same predictions
+        args = (tiers, filters, extra, scorers, picker, predicts, route.shed, ttft_limit, tpot_limit)
+        return CompiledRoute(name, label, route, *args)
 
     def _warn_unmatched_selectors(self, name: str, route: Route, backends: Sequence[Backend]) -> None:
         """A selector no pool matches is a typo or a pool that is gone: the route can never use it."""
@@ -203,10 +211,25 @@ class PolicyEngine:
         explicit = profile.explicit_class
         if explicit is not None and explicit in self._routes:
             return explicit, "header"
+        if self._headers and profile.headers:
+            mapped = self._mapped_header(profile.headers)
+            if mapped is not None:
+                return mapped, "header"
         for index, (name, predicate) in enumerate(self._rules):
             if predicate(profile):
                 return name, f"rule {index + 1}"
         return DEFAULT_CLASS, "default"
+
+    def _mapped_header(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """The class a `headers:` mapping of the policy gives these request headers, if any."""
+        for name, values in self._headers:
+            for key, raw in headers:
+                if key == name:
+                    value = raw.decode("latin-1").split(",", 1)[0].strip().lower()
+                    cls = values.get(value)
+                    if cls is not None:
+                        return cls
+        return None
 
     def choose(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision:
         started = time.perf_counter_ns()
@@ -243,24 +266,41 @@ class PolicyEngine:
         if extra_filters:
             kept = [b for b in kept if all(f.keep(ctx, b) is None for f in extra_filters)]
         kept_tiers = [tiers[b] for b in kept]
-        # Whether each can take more work: not saturated, and (below) not predicted to miss the SLO.
-        able = [
-            b.load.waiting <= max_waiting
-            and b.load.kv_cache_usage <= max_kv
-            and (max_inflight is None or b.inflight < max_inflight)
-            for b in kept
-        ]
+        # Whether each can take more work: not saturated, and (below) not predicted to miss the SLO. The
+        # queue counts what this engine sent since the last scrape (policies/predict.py).
+        # One pass, inlining policies/predict.py's queue_estimate and ttft_estimate (hot path).
+        recent = self.recent
+        sent_to = recent.by_backend
+        speeds = recent.speeds
+        prompt = profile.prompt_tokens_estimate
+        able: list[bool] = []
+        ttfts: list[float] = []
+        tpots: list[float] = []
+        for b in kept:
+            load = b.load
+            r = sent_to.get(b)
+            if r is not None and r.scraped_at != load.scraped_at:
+                r = None
+            queue = load.waiting
+            if r is not None and (queue > 0 or load.kv_cache_usage > max_kv):
+                queue += r.requests
+            ok = (
+                queue <= max_waiting
+                and load.kv_cache_usage <= max_kv
+                and (max_inflight is None or b.inflight < max_inflight)
+            )
+            if predicts:
+                observed, pool = b.observed, b.pool
+                speed = speeds.get(pool.name) or recent.prefill_speed(b)
+                base = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
+                pending = prompt + r.prompt_tokens if r is not None else prompt
+                ttft = base * (1.0 + queue * 0.5) + pending / speed
+                tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
+                ok = ok and ttft <= ttft_limit and tpot <= tpot_limit
+                ttfts.append(ttft)
+                tpots.append(tpot)
+            able.append(ok)
         if predicts:
-            ttfts = [
-                (b.observed.ttft if b.observed.ttft is not None else b.pool.prior_ttft_s)
-                * (1.0 + b.load.waiting * 0.5)
-                for b in kept
-            ]
-            tpots = [b.observed.tpot if b.observed.tpot is not None else b.pool.prior_tpot_s for b in kept]
-            able = [
-                ok and ttft <= ttft_limit and tpot <= tpot_limit
-                for ok, ttft, tpot in zip(able, ttfts, tpots, strict=True)
-            ]
             ctx.predicted_ttft = ttfts
             ctx.predicted_tpot = tpots
         if trace is not None:
@@ -285,7 +325,12 @@ class PolicyEngine:
         if trace is not None:
             trace.kept, trace.tiers, trace.totals, trace.able = kept, kept_tiers, totals, able
             trace.scores, trace.order = per_plugin, order
-        return Decision([kept[i] for i in order], route.label, request_class=cls)
+        any_able = any(able)
+        hold = route.shed and not any_able
+        if any_able or route.config.backpressure is None:
+            # Counted as sent unless it may wait for room (re-routed then, and counted when it goes).
+            recent.sent(kept[order[0]], profile.prompt_tokens_estimate)
+        return Decision([kept[i] for i in order], route.label, request_class=cls, hold=hold)
 
     def rejections(
         self, ctx: RouteContext, route: CompiledRoute, serving: Sequence[Backend]

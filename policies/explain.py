@@ -120,6 +120,8 @@ def _candidate(trace: DecisionTrace, i: int) -> Candidate:
     b = trace.kept[i]
     assert trace.route is not None
     config = trace.route.config
+    ttfts = trace.ctx.predicted_ttft if trace.ctx is not None else None
+    prompt_tokens = trace.ctx.profile.prompt_tokens_estimate if trace.ctx is not None else 0
     return Candidate(
         backend=b.name,
         pool=b.pool.name,
@@ -129,12 +131,14 @@ def _candidate(trace: DecisionTrace, i: int) -> Candidate:
         scores={name: round(scores[i], 4) for name, scores in trace.scores.items()},
         total=round(trace.totals[i], 4),
         can_take_more=trace.able[i],
-        why_not=saturation_reason(b, config) or slo_miss_reason(b, config),
+        why_not=saturation_reason(b, config) or slo_miss_reason(b, config, prompt_tokens),
         inflight=b.inflight,
         waiting=b.load.waiting,
         running=b.load.running,
         kv_cache_usage=b.load.kv_cache_usage,
-        predicted_ttft_ms=round(predicted_ttft(b) * 1000, 2),
+        predicted_ttft_ms=round(
+            (ttfts[i] if ttfts is not None else predicted_ttft(b, prompt_tokens)) * 1000, 2
+        ),
         predicted_tpot_ms=round(predicted_tpot(b) * 1000, 3),
     )
 

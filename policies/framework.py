@@ -84,6 +84,9 @@ class Decision:
     why_none: str | None = None
     """When `candidates` is empty: why, in words a client can act on."""
     rejected_for_context: bool = False
+    hold: bool = False
+    """A `shed` route found no candidate able to take more work: hold the request (back-pressure), then
+    refuse it, rather than queue it where it would crowd the classes that are not shed."""
 
 
 class Router(Protocol):

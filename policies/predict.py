@@ -1,25 +1,96 @@
 """Predicted latency of a backend for the next request, and whether it can take more work.
 
-A heuristic on purpose, cheap enough to run for every candidate of every request (the engine inlines
-the same formulas in its loop; these functions serve explanations and errors):
+A heuristic on purpose, cheap enough to run for every candidate of every request:
 
-    ttft = observed TTFT (EWMA; the accelerator's prior before any) x (1 + waiting / 2)
-    tpot = observed time per output token (EWMA; prior before any)
+    queue = waiting at the last scrape
+            + requests this gateway sent since that scrape, when the backend was already queueing
+              (waiting > 0 or KV cache past the route's limit): those queue too
+    ttft  = base x (1 + queue / 2) + (prompt + prompt tokens sent since the scrape) / prefill speed
+    tpot  = observed time per output token (EWMA; prior before any)
 
-`waiting` is vLLM's own queue from the last scrape: each queued request delays a new one's prefill.
-The observed averages already carry the effect of the current batch size on decode speed.
+`base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
+measurement. (An average measured during a spike keeps the backend demoted until a request refreshes it:
+it then only gets work once the other pools are predicted to miss too.) The prefill speed is the
+accelerator's saturated throughput times PREFILL_PER_DECODE_TOKEN (prefill is compute-bound and runs a few
+times faster than decode).
+
+The scrape is up to a scrape interval old; `Recent` holds what the gateway itself sent each backend
+since then, so a burst between two scrapes sees the queue it is building and spills to another pool
+instead of piling onto the one that looked idle.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from backends.hardware import accelerator
 from backends.models import Backend
 from policies.config import Route
 
+PREFILL_PER_DECODE_TOKEN = 2.2
+"""Prefill tokens per second over saturated decode tokens per second (8B on H100 or MI300X: ~40k/18k)."""
 
-def predicted_ttft(backend: Backend) -> float:
+
+@dataclass(slots=True)
+class Recent:
+    """What this gateway routed to one backend since the backend's last scrape."""
+
+    scraped_at: float | None = None
+    requests: int = 0
+    prompt_tokens: int = 0
+
+
+class RecentSends:
+    """Per backend: requests and prompt tokens routed since its last scrape (reset when it changes)."""
+
+    __slots__ = ("by_backend", "speeds")
+
+    def __init__(self) -> None:
+        self.by_backend: dict[Backend, Recent] = {}
+        self.speeds: dict[str, float] = {}
+        """Prefill tokens per second of one backend, by pool name."""
+
+    def get(self, backend: Backend) -> Recent | None:
+        recent = self.by_backend.get(backend)
+        if recent is None or recent.scraped_at != backend.load.scraped_at:
+            return None
+        return recent
+
+    def sent(self, backend: Backend, prompt_tokens: int) -> None:
+        recent = self.by_backend.get(backend)
+        if recent is None:
+            recent = self.by_backend[backend] = Recent()
+        scraped_at = backend.load.scraped_at
+        if recent.scraped_at != scraped_at:
+            recent.scraped_at, recent.requests, recent.prompt_tokens = scraped_at, 0, 0
+        recent.requests += 1
+        recent.prompt_tokens += prompt_tokens
+
+    def prefill_speed(self, backend: Backend) -> float:
+        """Prompt tokens per second one backend of this pool prefills."""
+        pool = backend.pool
+        speed = self.speeds.get(pool.name)
+        if speed is None:
+            speed = accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend
+            speed = self.speeds[pool.name] = speed * PREFILL_PER_DECODE_TOKEN
+        return speed
+
+
+def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> float:
+    load = backend.load
+    waiting = load.waiting
+    if recent is not None and (waiting > 0 or load.kv_cache_usage > max_kv):
+        waiting += recent.requests
+    return waiting
+
+
+def ttft_estimate(
+    backend: Backend, recent: Recent | None, queue: float, prompt_tokens: int, prefill_speed: float
+) -> float:
     observed = backend.observed.ttft
-    base = observed if observed is not None else backend.pool.prior_ttft_s
-    return base * (1.0 + backend.load.waiting / 2.0)
+    base = backend.pool.prior_ttft_s if observed is None else observed
+    pending = prompt_tokens + (recent.prompt_tokens if recent is not None else 0)
+    return base * (1.0 + queue * 0.5) + pending / prefill_speed
 
 
 def predicted_tpot(backend: Backend) -> float:
@@ -27,11 +98,23 @@ def predicted_tpot(backend: Backend) -> float:
     return observed if observed is not None else backend.pool.prior_tpot_s
 
 
-def saturation_reason(backend: Backend, route: Route) -> str | None:
+_NO_RECENT = RecentSends()
+
+
+def predicted_ttft(backend: Backend, prompt_tokens: int = 0, recent: RecentSends | None = None) -> float:
+    """The engine's TTFT prediction for one backend (for explanations and errors; the engine inlines it)."""
+    sends = recent or _NO_RECENT
+    seen = sends.get(backend)
+    queue = queue_estimate(backend, seen, 1.0)
+    return ttft_estimate(backend, seen, queue, prompt_tokens, sends.prefill_speed(backend))
+
+
+def saturation_reason(backend: Backend, route: Route, recent: RecentSends | None = None) -> str | None:
     limits = route.saturation
     load = backend.load
-    if load.waiting > limits.max_waiting:
-        return f"{load.waiting:g} requests waiting (limit {limits.max_waiting:g})"
+    queue = queue_estimate(backend, (recent or _NO_RECENT).get(backend), limits.max_kv_cache_usage)
+    if queue > limits.max_waiting:
+        return f"{queue:g} requests waiting (limit {limits.max_waiting:g})"
     if load.kv_cache_usage > limits.max_kv_cache_usage:
         return f"KV cache {load.kv_cache_usage:.0%} full (limit {limits.max_kv_cache_usage:.0%})"
     if limits.max_inflight is not None and backend.inflight >= limits.max_inflight:
@@ -39,12 +122,14 @@ def saturation_reason(backend: Backend, route: Route) -> str | None:
     return None
 
 
-def slo_miss_reason(backend: Backend, route: Route) -> str | None:
+def slo_miss_reason(
+    backend: Backend, route: Route, prompt_tokens: int = 0, recent: RecentSends | None = None
+) -> str | None:
     slo = route.slo
     if slo is None:
         return None
     if slo.ttft_ms is not None:
-        ttft_ms = predicted_ttft(backend) * 1000
+        ttft_ms = predicted_ttft(backend, prompt_tokens, recent) * 1000
         if ttft_ms > slo.ttft_ms:
             return f"predicted TTFT {ttft_ms:.0f} ms > SLO {slo.ttft_ms:g} ms"
     if slo.tpot_ms is not None:

@@ -1,8 +1,9 @@
 """Back-pressure: when every candidate of a class is saturated, wait briefly for room, then refuse.
 
-Only routes with `backpressure:` in the policy take part. A request whose candidates are all saturated
-(the route's `saturation` limits: vLLM's queue, KV cache, requests in flight) joins its class's queue,
-bounded by `max_queued`; waiters are served in priority order (`high`, then unmarked, then `low` or
+Only routes with `backpressure:` (or `shed: true`, which implies it) in the policy take part. A request
+whose candidates are all saturated (the route's `saturation` limits: vLLM's queue, KV cache, requests in
+flight), or whose `shed` route found none able to take more work (policies/engine.py), joins its class's
+queue, bounded by `max_queued`; waiters are served in priority order (`high`, then unmarked, then `low` or
 `batch`), first come first served within a priority. The head of the queue re-routes whenever a request
 finishes and at a short poll interval (scraped load changes without any request finishing); the rest
 wait their turn. After `max_wait_ms` the request gets 429 with `Retry-After` instead of adding to queues
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from backends.models import Backend
 from gateway.errors import GatewayError
 from policies.config import Saturation
+from policies.framework import Decision
 
 POLL_S = 0.05
 _PRIORITY = {"high": 0, "low": 2, "batch": 2}
@@ -35,6 +37,12 @@ def saturated(backend: Backend, limits: Saturation) -> bool:
 
 def all_saturated(candidates: Sequence[Backend], limits: Saturation) -> bool:
     return all(saturated(b, limits) for b in candidates)
+
+
+def no_room(decision: Decision, limits: Saturation) -> bool:
+    """Whether the request must wait: its route sheds it under overload (the engine found no candidate
+    able to take more work, by the predicted queue and SLO), or every candidate is saturated."""
+    return decision.hold or all_saturated(decision.candidates, limits)
 
 
 def overloaded(request_class: str, retry_after_s: int, why: str) -> GatewayError:

@@ -24,7 +24,7 @@ from gateway.errors import GatewayError, invalid_request, model_not_found, no_ba
 from gateway.ledger.records import Ledger, UsageRecord
 from gateway.openai.responses import Usage, usage_decoder
 from gateway.request.account import Served, account, estimate_cost
-from gateway.request.backpressure import ClassQueue, all_saturated, overloaded
+from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
 from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
@@ -280,7 +280,7 @@ class Pipeline:
         queue = self.queues.get(cls)
         if queue is None:
             queue = self.queues[cls] = ClassQueue()
-        if not queue.waiters and not all_saturated(decision.candidates, saturation):
+        if not queue.waiters and not no_room(decision, saturation):
             return decision
         if len(queue) >= options.max_queued:
             queue.refused += 1
@@ -297,7 +297,7 @@ class Pipeline:
                     raise overloaded(cls, options.retry_after_s, f"waited {options.max_wait_ms:g} ms")
                 if queue.waiters[0] is waiter:
                     decision = self.decide(profile)
-                    if not all_saturated(decision.candidates, saturation):
+                    if not no_room(decision, saturation):
                         queue.served += 1
                         return decision
                 await queue.turn(waiter, remaining)

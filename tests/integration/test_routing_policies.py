@@ -184,3 +184,54 @@ def test_hot_reload_applies_valid_changes_and_keeps_the_last_good_policy(
         assert routed(base, SHORT, max_tokens=4)[0] == "nvidia"
         log = (tmp_path / "gateway.log").read_text()
         assert "policy change refused" in log
+
+
+SHEDDING_POLICY = """
+name: shedding
+classes:
+  - name: batch
+    when: {n: {gt: 1}}
+routes:
+  batch:
+    prefer: any
+    saturation: {max_inflight: 1}
+    shed: true
+    backpressure: {max_wait_ms: 300, retry_after_s: 3}
+  default:
+    prefer: any
+"""
+
+
+def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_served(tmp_path: Path) -> None:
+    slow = FLEET.replace("ttft_ms: 5, tpot_ms: 1", "ttft_ms: 5, tpot_ms: 10")
+    policy = tmp_path / "shedding.yaml"
+    policy.write_text(SHEDDING_POLICY)
+    with (
+        Fleet(parse_fleet_spec(slow, "<slow>"), log_dir=tmp_path / "fleet") as f,
+        running_gateway(config(f, str(policy)), tmp_path / "gw") as base,
+    ):
+
+        async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+                body = {"model": MODEL, "messages": SHORT, "max_tokens": 200}
+                # Each of the 4 backends takes one batch request (max_inflight 1); the rest are held 300 ms,
+                # then refused, while a request of the unshed class goes straight through.
+                batch = [
+                    asyncio.create_task(client.post("/v1/chat/completions", json={**body, "n": 2}))
+                    for _ in range(6)
+                ]
+                await asyncio.sleep(0.1)
+                started = time.monotonic()
+                plain = await client.post("/v1/chat/completions", json={**body, "max_tokens": 4})
+                assert time.monotonic() - started < 1.0
+                return list(await asyncio.gather(*batch)), plain
+
+        batch, plain = asyncio.run(scenario())
+    assert plain.status_code == 200 and plain.headers["x-switchyard-class"] == "default"
+    codes = sorted(r.status_code for r in batch)
+    assert codes == [200] * 4 + [429] * 2
+    refused = [r for r in batch if r.status_code == 429]
+    for r in refused:
+        assert r.headers["retry-after"] == "3"
+        assert r.json()["error"]["code"] == "overloaded"
+        assert r.json()["error"]["type"] == "rate_limit_error"

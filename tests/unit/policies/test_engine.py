@@ -417,7 +417,7 @@ def test_explain():
     assert h100_0.can_take_more is True and h100_0.why_not is None
     assert h100_1.can_take_more is False and "3 requests waiting (limit 2)" in (h100_1.why_not or "")
     assert mi300x_0.can_take_more is False
-    assert mi300x_0.why_not == "predicted TTFT 400 ms > SLO 300 ms"
+    assert mi300x_0.why_not == "predicted TTFT 403 ms > SLO 300 ms"  # 400 ms measured + the prompt's prefill
     assert h100_0.scores["least-outstanding"] == 1.0
     assert msgspec.to_builtins(e.dropped) == [
         {"backend": "mi300x-1", "reason": "failed its health check"},

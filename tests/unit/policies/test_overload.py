@@ -1,0 +1,210 @@
+"""Routing under overload: spill-over counting what was sent since the last scrape, the shedding order,
+classification of batch work, and the policy's header mapping (issue 18)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+
+import pytest
+
+from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, build_backends
+from backends.yamlfile import ConfigError
+from policies.config import load_policy, parse_policy
+from policies.engine import PolicyEngine
+from policies.presets import resolve
+from tests.unit.policies.test_engine import _request
+
+MODEL = "m"
+
+
+def _fleet() -> list[Backend]:
+    """The demo fleet's shape: h100-0, h100-1 (nvidia, 8k context), mi300x-0, mi300x-1 (amd, 32k)."""
+    pools = [
+        PoolConfig(
+            name=name,
+            vendor=vendor,
+            accelerator=accel,
+            price_per_gpu_hour=price,
+            backends=[
+                BackendConfig(url=f"http://127.0.0.1:{port + i}", models=[MODEL], max_model_len=length)
+                for i in range(2)
+            ],
+        )
+        for name, vendor, accel, price, port, length in (
+            ("h100", "nvidia", "h100", 2.9, 9000, 8192),
+            ("mi300x", "amd", "mi300x", 1.75, 9100, 32768),
+        )
+    ]
+    backends = build_backends(pools)
+    for b in backends:
+        b.load = EngineLoad(scraped_at=100.0)
+    return backends
+
+
+def _preset(name: str, backends: list[Backend]) -> PolicyEngine:
+    return PolicyEngine(load_policy(resolve(name)), backends)
+
+
+def _chat(tokens: int = 10, **body) -> dict:
+    return {"messages": [{"role": "user", "content": "hello " * tokens}], **body}
+
+
+# --- spill-over ---------------------------------------------------------------------------------------
+
+
+def test_a_burst_between_scrapes_spills_interactive_requests_to_mi300x():
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    # The last scrape found every backend idle; 30 streamed chat requests of ~3,000 (estimated) tokens
+    # arrive before the next one. Without counting what it sends, the engine put them all on the H100s.
+    probe = _request(_chat(2000, stream=True, max_tokens=200))
+    first = [engine.choose(_request(_chat(2000, stream=True, max_tokens=200)), backends) for _ in range(30)]
+    assert {d.request_class for d in first} == {"interactive"}
+    vendors = [d.candidates[0].pool.vendor for d in first]
+    spilled = vendors.index("amd")
+    assert spilled >= 10, "idle H100s are preferred"
+    assert vendors[spilled:] == ["amd"] * (30 - spilled), "then MI300X, once the H100s are predicted to miss"
+    # At that moment each H100's predicted TTFT is past the 800 ms SLO, each MI300X's still within it.
+    _, trace = engine.decide_traced(probe, backends)
+    assert trace.ctx is not None and trace.ctx.predicted_ttft is not None
+    predicted = dict(zip([b.name for b in trace.kept], trace.ctx.predicted_ttft, strict=True))
+    assert predicted["h100-0"] > 0.8 and predicted["h100-1"] > 0.8
+    assert predicted["mi300x-0"] < 0.8 and predicted["mi300x-1"] < 0.8
+    # A new scrape replaces the estimate: the H100s (still idle by the scrape) are preferred again.
+    for b in backends:
+        b.load = EngineLoad(scraped_at=101.0)
+    assert engine.choose(probe, backends).candidates[0].pool.vendor == "nvidia"
+
+
+def test_a_scraped_queue_plus_what_was_sent_since_makes_the_h100s_miss():
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    for b in backends[:2]:
+        b.load = EngineLoad(running=60, waiting=1, scraped_at=100.0)
+        b.observed.ttft = 0.3
+    chat = _request(_chat(300, stream=True, max_tokens=100))
+    first = engine.choose(chat, backends)
+    assert first.candidates[0].pool.vendor == "nvidia"  # 0.3 s x (1 + 1/2) = 0.45 s: meets 800 ms
+    # Three more sent to each H100 since that scrape queue behind it: 0.3 x (1 + 4/2) = 0.9 s > 0.8 s.
+    sent = Counter(engine.choose(chat, backends).candidates[0].name for _ in range(6))
+    assert sent["mi300x-0"] + sent["mi300x-1"] >= 1
+    assert engine.choose(chat, backends).candidates[0].pool.vendor == "amd"
+
+
+# --- shedding -----------------------------------------------------------------------------------------
+
+
+def _held(engine: PolicyEngine, backends: list[Backend], body: dict, headers=None) -> tuple[str, bool]:
+    decision = engine.choose(_request(body, headers), backends)
+    return decision.request_class, decision.hold
+
+
+@pytest.mark.parametrize(
+    ("waiting", "held"),
+    [
+        (0, set()),
+        (1, {"batch"}),
+        (2, {"batch", "default"}),
+        (5, {"batch", "default", "long-context"}),
+        (50, {"batch", "default", "long-context"}),
+    ],
+)
+def test_shedding_order_batch_then_default_then_long_context_never_interactive(waiting, held):
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    for b in backends:
+        b.load = EngineLoad(running=40, waiting=waiting, kv_cache_usage=0.5, scraped_at=100.0)
+    requests = {
+        "interactive": _chat(stream=True, max_tokens=100),
+        "batch": _chat(max_tokens=800, n=4),
+        "default": _chat(max_tokens=100),
+        "long-context": _chat(9000, max_tokens=100),
+    }
+    found = {}
+    for cls, body in requests.items():
+        got_class, hold = _held(engine, backends, body)
+        assert got_class == cls
+        found[cls] = hold
+    assert {cls for cls, hold in found.items() if hold} == held
+    assert found["interactive"] is False
+
+
+def test_a_held_request_is_not_counted_as_sent():
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    for b in backends:
+        b.load = EngineLoad(running=40, waiting=3, scraped_at=100.0)
+    for _ in range(5):
+        assert engine.choose(_request(_chat(max_tokens=800, n=4)), backends).hold
+    assert all(engine.recent.get(b) is None for b in backends)
+
+
+def test_shed_routes_get_backpressure_and_a_policy_must_protect_one_class():
+    policy = load_policy(resolve("balanced")).policy
+    assert policy.routes["batch"].backpressure is not None
+    assert policy.routes["default"].backpressure is not None  # implied by `shed: true`
+    assert policy.routes["interactive"].backpressure is None
+    text = textwrap.dedent(
+        """\
+        routes:
+          default:
+            prefer: any
+            shed: true
+        """
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_policy(text, "<p>")
+    assert err.value.line == 4 and "nothing would be protected" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse_policy(text.replace("shed: true", "shed: sometimes"), "<p>")
+    assert err.value.line == 4
+
+
+# --- classification -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["balanced", "latency-first"])
+@pytest.mark.parametrize("n", [1, 4])
+def test_non_streaming_batch_rows_are_batch(preset, n):
+    backends = _fleet()
+    engine = _preset(preset, backends)
+    for max_tokens in (512, 1024):
+        decision = engine.choose(_request(_chat(200, max_tokens=max_tokens, n=n)), backends)
+        assert decision.request_class == "batch"
+        assert decision.candidates[0].pool.vendor == "amd"
+    streamed = engine.choose(_request(_chat(200, stream=True, max_tokens=300)), backends)
+    assert streamed.request_class == "interactive"
+    assert streamed.candidates[0].pool.vendor == "nvidia"
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"priority": "u=6, i"}, "batch"),  # RFC 9218 background urgency
+        ({"Priority": "u=7"}, "batch"),
+        ({"priority": "u=1"}, "interactive"),  # not mapped: the rules decide (streamed chat)
+        ({"x-request-priority": "LOW"}, "batch"),
+        ({"x-switchyard-priority": "batch"}, "batch"),
+    ],
+)
+def test_policy_header_mapping_decides_before_the_rules(headers, expected):
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    decision = engine.choose(_request(_chat(stream=True, max_tokens=100), headers), backends)
+    assert decision.request_class == expected
+
+
+def test_header_mapping_to_an_unknown_class_points_at_its_line():
+    text = textwrap.dedent(
+        """\
+        headers:
+          x-priority:
+            bulk: bulk
+        routes:
+          default: {}
+        """
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_policy(text, "<p>")
+    assert err.value.line == 3 and "`bulk`" in str(err.value)
