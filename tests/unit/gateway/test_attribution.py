@@ -149,8 +149,8 @@ SLOW = Scripted(delay=1.0)  # first_byte is 0.2 s in these tests
 
 
 async def test_a_timeout_the_requests_size_explains_is_not_failed_over_nor_counted() -> None:
-    """Item 3: `n` x `max_tokens` (within the bounds parse.py allows) far beyond what a backend does within first_byte timed out on each of
-    three backends in turn, counting against each breaker."""
+    """Item 3: `n` x `max_tokens` (within the bounds parse.py allows) far beyond what a backend does
+    within first_byte timed out on each of three backends in turn, counting against each breaker."""
     backends = fleet(3)
     transport = MemoryTransport({b.url: [SLOW] for b in backends})
     upstream = upstream_of(transport)
