@@ -169,6 +169,49 @@ def test_vllms_own_400_comes_back_in_openai_shape(client: OpenAI, vllm_env: Vllm
     assert {name: vllm_env.counters(name) for name in SERVERS} == before
 
 
+UNPARSEABLE_BODIES = [
+    b'{"model":"MODEL","messages":[{"role":"user","content":"hel\xfflo"}],"max_tokens":4}',
+    b'{"model":"MODEL","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"x":"\xff"}',
+    b'{"model":"MODEL","x":' + b"[" * 5000 + b"]" * 5000 + b"}",
+]
+
+
+@pytest.mark.parametrize("body", UNPARSEABLE_BODIES, ids=["utf8-content", "utf8-unknown-field", "nesting"])
+def test_the_simulator_refuses_unparseable_bodies_as_vllm_does(vllm_env: VllmEnv, body: bytes) -> None:
+    """Issue 15 item 11: a body vLLM cannot parse gets vLLM's 400 from the simulator too (same status and
+    error type and code), and the gateway never forwards it (its own 400, vLLM's counters unchanged)."""
+    import asyncio
+
+    from backends.sim.app import start_server
+    from backends.sim.options import SimOptions
+
+    body = body.replace(b"MODEL", MODEL.encode())
+    headers = {"content-type": "application/json"}
+    server = vllm_env.servers[AMD]
+    real = httpx.post(server.url + "/v1/chat/completions", content=body, headers=headers, trust_env=False)
+
+    async def simulated() -> httpx.Response:
+        sim = await start_server(SimOptions(models=(MODEL,), ttft_ms=1, tpot_ms=0.5))
+        try:
+            async with httpx.AsyncClient(trust_env=False) as http:
+                return await http.post(sim.url + "/v1/chat/completions", content=body, headers=headers)
+        finally:
+            await sim.close()
+
+    sim = asyncio.run(simulated())
+    print(f"\nvLLM: {real.status_code} {real.text[:200]}\nsim:  {sim.status_code} {sim.text[:200]}")
+    assert real.status_code == sim.status_code == 400
+    real_error, sim_error = real.json()["error"], sim.json()["error"]
+    assert (sim_error["type"], sim_error["code"]) == (real_error["type"], real_error["code"])
+
+    before = {name: vllm_env.counters(name) for name in SERVERS}
+    gateway = httpx.post(
+        vllm_env.base_url + "/v1/chat/completions", content=body, headers=headers, trust_env=False
+    )
+    assert gateway.status_code == 400 and gateway.json()["error"]["code"] == "invalid_json", gateway.text
+    assert {name: vllm_env.counters(name) for name in SERVERS} == before
+
+
 # Client disconnect mid-stream
 
 
