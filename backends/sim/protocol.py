@@ -33,6 +33,19 @@ class SimError(Exception):
         }
 
 
+class UnparseableBody(SimError):
+    """A body that is not valid UTF-8 JSON (or nests past the parser's limit): vLLM's FastAPI app answers
+    these itself, before any handler, with its own 400 shape (checked against real vLLM in tests/vllm)."""
+
+    MESSAGE = "There was an error parsing the body"
+
+    def __init__(self) -> None:
+        super().__init__(400, self.MESSAGE)
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.MESSAGE}
+
+
 def error_type(status: int) -> str:
     """vLLM-style error type from the status: 400 -> BadRequestError, 500 -> InternalServerError."""
     try:

@@ -31,6 +31,7 @@ from backends.sim.protocol import (
     Kind,
     SimError,
     StreamFrames,
+    UnparseableBody,
     full_response,
     parse_generation,
     resolve_model,
@@ -63,8 +64,7 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     except msgspec.DecodeError as exc:
         raise SimError(400, f"Invalid JSON body: {exc}") from None
     except (UnicodeDecodeError, RecursionError):
-        # vLLM (FastAPI) answers a body it cannot parse for any other reason with this 400.
-        raise SimError(400, "There was an error parsing the body") from None
+        raise UnparseableBody() from None
     if not isinstance(body, dict):
         raise SimError(400, "The request body must be a JSON object")
     return body

@@ -40,7 +40,5 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 async def test_unparseable_bodies_get_vllms_400(http: httpx.AsyncClient, path: str, body: bytes) -> None:
     response = await http.post(path, content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["type"] == "BadRequestError"
-    assert error["code"] == 400
-    assert error["param"] is None
+    # What vLLM 0.32's FastAPI app answers before any handler runs (tests/vllm checks it on real vLLM).
+    assert response.json() == {"detail": "There was an error parsing the body"}
