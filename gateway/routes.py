@@ -95,6 +95,8 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             body = await read_body(scope, receive, max_body_bytes)
             reply = await pipeline.handle(endpoint, body, caller)
         except GatewayError as error:
+            if caller.key is not None:
+                error = tenants.with_rate_headers(error, caller.key, caller.admission)  # type: ignore[union-attr]
             if pipeline.telemetry is not None:
                 pipeline.telemetry.failed(
                     caller.request_id, endpoint, error.status, error.body.code, error.body.message, body
@@ -106,6 +108,8 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
         except Exception:
             log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
             error = _INTERNAL_ERROR
+            if caller.key is not None:
+                error = tenants.with_rate_headers(error, caller.key, caller.admission)  # type: ignore[union-attr]
             if pipeline.telemetry is not None:
                 pipeline.telemetry.failed(
                     caller.request_id, endpoint, 500, error.body.code, error.body.message, body

@@ -27,6 +27,7 @@ ADMIT = """
 local tokens = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local window_ms = tonumber(ARGV[3])
+local replica, leases = ARGV[4], ARGV[5]
 local n = #KEYS / 4
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -35,12 +36,22 @@ local reset_ms = (window + 1) * window_ms - now_ms
 local suffix = ':' .. window
 local counts = {}
 for i = 0, n - 1 do
-  local a = 5 + i * 6
+  local a = 6 + i * 6
   local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a+1])
   local par, budget = tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
   local rq = tonumber(redis.call('GET', KEYS[1+i*4] .. suffix) or '0')
   local tk = tonumber(redis.call('GET', KEYS[2+i*4] .. suffix) or '0')
-  local pa = tonumber(redis.call('GET', KEYS[3+i*4]) or '0')
+  local pa = 0
+  if par > 0 then
+    local held = redis.call('HGETALL', KEYS[3+i*4])
+    for j = 1, #held, 2 do
+      if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
+        pa = pa + tonumber(held[j+1])
+      else
+        redis.call('HDEL', KEYS[3+i*4], held[j])
+      end
+    end
+  end
   local sp = tonumber(redis.call('GET', KEYS[4+i*4]) or '0')
   if rpm > 0 and rq + 1 > rpm then return {0, i, 'requests', reset_ms, window, rq, tk, sp} end
   if tpm > 0 and tk + tokens > tpm then return {0, i, 'tokens', reset_ms, window, rq, tk, sp} end
@@ -52,11 +63,11 @@ for i = 0, n - 1 do
 end
 local ttl = window_ms + 2000
 for i = 0, n - 1 do
-  local a = 5 + i * 6
+  local a = 6 + i * 6
   local rk, tk = KEYS[1+i*4] .. suffix, KEYS[2+i*4] .. suffix
   if redis.call('INCR', rk) == 1 then redis.call('PEXPIRE', rk, ttl) end
   if redis.call('INCRBY', tk, tokens) == tokens then redis.call('PEXPIRE', tk, ttl) end
-  redis.call('INCR', KEYS[3+i*4])
+  redis.call('HINCRBY', KEYS[3+i*4], replica, 1)
   redis.call('EXPIRE', KEYS[3+i*4], tonumber(ARGV[a+5]))
   if tonumber(ARGV[a+3]) >= 0 then
     redis.call('INCRBY', KEYS[4+i*4], cost)
@@ -69,25 +80,40 @@ for _, c in ipairs(counts) do out[#out+1] = c end
 return out
 """
 """KEYS: per scope (key, then team) its requests, tokens, parallel and spend counters (the first two get
-the window appended). ARGV: tokens, cost (nano-USD), window ms, unused, then per scope rpm, tpm,
-max_parallel, budget (nano-USD; 0 = unlimited except budget, -1 = none), spend TTL s, parallel TTL s.
-Returns {admitted, scope index refused, limit refused, ms to window reset, window, counts...}."""
+the window appended). ARGV: tokens, cost (nano-USD), window ms, this replica's id, the lease key prefix,
+then per scope rpm, tpm, max_parallel, budget (nano-USD; 0 = unlimited except budget, -1 = none), spend
+TTL s, parallel TTL s. Returns {admitted, scope index refused, limit refused, ms to window reset, window,
+counts...}.
+
+Parallel slots are a hash per scope, one field per replica (its slots in flight). Each live replica keeps
+a lease key (`<prefix><replica id>`, `SLOT_LEASE_S`) refreshed in the background; a field whose replica's
+lease lapsed (the replica died, SIGKILL or a lost host) is deleted at the next admission that counts it,
+so slots leaked by a dead replica are free again within `SLOT_LEASE_S`."""
 
 SETTLE = """
+local replica = ARGV[#KEYS + 1]
 for i = 1, #KEYS do
   local delta = tonumber(ARGV[i])
   if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-    local left = redis.call('INCRBY', KEYS[i], delta)
-    if left < 0 then redis.call('INCRBY', KEYS[i], -left) end
+    if string.find(KEYS[i], ':pa:', 1, true) then
+      local left = redis.call('HINCRBY', KEYS[i], replica, delta)
+      if left <= 0 then redis.call('HDEL', KEYS[i], replica) end
+    else
+      local left = redis.call('INCRBY', KEYS[i], delta)
+      if left < 0 then redis.call('INCRBY', KEYS[i], -left) end
+    end
   end
 end
 return #KEYS
 """
 """Adds ARGV[i] to KEYS[i] where that counter still exists (an ended window or period is left alone),
-never below zero. One call settles a batch of requests."""
+never below zero; a parallel-slot hash (`:pa:`) in this replica's field (the last ARGV). One call
+settles a batch of requests."""
 
 PARALLEL_TTL_S = 600
-"""A replica that dies holding parallel slots leaks them; the counter expires once the scope is idle."""
+"""A scope's parallel-slot hash is dropped after this long idle."""
+SLOT_LEASE_S = 3.0
+"""A replica's parallel slots count only while its lease lives; it refreshes it every third of this."""
 
 
 @dataclass(slots=True)

@@ -23,8 +23,9 @@ _MAX_BACKOFF_S = 2.0
 
 
 class Settler:
-    def __init__(self, client: aioredis.Redis, timeout_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, timeout_s: float, replica: str) -> None:
         self._script = client.register_script(SETTLE)
+        self._replica = replica
         self._timeout = timeout_s
         self._keys: list[str] = []
         self._deltas: list[int] = []
@@ -65,7 +66,7 @@ class Settler:
         self._keys, self._deltas = [], []
         try:
             async with asyncio.timeout(self._timeout):
-                await self._script(keys=keys, args=deltas)
+                await self._script(keys=keys, args=[*deltas, self._replica])
         except Exception as exc:
             log.warning("tenants: settling %d counters failed (%s); will retry", len(keys), exc)
             self._keys, self._deltas = keys + self._keys, deltas + self._deltas
