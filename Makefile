@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
+.PHONY: demo test lint fmt venv bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,9 @@ bench-telemetry: venv
 
 bench-sse: venv
 	$(PY) -m loadtest.bench.sse $(ARGS)
+
+bench-keys: venv
+	$(PY) -m loadtest.bench.keys $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
 loadtest: venv

@@ -295,7 +295,15 @@ class Tenants:
             # A budget is one number shared by every replica: a local share could be spent by each while
             # the others spend the rest, so money is only promised against the shared counter.
             raise errors.limits_unavailable(f"Redis {why}; budgets need the shared counter")
-        return self.away.admit(scopes, tokens, cost)
+        verdict = self.away.admit(scopes, tokens, cost)
+        if verdict.admitted and self.settler is not None:
+            # Reconcile: once Redis is back the shared window counters learn what this replica admitted
+            # from its share, so the others count it too (`Settler` keeps the deltas until then).
+            ns, window, add = self._ns, verdict.window, self.settler.add
+            for s in scopes:
+                add(f"{ns}:rq:{s.name}:{window}", 1)
+                add(f"{ns}:tk:{s.name}:{window}", tokens)
+        return verdict
 
     def _keys(self, scopes: list[ScopeCounters]) -> list[str]:
         ns = self._ns
@@ -355,12 +363,15 @@ class Tenants:
         if admission.local or self.settler is None:
             counters = self.away if admission.local else self.local
             counters.settle(admission.scopes, admission.window, token_delta, cost_delta)
-            return
+            if self.settler is None:
+                return
         ns, window = self._ns, admission.window
         add = self.settler.add
         for s in admission.scopes:
-            add(f"{ns}:pa:{s.name}", -1)
             add(f"{ns}:tk:{s.name}:{window}", token_delta)
+            if admission.local:
+                continue  # no shared slot or spend was taken
+            add(f"{ns}:pa:{s.name}", -1)
             if s.limits.budget_usd is not None:
                 add(f"{ns}:sp:{s.name}:{s.period}", cost_delta)
 

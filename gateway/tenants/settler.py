@@ -44,6 +44,10 @@ class Settler:
         self._deltas.append(delta)
         self._wake.set()
 
+    def pending(self) -> int:
+        """Counter changes not yet in Redis (waiting for the next batch, or for Redis to return)."""
+        return len(self._keys)
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
