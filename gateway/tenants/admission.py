@@ -55,6 +55,8 @@ class Tenant:
     key: KeyRecord
     team: TeamRecord | None
     admin: bool
+    prepared: tuple[float, list[ScopeCounters], list[str]] | None = None
+    """(valid until, scopes, their `limits.ADMIT` arguments): built once a minute, not per request."""
 
 
 @dataclass(slots=True)
@@ -240,21 +242,35 @@ class Tenants:
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 
-    def _scopes(self, tenant: Tenant, now: float) -> list[ScopeCounters]:
+    def _prepare(self, tenant: Tenant, now: float) -> tuple[float, list[ScopeCounters], list[str]]:
         key, team = tenant.key, tenant.team
         period, ttl = budget_period(key.budget_period, now)
         scopes = [ScopeCounters("k:" + key.id, key, period, ttl)]
         if team is not None:
             period, ttl = budget_period(team.budget_period, now)
             scopes.append(ScopeCounters("t:" + team.name, team, period, ttl))
-        return scopes
+        args = []
+        for s in scopes:
+            lim = s.limits
+            budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
+            args.append(
+                f"{s.name}|{s.period}|{lim.rpm or 0}|{lim.tpm or 0}|{lim.max_parallel or 0}|{budget}"
+                f"|{s.period_ttl_s}|{PARALLEL_TTL_S}"
+            )
+        # Every budget period starts at a UTC midnight: rebuild then (and at least once a minute).
+        until = min(now + 60.0, (now // 86_400 + 1) * 86_400)
+        tenant.prepared = prepared = (until, scopes, args)
+        return prepared
 
     async def admit(
         self, tenant: Tenant, profile: RequestProfile, candidates: Sequence[Backend], ignored: list[str]
     ) -> Admission:
         """Reserve the request in every counter of its key and team, or raise 429 / 503."""
         now = time.time()
-        scopes = self._scopes(tenant, now)
+        prepared = tenant.prepared
+        if prepared is None or now >= prepared[0]:
+            prepared = self._prepare(tenant, now)
+        _, scopes, scope_args = prepared
         prompt = profile.prompt_tokens_estimate
         completion = max_output_tokens(candidates, prompt, profile.max_tokens, profile.n)
         tokens = prompt + completion
@@ -267,8 +283,10 @@ class Tenants:
             verdict, local = self._away(scopes, tokens, cost, budgeted, "recently unreachable"), True
         else:
             try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    reply = await self._admit(keys=self._keys(scopes), args=self._args(scopes, tokens, cost))
+                # The client's socket timeout (`auth.redis_timeout`) bounds the call: no timer per request.
+                reply = await self._admit(
+                    args=[tokens, cost, self.window_ms, self.replica, self._ns, *scope_args]
+                )
                 verdict = verdict_of(reply)
             except Exception as exc:
                 self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
@@ -304,33 +322,6 @@ class Tenants:
                 add(f"{ns}:rq:{s.name}:{window}", 1)
                 add(f"{ns}:tk:{s.name}:{window}", tokens)
         return verdict
-
-    def _keys(self, scopes: list[ScopeCounters]) -> list[str]:
-        ns = self._ns
-        keys: list[str] = []
-        for s in scopes:
-            keys += [
-                f"{ns}:rq:{s.name}",
-                f"{ns}:tk:{s.name}",
-                f"{ns}:pa:{s.name}",
-                f"{ns}:sp:{s.name}:{s.period}",
-            ]
-        return keys
-
-    def _args(self, scopes: list[ScopeCounters], tokens: int, cost: int) -> list[int | str]:
-        args: list[int | str] = [tokens, cost, self.window_ms, self.replica, self._ns + ":lease:"]
-        for s in scopes:
-            lim = s.limits
-            budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
-            args += [
-                lim.rpm or 0,
-                lim.tpm or 0,
-                lim.max_parallel or 0,
-                budget,
-                s.period_ttl_s,
-                PARALLEL_TTL_S,
-            ]
-        return args
 
     def with_rate_headers(
         self, error: GatewayError, tenant: Tenant, admission: Admission | None

@@ -9,12 +9,13 @@ from gateway.tenants.keys import Limits
 from gateway.tenants.limits import ScopeCounters, Verdict
 
 
-def verdict_of(reply: list[object]) -> Verdict:
-    admitted, scope, limit, reset_ms, window, *counts = reply
-    text = limit.decode() if isinstance(limit, bytes) else str(limit)
+def verdict_of(reply: bytes | str) -> Verdict:
+    """`limits.ADMIT`'s answer, `admitted|scope|limit|reset ms|window|counts...`."""
+    text = reply.decode() if isinstance(reply, bytes) else reply
+    admitted, scope, limit, reset_ms, window, *counts = text.split("|")
     return Verdict(
-        admitted == 1, int(scope), text, int(reset_ms) / 1000.0, int(window), [int(c) for c in counts]
-    )  # type: ignore[call-overload]
+        admitted == "1", int(scope), limit, int(reset_ms) / 1000.0, int(window), [int(c) for c in counts]
+    )
 
 
 def rate_headers(scopes: list[ScopeCounters], verdict: Verdict) -> dict[str, str]:
