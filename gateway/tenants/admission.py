@@ -24,6 +24,7 @@ from gateway.errors import GatewayError
 from gateway.ledger.records import Ledger
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
+from gateway.tenants.admit_batch import AdmitBatcher
 from gateway.tenants.answers import limit_headers, rate_headers, refusal, verdict_of
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
@@ -99,6 +100,7 @@ class Tenants:
         self._ns = ns
         self.local = LocalCounters(self.options.window_s)
         self.away = LocalCounters(self.options.window_s, share=1.0 / self.options.replicas)
+        self.window_ms = self.options.window_s * 1000
         self.replica = os.urandom(6).hex()
         """This process's id in the parallel-slot hashes; its slots count while its lease lives."""
         self._lease_key = f"{ns}:lease:{self.replica}"
@@ -107,7 +109,9 @@ class Tenants:
         self._lease_task: asyncio.Task[None] | None = None
         self.watch = BudgetWatch()
         self._admit = self.client.register_script(ADMIT) if self.client is not None else None
-        self.window_ms = self.options.window_s * 1000
+        self._batcher = (
+            AdmitBatcher(self._admit, self.window_ms, self.replica, ns) if self._admit is not None else None
+        )
 
     @classmethod
     def admin_hash_from_env(cls, options: AuthOptions) -> str | None:
@@ -284,10 +288,7 @@ class Tenants:
         else:
             try:
                 # The client's socket timeout (`auth.redis_timeout`) bounds the call: no timer per request.
-                reply = await self._admit(
-                    args=[tokens, cost, self.window_ms, self.replica, self._ns, *scope_args]
-                )
-                verdict = verdict_of(reply)
+                verdict = verdict_of(await self._batcher.admit(tokens, cost, scope_args))  # type: ignore[union-attr]
             except Exception as exc:
                 self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
                 log.warning("tenants: Redis unreachable for limits (%s); %s", exc, self.options.redis_away)

@@ -24,10 +24,8 @@ from gateway.tenants.keys import Limits
 NANO = 1_000_000_000
 
 ADMIT = """
-local tokens = tonumber(ARGV[1])
-local cost = tonumber(ARGV[2])
-local window_ms = tonumber(ARGV[3])
-local replica, ns = ARGV[4], ARGV[5]
+local window_ms = tonumber(ARGV[1])
+local replica, ns = ARGV[2], ARGV[3]
 local leases = ns .. ':lease:'
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -35,56 +33,70 @@ local window = math.floor(now_ms / window_ms)
 local reset_ms = (window + 1) * window_ms - now_ms
 local suffix = ':' .. window
 local head = '|' .. reset_ms .. '|' .. window
-local scopes, counts = {}, {}
-for i = 6, #ARGV do
-  local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(ARGV[i],
-    '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
-  local s = {rk = ns .. ':rq:' .. name .. suffix, tk = ns .. ':tk:' .. name .. suffix,
-             pk = ns .. ':pa:' .. name, sk = ns .. ':sp:' .. name .. ':' .. period,
-             budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
-  rpm, tpm, par = tonumber(rpm), tonumber(tpm), tonumber(par)
-  local rq = tonumber(redis.call('GET', s.rk) or '0')
-  local tk = tonumber(redis.call('GET', s.tk) or '0')
-  local sp = tonumber(redis.call('GET', s.sk) or '0')
-  local pa = 0
-  if par > 0 then
-    local held = redis.call('HGETALL', s.pk)
-    for j = 1, #held, 2 do
-      if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
-        pa = pa + tonumber(held[j+1])
-      else
-        redis.call('HDEL', s.pk, held[j])
+local ttl = window_ms + 2000
+
+local function admit(tokens, cost, first, last)
+  local scopes, counts = {}, {}
+  for i = first, last do
+    local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(ARGV[i],
+      '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
+    local s = {rk = ns .. ':rq:' .. name .. suffix, tk = ns .. ':tk:' .. name .. suffix,
+               pk = ns .. ':pa:' .. name, sk = ns .. ':sp:' .. name .. ':' .. period,
+               budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
+    rpm, tpm, par = tonumber(rpm), tonumber(tpm), tonumber(par)
+    local rq = tonumber(redis.call('GET', s.rk) or '0')
+    local tk = tonumber(redis.call('GET', s.tk) or '0')
+    local sp = tonumber(redis.call('GET', s.sk) or '0')
+    local pa = 0
+    if par > 0 then
+      local held = redis.call('HGETALL', s.pk)
+      for j = 1, #held, 2 do
+        if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
+          pa = pa + tonumber(held[j+1])
+        else
+          redis.call('HDEL', s.pk, held[j])
+        end
       end
     end
+    local why = nil
+    if rpm > 0 and rq + 1 > rpm then why = 'requests'
+    elseif tpm > 0 and tk + tokens > tpm then why = 'tokens'
+    elseif par > 0 and pa + 1 > par then why = 'parallel'
+    elseif s.budget >= 0 and sp + cost > s.budget then why = 'budget' end
+    if why then return '0|' .. (i - first) .. '|' .. why .. head .. '|' .. rq .. '|' .. tk .. '|' .. sp end
+    scopes[#scopes+1] = s
+    counts[#counts+1] = (rq + 1) .. '|' .. (tk + tokens) .. '|' .. (sp + cost)
   end
-  local why = nil
-  if rpm > 0 and rq + 1 > rpm then why = 'requests'
-  elseif tpm > 0 and tk + tokens > tpm then why = 'tokens'
-  elseif par > 0 and pa + 1 > par then why = 'parallel'
-  elseif s.budget >= 0 and sp + cost > s.budget then why = 'budget' end
-  if why then return '0|' .. (i - 6) .. '|' .. why .. head .. '|' .. rq .. '|' .. tk .. '|' .. sp end
-  scopes[#scopes+1] = s
-  counts[#counts+1] = (rq + 1) .. '|' .. (tk + tokens) .. '|' .. (sp + cost)
-end
-local ttl = window_ms + 2000
-for _, s in ipairs(scopes) do
-  if redis.call('INCR', s.rk) == 1 then redis.call('PEXPIRE', s.rk, ttl) end
-  if redis.call('INCRBY', s.tk, tokens) == tokens then redis.call('PEXPIRE', s.tk, ttl) end
-  redis.call('HINCRBY', s.pk, replica, 1)
-  redis.call('EXPIRE', s.pk, s.pttl)
-  if s.budget >= 0 then
-    redis.call('INCRBY', s.sk, cost)
-    if s.bttl > 0 then redis.call('EXPIRE', s.sk, s.bttl) end
+  for _, s in ipairs(scopes) do
+    if redis.call('INCR', s.rk) == 1 then redis.call('PEXPIRE', s.rk, ttl) end
+    if redis.call('INCRBY', s.tk, tokens) == tokens then redis.call('PEXPIRE', s.tk, ttl) end
+    redis.call('HINCRBY', s.pk, replica, 1)
+    redis.call('EXPIRE', s.pk, s.pttl)
+    if s.budget >= 0 then
+      redis.call('INCRBY', s.sk, cost)
+      if s.bttl > 0 then redis.call('EXPIRE', s.sk, s.bttl) end
+    end
   end
+  return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
 end
-return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
+
+local out = {}
+local i = 4
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  out[#out+1] = admit(tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), i + 3, i + 2 + n)
+  i = i + 3 + n
+end
+return out
 """
-"""ARGV: tokens, cost (nano-USD), window ms, this replica's id, the namespace (`{syt:<prefix>}`), then one
-string per scope (key, then team): `name|period|rpm|tpm|max_parallel|budget|spend TTL s|parallel TTL s`
-(0 = unlimited, budget -1 = none). The counters' names are built here from the namespace (all under its
-hash tag, so in one Redis Cluster slot); few arguments and a one-string answer keep the client's share
-of the round trip small. Returns `admitted|scope refused|limit refused|ms to window reset|window|counts`
-(per scope requests, tokens and spend: after the reservation if admitted, before it if refused).
+"""Admits a batch of requests in order (each as if alone: all its scopes fit, then all are charged).
+ARGV: window ms, this replica's id, the namespace (`{syt:<prefix>}`), then per request: its number of
+scopes, tokens, cost (nano-USD), and one string per scope (key, then team):
+`name|period|rpm|tpm|max_parallel|budget|spend TTL s|parallel TTL s` (0 = unlimited, budget -1 = none).
+The counters' names are built here from the namespace (all under its hash tag, so in one Redis Cluster
+slot); few arguments and one string per answer keep the client's share of the round trip small. Returns
+per request `admitted|scope refused|limit refused|ms to window reset|window|counts` (per scope requests,
+tokens and spend: after the reservation if admitted, before it if refused).
 
 Parallel slots are a hash per scope, one field per replica (its slots in flight). Each live replica keeps
 a lease key (`<ns>:lease:<replica id>`, `SLOT_LEASE_S`) refreshed in the background; a field whose
