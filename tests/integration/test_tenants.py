@@ -400,10 +400,13 @@ def test_one_redis_round_trip_per_request_on_the_hot_path(replicas: Fleet3) -> N
     stop = True
     _call(replicas.urls[1], key)  # one more command for the monitor to wake up on
     thread.join(5)
-    admissions = [c for c in seen if f":rq:k:{key_id}" in c]
+    admissions = [c for c in seen if f"k:{key_id}|" in c]
     lookups = [c for c in seen if ":hash:" in c or f":key:{key_id}" in c]
-    settles = [c for c in seen if f":pa:k:{key_id}" in c and f":rq:k:{key_id}" not in c]
-    assert len(admissions) in (30, 31), admissions[:3]  # one per request (30 on A, maybe the wake-up on B)
+    settles = [c for c in seen if f":pa:k:{key_id}" in c]
+    # At most one per request (30 on A, maybe the wake-up on B): admissions of one event-loop turn share
+    # one call (gateway/tenants/admit_batch.py), so under a burst there are fewer.
+    assert 1 <= len(admissions) <= 31, seen[:5]
+    assert sum(c.count(f"k:{key_id}|") for c in admissions) in (30, 31)  # every request was admitted
     assert len(lookups) <= 2, lookups  # B's first lookup (key and its team); none on A: cached
     assert 1 <= len(settles) <= 31, len(settles)
 
