@@ -92,6 +92,7 @@ class Tenants:
     _version: int = -1
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
+    _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
     _last_headers: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
@@ -175,9 +176,12 @@ class Tenants:
             except Exception as exc:
                 log.debug("tenants: cannot renew the slot lease (%s)", exc)
 
-    def changed(self) -> None:
-        """This replica changed a key or team: forget cached lookups now (others notice by polling)."""
+    def changed(self, version: int) -> None:
+        """This replica changed a key or team (the store is now at `version`): forget cached lookups now.
+        If nobody else changed anything since the last poll, the poll need not forget them again."""
         self._cache.clear()
+        if version == self._version + 1:
+            self._version = version
 
     # --- the edge ------------------------------------------------------------------------------------
 
@@ -191,7 +195,12 @@ class Tenants:
         digest = hash_key(token)
         cached = self._cache.get(digest)
         if cached is None:
-            cached = await self._lookup(digest)
+            # One lookup per key however many of its requests missed the cache at once.
+            pending = self._lookups.get(digest)
+            if pending is None:
+                pending = self._lookups[digest] = asyncio.ensure_future(self._lookup(digest))
+                pending.add_done_callback(lambda _: self._lookups.pop(digest, None))
+            cached = await asyncio.shield(pending)
         tenant = cached.tenant
         if tenant is None:
             raise errors.invalid_api_key(cached.why)

@@ -41,7 +41,8 @@ def test_memory_store_keys_rotation_teams_and_version() -> None:
         await store.put_team(TeamRecord(name="b", rpm=1))
         await store.put_team(TeamRecord(name="a"))
         assert [t.name for t in await store.list_teams()] == ["a", "b"]
-        assert await store.delete_team("b") and not await store.delete_team("b")
+        assert await store.delete_team("b") == (True, 6)
+        assert await store.delete_team("b") == (False, 7)
         assert await store.get_team("b") is None
         assert await store.version() == 7  # every change moved it, so replicas drop cached lookups
 
