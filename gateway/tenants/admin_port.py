@@ -12,15 +12,19 @@ no extra coroutine layer.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from gateway.asgi_io import send_error
 from gateway.errors import GatewayError
 from gateway.fastpath import AsgiHandler
-from gateway.routes import new_request_id
 
 ADMIN_PATHS = ("/admin/", "/console")
 BOTH_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+def _request_id() -> str:
+    return "req-" + os.urandom(12).hex()
 
 
 def _unknown(path: str) -> GatewayError:
@@ -42,7 +46,7 @@ class AdminPortSplit:
             on_admin = server is not None and server[1] == self.admin_port
             if on_admin:
                 if not path.startswith(ADMIN_PATHS) and path not in BOTH_PATHS:
-                    await send_error(send, _unknown(path), new_request_id())
+                    await send_error(send, _unknown(path), _request_id())
                     return
             else:
                 handler = self._routes.get(path)
@@ -50,6 +54,6 @@ class AdminPortSplit:
                     await handler(scope, receive, send)
                     return
                 if path.startswith(ADMIN_PATHS):
-                    await send_error(send, _unknown(path), new_request_id())
+                    await send_error(send, _unknown(path), _request_id())
                     return
         await self._app(scope, receive, send)
