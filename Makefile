@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 # `make test` skips the HTTP-vs-replay agreement test (about a minute); .ci/run calls `make test-whatif`.
 .PHONY: test-whatif whatif-demo
-.PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse loadtest clean
+.PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
 
 venv: $(STAMP)
 
@@ -74,6 +74,9 @@ bench-telemetry: venv
 
 bench-sse: venv
 	$(PY) -m loadtest.bench.sse $(ARGS)
+
+bench-keys: venv
+	$(PY) -m loadtest.bench.keys $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
 loadtest: venv

@@ -31,6 +31,7 @@ from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admin import admin_guard, key_handlers
+from gateway.tenants.admin_port import AdminPortSplit
 from gateway.tenants.factory import build_tenants, tenants_lifespan
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
@@ -182,9 +183,12 @@ class SwitchyardPlugin(InitPluginProtocol):
         return app_config
 
 
-def asgi_entry(app: Litestar) -> FastPath:
-    """What the server runs: the app, with the forwarding endpoints dispatched ahead of Litestar."""
+def asgi_entry(app: Litestar, admin_port: int | None = None) -> FastPath | AdminPortSplit:
+    """What the server runs: the app, with the forwarding endpoints dispatched ahead of Litestar; with
+    `admin_port` (the bound port), admin routes only there and the API only elsewhere."""
     plugin = app.plugins.get(SwitchyardPlugin)
+    if admin_port is not None:
+        return AdminPortSplit(app, plugin.fast_routes, admin_port)
     return FastPath(app, plugin.fast_routes)
 
 

@@ -15,6 +15,7 @@ from backends.yamlfile import ConfigError
 from gateway import cluster as cluster_cli
 from gateway import policy_cli
 from gateway.ledger.records import DIMENSIONS
+from gateway.tenants import cli as tenants_cli
 
 _PROJECT = ("gateway", "backends", "policies", "loadtest")
 
@@ -223,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     backends.set_defaults(run=_backends)
 
     policy_cli.add_commands(commands)
+    tenants_cli.add_commands(commands)
     cluster_cli.add_commands(commands)
     loadtest = commands.add_parser("loadtest", help=_LOADTEST_HELP, add_help=False)
     loadtest.add_argument("rest", nargs=argparse.REMAINDER)
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             args.fleet_args = unknown
         elif unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    level = logging.WARNING if args.command in ("demo", "costs", "backends") else logging.INFO
+    quiet = ("demo", "costs", "backends", "keys", "teams")
+    level = logging.WARNING if args.command in quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code = int(args.run(args))

@@ -124,6 +124,8 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
         except GatewayError as error:
             if watch is not None:
                 watch.stop()
+            if caller.key is not None:
+                error = tenants.with_rate_headers(error, caller.key, caller.admission)  # type: ignore[union-attr]
             pipeline.end(ctx, error)
             await send_error(send, error, caller.client_request_id or caller.request_id)
             return
@@ -134,7 +136,10 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
                 watch.stop()
             log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
             pipeline.end(ctx, exc)
-            await send_error(send, _INTERNAL_ERROR, caller.client_request_id or caller.request_id)
+            error = _INTERNAL_ERROR
+            if caller.key is not None:
+                error = tenants.with_rate_headers(error, caller.key, caller.admission)  # type: ignore[union-attr]
+            await send_error(send, error, caller.client_request_id or caller.request_id)
             return
         except BaseException as exc:  # cancelled: the request still ends
             if watch is not None:

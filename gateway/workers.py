@@ -139,9 +139,7 @@ def _worker_main(argv: list[str] | None = None) -> int:
     die_with_parent()
     if os.getppid() != args.parent:  # the parent died before prctl took effect
         return 1
-    import uvicorn
-
-    from gateway.server import server_config
+    from gateway.server import run_server
     from gateway.settings import load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -149,8 +147,7 @@ def _worker_main(argv: list[str] | None = None) -> int:
     settings = load_settings(args.config)
     sock = reuseport_socket(args.host, args.port)
     sock.listen(2048)
-    server = uvicorn.Server(server_config(settings, args.host, args.port, args.log_level))
-    server.run(sockets=[sock])
+    run_server(settings, args.host, args.port, args.log_level, main_socket=sock)
     return 0
 
 

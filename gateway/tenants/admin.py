@@ -103,8 +103,7 @@ def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
     async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:
         fields, given = _fields(await request.body())
         material, record = new_key(fields, given)
-        await store.put_key(record)
-        tenants.changed()
+        tenants.changed(await store.put_key(record))
         return {"key": material, **record.public()}
 
     @get("/admin/v1/keys", name="keys-list")
@@ -125,8 +124,7 @@ def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
     async def update(key_id: FromPath[str], request: Request[Any, Any, Any]) -> dict[str, Any]:
         fields, given = _fields(await request.body())
         record = apply_fields(await find(key_id), fields, given)
-        await store.put_key(record)
-        tenants.changed()
+        tenants.changed(await store.put_key(record))
         return record.public()
 
     @post("/admin/v1/keys/{key_id:str}/rotate", name="keys-rotate", status_code=200)
@@ -135,15 +133,13 @@ def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
         record = await find(key_id)
         material = new_key_material()
         rotated = msgspec.structs.replace(record, hash=hash_key(material))
-        await store.put_key(rotated, old_hash=record.hash)
-        tenants.changed()
+        tenants.changed(await store.put_key(rotated, old_hash=record.hash))
         return {"key": material, **rotated.public()}
 
     @post("/admin/v1/keys/{key_id:str}/revoke", name="keys-revoke", status_code=200)
     async def revoke(key_id: FromPath[str]) -> dict[str, Any]:
         record = msgspec.structs.replace(await find(key_id), revoked=True)
-        await store.put_key(record)
-        tenants.changed()
+        tenants.changed(await store.put_key(record))
         return record.public()
 
     @get("/admin/v1/teams", name="teams-list")
@@ -165,15 +161,15 @@ def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
             team = msgspec.convert({**raw, "name": name}, TeamRecord)
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
             raise invalid_request(f"Invalid team: {exc}.") from None
-        await store.put_team(team)
-        tenants.changed()
+        tenants.changed(await store.put_team(team))
         return msgspec.to_builtins(team)
 
     @delete("/admin/v1/teams/{name:str}", name="teams-delete", status_code=200)
     async def delete_team(name: FromPath[str]) -> dict[str, Any]:
-        if not await store.delete_team(name):
+        found, version = await store.delete_team(name)
+        tenants.changed(version)
+        if not found:
             raise _not_found(f"team `{name}`")
-        tenants.changed()
         return {"deleted": name}
 
     return [

@@ -24,11 +24,14 @@ from gateway.errors import GatewayError
 from gateway.ledger.records import Ledger
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
+from gateway.tenants.admit_batch import AdmitBatcher
+from gateway.tenants.answers import limit_headers, rate_headers, refusal, verdict_of
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
     ADMIT,
     NANO,
     PARALLEL_TTL_S,
+    SLOT_LEASE_S,
     LocalCounters,
     ScopeCounters,
     Verdict,
@@ -53,6 +56,8 @@ class Tenant:
     key: KeyRecord
     team: TeamRecord | None
     admin: bool
+    prepared: tuple[float, list[ScopeCounters], list[str]] | None = None
+    """(valid until, scopes, their `limits.ADMIT` arguments): built once a minute, not per request."""
 
 
 @dataclass(slots=True)
@@ -87,16 +92,27 @@ class Tenants:
     _version: int = -1
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
+    _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
+    _last_headers: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
     def __post_init__(self) -> None:
         ns = "{syt:" + self.prefix + "}"
         self._ns = ns
         self.local = LocalCounters(self.options.window_s)
         self.away = LocalCounters(self.options.window_s, share=1.0 / self.options.replicas)
-        self.settler = Settler(self.client, self.options.redis_timeout) if self.client is not None else None
+        self.window_ms = self.options.window_s * 1000
+        self.replica = os.urandom(6).hex()
+        """This process's id in the parallel-slot hashes; its slots count while its lease lives."""
+        self._lease_key = f"{ns}:lease:{self.replica}"
+        client, timeout = self.client, self.options.redis_timeout
+        self.settler = Settler(client, timeout, self.replica) if client is not None else None
+        self._lease_task: asyncio.Task[None] | None = None
         self.watch = BudgetWatch()
         self._admit = self.client.register_script(ADMIT) if self.client is not None else None
-        self.window_ms = self.options.window_s * 1000
+        self._batcher = (
+            AdmitBatcher(self._admit, self.window_ms, self.replica, ns) if self._admit is not None else None
+        )
 
     @classmethod
     def admin_hash_from_env(cls, options: AuthOptions) -> str | None:
@@ -111,14 +127,23 @@ class Tenants:
         self._task = asyncio.create_task(self._watch_versions())
         if self.settler is not None:
             self.settler.start()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self._renew_lease()
+            self._lease_task = asyncio.create_task(self._keep_lease())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._lease_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.settler is not None:
             await self.settler.close()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.options.redis_timeout):
+                    await self.client.delete(self._lease_key)
         await self.store.close()
 
     async def _watch_versions(self) -> None:
@@ -138,9 +163,25 @@ class Tenants:
                 self._version = version
                 self._cache.clear()
 
-    def changed(self) -> None:
-        """This replica changed a key or team: forget cached lookups now (others notice by polling)."""
+    async def _renew_lease(self) -> None:
+        async with asyncio.timeout(self.options.redis_timeout):
+            await self.client.set(self._lease_key, b"1", px=int(SLOT_LEASE_S * 1000))  # type: ignore[union-attr]
+
+    async def _keep_lease(self) -> None:
+        """Keep this replica's parallel slots counted (limits.ADMIT); a dead replica's lapse in seconds."""
+        while True:
+            await asyncio.sleep(SLOT_LEASE_S / 3)
+            try:
+                await self._renew_lease()
+            except Exception as exc:
+                log.debug("tenants: cannot renew the slot lease (%s)", exc)
+
+    def changed(self, version: int) -> None:
+        """This replica changed a key or team (the store is now at `version`): forget cached lookups now.
+        If nobody else changed anything since the last poll, the poll need not forget them again."""
         self._cache.clear()
+        if version == self._version + 1:
+            self._version = version
 
     # --- the edge ------------------------------------------------------------------------------------
 
@@ -154,7 +195,12 @@ class Tenants:
         digest = hash_key(token)
         cached = self._cache.get(digest)
         if cached is None:
-            cached = await self._lookup(digest)
+            # One lookup per key however many of its requests missed the cache at once.
+            pending = self._lookups.get(digest)
+            if pending is None:
+                pending = self._lookups[digest] = asyncio.ensure_future(self._lookup(digest))
+                pending.add_done_callback(lambda _: self._lookups.pop(digest, None))
+            cached = await asyncio.shield(pending)
         tenant = cached.tenant
         if tenant is None:
             raise errors.invalid_api_key(cached.why)
@@ -209,21 +255,35 @@ class Tenants:
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 
-    def _scopes(self, tenant: Tenant, now: float) -> list[ScopeCounters]:
+    def _prepare(self, tenant: Tenant, now: float) -> tuple[float, list[ScopeCounters], list[str]]:
         key, team = tenant.key, tenant.team
         period, ttl = budget_period(key.budget_period, now)
         scopes = [ScopeCounters("k:" + key.id, key, period, ttl)]
         if team is not None:
             period, ttl = budget_period(team.budget_period, now)
             scopes.append(ScopeCounters("t:" + team.name, team, period, ttl))
-        return scopes
+        args = []
+        for s in scopes:
+            lim = s.limits
+            budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
+            args.append(
+                f"{s.name}|{s.period}|{lim.rpm or 0}|{lim.tpm or 0}|{lim.max_parallel or 0}|{budget}"
+                f"|{s.period_ttl_s}|{PARALLEL_TTL_S}"
+            )
+        # Every budget period starts at a UTC midnight: rebuild then (and at least once a minute).
+        until = min(now + 60.0, (now // 86_400 + 1) * 86_400)
+        tenant.prepared = prepared = (until, scopes, args)
+        return prepared
 
     async def admit(
         self, tenant: Tenant, profile: RequestProfile, candidates: Sequence[Backend], ignored: list[str]
     ) -> Admission:
         """Reserve the request in every counter of its key and team, or raise 429 / 503."""
         now = time.time()
-        scopes = self._scopes(tenant, now)
+        prepared = tenant.prepared
+        if prepared is None or now >= prepared[0]:
+            prepared = self._prepare(tenant, now)
+        _, scopes, scope_args = prepared
         prompt = profile.prompt_tokens_estimate
         completion = max_output_tokens(candidates, prompt, profile.max_tokens, profile.n)
         tokens = prompt + completion
@@ -236,22 +296,24 @@ class Tenants:
             verdict, local = self._away(scopes, tokens, cost, budgeted, "recently unreachable"), True
         else:
             try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    reply = await self._admit(keys=self._keys(scopes), args=self._args(scopes, tokens, cost))
-                verdict = _verdict(reply)
+                # The client's socket timeout (`auth.redis_timeout`) bounds the call: no timer per request.
+                verdict = verdict_of(await self._batcher.admit(tokens, cost, scope_args))  # type: ignore[union-attr]
             except Exception as exc:
                 self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
                 log.warning("tenants: Redis unreachable for limits (%s); %s", exc, self.options.redis_away)
                 verdict, local = self._away(scopes, tokens, cost, budgeted, exc.__class__.__name__), True
         shown = scopes if verdict.admitted else [scopes[verdict.refused_scope]]
-        headers = _rate_headers(shown, verdict)
+        headers = rate_headers(shown, verdict)
         if ignored:
             headers["x-switchyard-hints-ignored"] = ",".join(ignored)
         if budgeted:
             headers["x-switchyard-budget-reserved-usd"] = f"{cost / NANO:.10f}"
         self.watch.observe(scopes, verdict, cost)
+        if len(self._last_headers) >= _CACHE_MAX:
+            self._last_headers.clear()
+        self._last_headers[tenant.key.id] = headers
         if not verdict.admitted:
-            raise _refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
+            raise refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
         return Admission(scopes, tokens, cost, verdict.window, local, headers)
 
     def _away(self, scopes: list[ScopeCounters], tokens: int, cost: int, budgeted: bool, why: str) -> Verdict:
@@ -261,34 +323,32 @@ class Tenants:
             # A budget is one number shared by every replica: a local share could be spent by each while
             # the others spend the rest, so money is only promised against the shared counter.
             raise errors.limits_unavailable(f"Redis {why}; budgets need the shared counter")
-        return self.away.admit(scopes, tokens, cost)
+        verdict = self.away.admit(scopes, tokens, cost)
+        if verdict.admitted and self.settler is not None:
+            # Reconcile: once Redis is back the shared window counters learn what this replica admitted
+            # from its share, so the others count it too (`Settler` keeps the deltas until then).
+            ns, window, add = self._ns, verdict.window, self.settler.add
+            for s in scopes:
+                add(f"{ns}:rq:{s.name}:{window}", 1)
+                add(f"{ns}:tk:{s.name}:{window}", tokens)
+        return verdict
 
-    def _keys(self, scopes: list[ScopeCounters]) -> list[str]:
-        ns = self._ns
-        keys: list[str] = []
-        for s in scopes:
-            keys += [
-                f"{ns}:rq:{s.name}",
-                f"{ns}:tk:{s.name}",
-                f"{ns}:pa:{s.name}",
-                f"{ns}:sp:{s.name}:{s.period}",
-            ]
-        return keys
-
-    def _args(self, scopes: list[ScopeCounters], tokens: int, cost: int) -> list[int]:
-        args = [tokens, cost, self.window_ms, 0]
-        for s in scopes:
-            lim = s.limits
-            budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
-            args += [
-                lim.rpm or 0,
-                lim.tpm or 0,
-                lim.max_parallel or 0,
-                budget,
-                s.period_ttl_s,
-                PARALLEL_TTL_S,
-            ]
-        return args
+    def with_rate_headers(
+        self, error: GatewayError, tenant: Tenant, admission: Admission | None
+    ) -> GatewayError:
+        """`error` carrying the key's `x-ratelimit-*` headers (every answer to a key has them): the
+        request's own admission's, or before admission the key's latest here, or its bare limits."""
+        if "x-ratelimit-reset-requests" in error.headers or "x-ratelimit-reset-tokens" in error.headers:
+            return error
+        if admission is not None:
+            headers = admission.headers
+        else:
+            headers = self._last_headers.get(tenant.key.id) or limit_headers(tenant.key, tenant.team)
+        if not headers:
+            return error
+        answer = GatewayError(error.status, "", "", headers={**headers, **error.headers})
+        answer.body = error.body
+        return answer
 
     # --- the request's end ------------------------------------------------------------------------------
 
@@ -304,12 +364,15 @@ class Tenants:
         if admission.local or self.settler is None:
             counters = self.away if admission.local else self.local
             counters.settle(admission.scopes, admission.window, token_delta, cost_delta)
-            return
+            if self.settler is None:
+                return
         ns, window = self._ns, admission.window
         add = self.settler.add
         for s in admission.scopes:
-            add(f"{ns}:pa:{s.name}", -1)
             add(f"{ns}:tk:{s.name}:{window}", token_delta)
+            if admission.local:
+                continue  # no shared slot or spend was taken
+            add(f"{ns}:pa:{s.name}", -1)
             if s.limits.budget_usd is not None:
                 add(f"{ns}:sp:{s.name}:{s.period}", cost_delta)
 
@@ -323,61 +386,3 @@ class Tenants:
             return self.local._counts.get(f"sp:{scope}:{period}", 0) / NANO
         raw = await self.client.get(f"{self._ns}:sp:{scope}:{period}")
         return int(raw or 0) / NANO
-
-
-def _verdict(reply: list[object]) -> Verdict:
-    admitted, scope, limit, reset_ms, window, *counts = reply
-    text = limit.decode() if isinstance(limit, bytes) else str(limit)
-    return Verdict(
-        admitted == 1, int(scope), text, int(reset_ms) / 1000.0, int(window), [int(c) for c in counts]
-    )  # type: ignore[call-overload]
-
-
-def _rate_headers(scopes: list[ScopeCounters], verdict: Verdict) -> dict[str, str]:
-    """The OpenAI SDK's `x-ratelimit-*` headers for the tightest of the key's and team's limits."""
-    headers: dict[str, str] = {}
-    reset = f"{verdict.reset_s:.3f}s"
-    best_requests: tuple[int, int] | None = None
-    best_tokens: tuple[int, int] | None = None
-    counts = verdict.counts
-    for i, s in enumerate(scopes):
-        if 3 * i + 1 >= len(counts):
-            break
-        lim = s.limits
-        if lim.rpm is not None:
-            left = max(0, lim.rpm - counts[3 * i])
-            if best_requests is None or left < best_requests[1]:
-                best_requests = (lim.rpm, left)
-        if lim.tpm is not None:
-            left = max(0, lim.tpm - counts[3 * i + 1])
-            if best_tokens is None or left < best_tokens[1]:
-                best_tokens = (lim.tpm, left)
-    if best_requests is not None:
-        headers["x-ratelimit-limit-requests"] = str(best_requests[0])
-        headers["x-ratelimit-remaining-requests"] = str(best_requests[1])
-        headers["x-ratelimit-reset-requests"] = reset
-    if best_tokens is not None:
-        headers["x-ratelimit-limit-tokens"] = str(best_tokens[0])
-        headers["x-ratelimit-remaining-tokens"] = str(best_tokens[1])
-        headers["x-ratelimit-reset-tokens"] = reset
-    return headers
-
-
-def _refusal(scope: ScopeCounters, verdict: Verdict, headers: dict[str, str], tokens: int) -> GatewayError:
-    lim, who = scope.limits, ("team " + scope.name[2:]) if scope.name.startswith("t:") else "this key"
-    why = verdict.refused_by
-    if why == "budget":
-        return errors.insufficient_quota(who, lim.budget_usd or 0.0, lim.budget_period, headers)
-    if why == "parallel":
-        message = f"Too many requests in flight for {who}: limit {lim.max_parallel}."
-        return errors.rate_limited("requests", message, 1.0, headers)
-    if why == "tokens":
-        if lim.tpm is not None and tokens > lim.tpm:
-            message = f"Request too large for {who}: {tokens} tokens (prompt + max_tokens), limit {lim.tpm}."
-            return errors.rate_limited(
-                "tokens", message, verdict.reset_s, {**headers, "x-should-retry": "false"}
-            )
-        message = f"Rate limit reached for {who} on tokens per window: limit {lim.tpm}, requested {tokens}."
-        return errors.rate_limited("tokens", message, verdict.reset_s, headers)
-    message = f"Rate limit reached for {who} on requests per window: limit {lim.rpm}."
-    return errors.rate_limited("requests", message, verdict.reset_s, headers)

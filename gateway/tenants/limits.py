@@ -24,70 +24,109 @@ from gateway.tenants.keys import Limits
 NANO = 1_000_000_000
 
 ADMIT = """
-local tokens = tonumber(ARGV[1])
-local cost = tonumber(ARGV[2])
-local window_ms = tonumber(ARGV[3])
-local n = #KEYS / 4
+local window_ms = tonumber(ARGV[1])
+local replica, ns = ARGV[2], ARGV[3]
+local leases = ns .. ':lease:'
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local window = math.floor(now_ms / window_ms)
 local reset_ms = (window + 1) * window_ms - now_ms
 local suffix = ':' .. window
-local counts = {}
-for i = 0, n - 1 do
-  local a = 5 + i * 6
-  local rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a+1])
-  local par, budget = tonumber(ARGV[a+2]), tonumber(ARGV[a+3])
-  local rq = tonumber(redis.call('GET', KEYS[1+i*4] .. suffix) or '0')
-  local tk = tonumber(redis.call('GET', KEYS[2+i*4] .. suffix) or '0')
-  local pa = tonumber(redis.call('GET', KEYS[3+i*4]) or '0')
-  local sp = tonumber(redis.call('GET', KEYS[4+i*4]) or '0')
-  if rpm > 0 and rq + 1 > rpm then return {0, i, 'requests', reset_ms, window, rq, tk, sp} end
-  if tpm > 0 and tk + tokens > tpm then return {0, i, 'tokens', reset_ms, window, rq, tk, sp} end
-  if par > 0 and pa + 1 > par then return {0, i, 'parallel', reset_ms, window, rq, tk, sp} end
-  if budget >= 0 and sp + cost > budget then return {0, i, 'budget', reset_ms, window, rq, tk, sp} end
-  counts[#counts+1] = rq + 1
-  counts[#counts+1] = tk + tokens
-  counts[#counts+1] = sp + cost
-end
+local head = '|' .. reset_ms .. '|' .. window
 local ttl = window_ms + 2000
-for i = 0, n - 1 do
-  local a = 5 + i * 6
-  local rk, tk = KEYS[1+i*4] .. suffix, KEYS[2+i*4] .. suffix
-  if redis.call('INCR', rk) == 1 then redis.call('PEXPIRE', rk, ttl) end
-  if redis.call('INCRBY', tk, tokens) == tokens then redis.call('PEXPIRE', tk, ttl) end
-  redis.call('INCR', KEYS[3+i*4])
-  redis.call('EXPIRE', KEYS[3+i*4], tonumber(ARGV[a+5]))
-  if tonumber(ARGV[a+3]) >= 0 then
-    redis.call('INCRBY', KEYS[4+i*4], cost)
-    local bttl = tonumber(ARGV[a+4])
-    if bttl > 0 then redis.call('EXPIRE', KEYS[4+i*4], bttl) end
+
+local function admit(tokens, cost, first, last)
+  local scopes, counts = {}, {}
+  for i = first, last do
+    local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(ARGV[i],
+      '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
+    local s = {rk = ns .. ':rq:' .. name .. suffix, tk = ns .. ':tk:' .. name .. suffix,
+               pk = ns .. ':pa:' .. name, sk = ns .. ':sp:' .. name .. ':' .. period,
+               budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
+    rpm, tpm, par = tonumber(rpm), tonumber(tpm), tonumber(par)
+    local rq = tonumber(redis.call('GET', s.rk) or '0')
+    local tk = tonumber(redis.call('GET', s.tk) or '0')
+    local sp = tonumber(redis.call('GET', s.sk) or '0')
+    local pa = 0
+    if par > 0 then
+      local held = redis.call('HGETALL', s.pk)
+      for j = 1, #held, 2 do
+        if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
+          pa = pa + tonumber(held[j+1])
+        else
+          redis.call('HDEL', s.pk, held[j])
+        end
+      end
+    end
+    local why = nil
+    if rpm > 0 and rq + 1 > rpm then why = 'requests'
+    elseif tpm > 0 and tk + tokens > tpm then why = 'tokens'
+    elseif par > 0 and pa + 1 > par then why = 'parallel'
+    elseif s.budget >= 0 and sp + cost > s.budget then why = 'budget' end
+    if why then return '0|' .. (i - first) .. '|' .. why .. head .. '|' .. rq .. '|' .. tk .. '|' .. sp end
+    scopes[#scopes+1] = s
+    counts[#counts+1] = (rq + 1) .. '|' .. (tk + tokens) .. '|' .. (sp + cost)
   end
+  for _, s in ipairs(scopes) do
+    if redis.call('INCR', s.rk) == 1 then redis.call('PEXPIRE', s.rk, ttl) end
+    if redis.call('INCRBY', s.tk, tokens) == tokens then redis.call('PEXPIRE', s.tk, ttl) end
+    redis.call('HINCRBY', s.pk, replica, 1)
+    redis.call('EXPIRE', s.pk, s.pttl)
+    if s.budget >= 0 then
+      redis.call('INCRBY', s.sk, cost)
+      if s.bttl > 0 then redis.call('EXPIRE', s.sk, s.bttl) end
+    end
+  end
+  return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
 end
-local out = {1, -1, '', reset_ms, window}
-for _, c in ipairs(counts) do out[#out+1] = c end
+
+local out = {}
+local i = 4
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  out[#out+1] = admit(tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), i + 3, i + 2 + n)
+  i = i + 3 + n
+end
 return out
 """
-"""KEYS: per scope (key, then team) its requests, tokens, parallel and spend counters (the first two get
-the window appended). ARGV: tokens, cost (nano-USD), window ms, unused, then per scope rpm, tpm,
-max_parallel, budget (nano-USD; 0 = unlimited except budget, -1 = none), spend TTL s, parallel TTL s.
-Returns {admitted, scope index refused, limit refused, ms to window reset, window, counts...}."""
+"""Admits a batch of requests in order (each as if alone: all its scopes fit, then all are charged).
+ARGV: window ms, this replica's id, the namespace (`{syt:<prefix>}`), then per request: its number of
+scopes, tokens, cost (nano-USD), and one string per scope (key, then team):
+`name|period|rpm|tpm|max_parallel|budget|spend TTL s|parallel TTL s` (0 = unlimited, budget -1 = none).
+The counters' names are built here from the namespace (all under its hash tag, so in one Redis Cluster
+slot); few arguments and one string per answer keep the client's share of the round trip small. Returns
+per request `admitted|scope refused|limit refused|ms to window reset|window|counts` (per scope requests,
+tokens and spend: after the reservation if admitted, before it if refused).
+
+Parallel slots are a hash per scope, one field per replica (its slots in flight). Each live replica keeps
+a lease key (`<ns>:lease:<replica id>`, `SLOT_LEASE_S`) refreshed in the background; a field whose
+replica's lease lapsed (the replica died, SIGKILL or a lost host) is deleted at the next admission that
+counts it, so slots leaked by a dead replica are free again within `SLOT_LEASE_S`."""
 
 SETTLE = """
+local replica = ARGV[#KEYS + 1]
 for i = 1, #KEYS do
   local delta = tonumber(ARGV[i])
   if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-    local left = redis.call('INCRBY', KEYS[i], delta)
-    if left < 0 then redis.call('INCRBY', KEYS[i], -left) end
+    if string.find(KEYS[i], ':pa:', 1, true) then
+      local left = redis.call('HINCRBY', KEYS[i], replica, delta)
+      if left <= 0 then redis.call('HDEL', KEYS[i], replica) end
+    else
+      local left = redis.call('INCRBY', KEYS[i], delta)
+      if left < 0 then redis.call('INCRBY', KEYS[i], -left) end
+    end
   end
 end
 return #KEYS
 """
 """Adds ARGV[i] to KEYS[i] where that counter still exists (an ended window or period is left alone),
-never below zero. One call settles a batch of requests."""
+never below zero; a parallel-slot hash (`:pa:`) in this replica's field (the last ARGV). One call
+settles a batch of requests."""
 
 PARALLEL_TTL_S = 600
-"""A replica that dies holding parallel slots leaks them; the counter expires once the scope is idle."""
+"""A scope's parallel-slot hash is dropped after this long idle."""
+SLOT_LEASE_S = 3.0
+"""A replica's parallel slots count only while its lease lives; it refreshes it every third of this."""
 
 
 @dataclass(slots=True)

@@ -23,11 +23,12 @@ _MAX_BACKOFF_S = 2.0
 
 
 class Settler:
-    def __init__(self, client: aioredis.Redis, timeout_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, timeout_s: float, replica: str) -> None:
         self._script = client.register_script(SETTLE)
+        self._replica = replica
         self._timeout = timeout_s
-        self._keys: list[str] = []
-        self._deltas: list[int] = []
+        self._deltas: dict[str, int] = {}
+        """Pending change per counter: the ends of many requests of one key add up to one entry."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
@@ -36,12 +37,19 @@ class Settler:
     def add(self, counter: str, delta: int) -> None:
         if delta == 0:
             return
-        if len(self._keys) >= MAX_PENDING:
+        deltas = self._deltas
+        if counter in deltas:
+            deltas[counter] += delta
+        elif len(deltas) >= MAX_PENDING:
             self.dropped += 1
             return
-        self._keys.append(counter)
-        self._deltas.append(delta)
+        else:
+            deltas[counter] = delta
         self._wake.set()
+
+    def pending(self) -> int:
+        """Counter changes not yet in Redis (waiting for the next batch, or for Redis to return)."""
+        return len(self._deltas)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -59,16 +67,18 @@ class Settler:
                 self._wake.set()
 
     async def flush(self) -> bool:
-        if not self._keys:
+        pending = {counter: delta for counter, delta in self._deltas.items() if delta != 0}
+        if not pending:
+            self._deltas.clear()
             return True
-        keys, deltas = self._keys, self._deltas
-        self._keys, self._deltas = [], []
+        self._deltas = {}
         try:
             async with asyncio.timeout(self._timeout):
-                await self._script(keys=keys, args=deltas)
+                await self._script(keys=list(pending), args=[*pending.values(), self._replica])
         except Exception as exc:
-            log.warning("tenants: settling %d counters failed (%s); will retry", len(keys), exc)
-            self._keys, self._deltas = keys + self._keys, deltas + self._deltas
+            log.warning("tenants: settling %d counters failed (%s); will retry", len(pending), exc)
+            for counter, delta in pending.items():  # merged with what ended meanwhile
+                self._deltas[counter] = self._deltas.get(counter, 0) + delta
             return False
         self.flushes += 1
         return True

@@ -21,12 +21,13 @@ class MemoryTenantStore:
     async def get_key(self, key_id: str) -> KeyRecord | None:
         return self._keys.get(key_id)
 
-    async def put_key(self, record: KeyRecord, old_hash: str | None = None) -> None:
+    async def put_key(self, record: KeyRecord, old_hash: str | None = None) -> int:
         if old_hash is not None:
             self._by_hash.pop(old_hash, None)
         self._keys[record.id] = record
         self._by_hash[record.hash] = record.id
         self._version += 1
+        return self._version
 
     async def list_keys(self) -> list[KeyRecord]:
         return sorted(self._keys.values(), key=lambda k: k.created_at)
@@ -34,14 +35,15 @@ class MemoryTenantStore:
     async def get_team(self, name: str) -> TeamRecord | None:
         return self._teams.get(name)
 
-    async def put_team(self, team: TeamRecord) -> None:
+    async def put_team(self, team: TeamRecord) -> int:
         self._teams[team.name] = team
         self._version += 1
+        return self._version
 
-    async def delete_team(self, name: str) -> bool:
+    async def delete_team(self, name: str) -> tuple[bool, int]:
         found = self._teams.pop(name, None) is not None
         self._version += 1
-        return found
+        return found, self._version
 
     async def list_teams(self) -> list[TeamRecord]:
         return sorted(self._teams.values(), key=lambda t: t.name)

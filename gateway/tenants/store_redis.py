@@ -41,7 +41,7 @@ class RedisTenantStore:
         raw = await self.client.get(f"{self.ns}:key:{key_id}")
         return _key_decoder.decode(raw) if raw is not None else None
 
-    async def put_key(self, record: KeyRecord, old_hash: str | None = None) -> None:
+    async def put_key(self, record: KeyRecord, old_hash: str | None = None) -> int:
         async with self.client.pipeline(transaction=True) as tx:
             if old_hash is not None and old_hash != record.hash:
                 tx.delete(f"{self.ns}:hash:{old_hash}")
@@ -49,7 +49,7 @@ class RedisTenantStore:
             tx.set(f"{self.ns}:hash:{record.hash}", record.id)
             tx.sadd(f"{self.ns}:keys", record.id)
             tx.incr(f"{self.ns}:version")
-            await tx.execute()
+            return int((await tx.execute())[-1])
 
     async def list_keys(self) -> list[KeyRecord]:
         ids = sorted(await self.client.smembers(f"{self.ns}:keys"))
@@ -63,20 +63,20 @@ class RedisTenantStore:
         raw = await self.client.get(f"{self.ns}:team:{name}")
         return _team_decoder.decode(raw) if raw is not None else None
 
-    async def put_team(self, team: TeamRecord) -> None:
+    async def put_team(self, team: TeamRecord) -> int:
         async with self.client.pipeline(transaction=True) as tx:
             tx.set(f"{self.ns}:team:{team.name}", _encode(team))
             tx.sadd(f"{self.ns}:teams", team.name)
             tx.incr(f"{self.ns}:version")
-            await tx.execute()
+            return int((await tx.execute())[-1])
 
-    async def delete_team(self, name: str) -> bool:
+    async def delete_team(self, name: str) -> tuple[bool, int]:
         async with self.client.pipeline(transaction=True) as tx:
             tx.delete(f"{self.ns}:team:{name}")
             tx.srem(f"{self.ns}:teams", name)
             tx.incr(f"{self.ns}:version")
-            deleted, _, _ = await tx.execute()
-        return bool(deleted)
+            deleted, _, version = await tx.execute()
+        return bool(deleted), int(version)
 
     async def list_teams(self) -> list[TeamRecord]:
         names = sorted(await self.client.smembers(f"{self.ns}:teams"))

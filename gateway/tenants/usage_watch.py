@@ -39,6 +39,8 @@ class BudgetWatch:
                 continue
             ratio = spent / nano(budget) if budget > 0 else 1.0
             self.used[scope.name] = min(ratio, 10.0)
+            if ratio < THRESHOLDS[0]:
+                continue
             for threshold in THRESHOLDS:
                 mark = (scope.name, scope.period, threshold)
                 if ratio >= threshold and mark not in self._alerted:

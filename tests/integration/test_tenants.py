@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -19,11 +23,13 @@ import httpx
 import openai
 import pytest
 import redis
+import yaml
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
+from gateway.tenants.limits import SLOT_LEASE_S
 from tests.integration.tcp_proxy import CuttableProxy
-from tests.support import running_gateway
+from tests.support import ROOT, free_port, running_gateway
 
 MODEL = "llama-3.1-8b"
 FLEET = f"""
@@ -45,6 +51,8 @@ class Fleet3:
     proxy: CuttableProxy
     prefix: str
     logs: list[Path]
+    config: dict[str, Any]
+    """Replica A's config (port aside): another replica of the same fleet."""
 
     def admin(self, i: int = 0) -> httpx.Client:
         return httpx.Client(
@@ -70,7 +78,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet3]:
             Fleet(spec, log_dir=tmp_path_factory.mktemp("keys-fleet")) as fleet,
             contextlib.ExitStack() as stack,
         ):
-            urls = []
+            urls, configs = [], []
             for i, workdir in enumerate(workdirs):
                 port = 6379 if i < 2 else proxy.port
                 config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
@@ -84,8 +92,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet3]:
                 config["auth"] = {"mode": "keys", "window_s": WINDOW_S, "replicas": 3, "redis_timeout": 2.0}
                 config["telemetry"] = {"access_log": {"enabled": True, "destination": "stdout"}}
                 env = {"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}
+                configs.append(config)
                 urls.append(stack.enter_context(running_gateway(config, workdir, env=env)))
-            yield Fleet3(urls, proxy, prefix, [w / "gateway.log" for w in workdirs])
+            yield Fleet3(urls, proxy, prefix, [w / "gateway.log" for w in workdirs], configs[0])
     finally:
         proxy.close()
         client = redis.Redis()
@@ -212,7 +221,14 @@ def test_budget_holds_with_one_replicas_redis_cut(replicas: Fleet3) -> None:
         _spend_test(replicas, replicas.urls, warm=False)
     finally:
         replicas.proxy.set_cut(False)
-        time.sleep(1.5)  # the replica tries Redis again a second after its last failure
+        # Until replica C admits through Redis again it serves rate limits from its local share (a third
+        # of each limit, on top of what the others admit): the RPM test once saw 26 for 20 that way. A
+        # budgeted key is answered only through the shared counter, so its 200 says C is back.
+        probe, _ = replicas.create_key(name="back", budget_usd=100.0)
+        deadline = time.monotonic() + 15
+        while _call(replicas.urls[2], probe) != "ok":
+            assert time.monotonic() < deadline, "replica C never went back to the shared counters"
+            time.sleep(0.2)
 
 
 def test_rpm_shared_across_replicas_and_sdk_retry_honours_headers(replicas: Fleet3) -> None:
@@ -391,9 +407,73 @@ def test_one_redis_round_trip_per_request_on_the_hot_path(replicas: Fleet3) -> N
     stop = True
     _call(replicas.urls[1], key)  # one more command for the monitor to wake up on
     thread.join(5)
-    admissions = [c for c in seen if f":rq:k:{key_id}" in c]
+    admissions = [c for c in seen if f"k:{key_id}|" in c]
     lookups = [c for c in seen if ":hash:" in c or f":key:{key_id}" in c]
-    settles = [c for c in seen if f":pa:k:{key_id}" in c and f":rq:k:{key_id}" not in c]
-    assert len(admissions) in (30, 31), admissions[:3]  # one per request (30 on A, maybe the wake-up on B)
+    settles = [c for c in seen if f":pa:k:{key_id}" in c]
+    # At most one per request (30 on A, maybe the wake-up on B): admissions of one event-loop turn share
+    # one call (gateway/tenants/admit_batch.py), so under a burst there are fewer.
+    assert 1 <= len(admissions) <= 31, seen[:5]
+    assert sum(c.count(f"k:{key_id}|") for c in admissions) in (30, 31)  # every request was admitted
     assert len(lookups) <= 2, lookups  # B's first lookup (key and its team); none on A: cached
     assert 1 <= len(settles) <= 31, len(settles)
+
+
+def test_parallel_slots_of_a_killed_replica_are_freed_within_seconds(
+    replicas: Fleet3, tmp_path: Path
+) -> None:
+    key, key_id = replicas.create_key(name="parallel", max_parallel=2)
+    port = free_port()
+    config = {**replicas.config, "gateway": {**replicas.config.get("gateway", {}), "port": port}}
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    with (tmp_path / "gateway.log").open("wb") as log:
+        doomed = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(tmp_path / "gateway.yaml")],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "SWITCHYARD_ADMIN_KEY": ADMIN_KEY},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(url + "/health"):
+            assert doomed.poll() is None and time.monotonic() < deadline, "the extra replica did not start"
+            time.sleep(0.1)
+        # Two long requests hold both of the key's slots on the doomed replica.
+        long_requests = [
+            threading.Thread(target=_swallowing, args=(url, key, 4000), daemon=True) for _ in range(2)
+        ]
+        for thread in long_requests:
+            thread.start()
+        slots = redis.Redis()
+        deadline = time.monotonic() + 10
+        while sum(int(n) for n in slots.hvals(f"{{syt:{replicas.prefix}}}:pa:k:{key_id}")) < 2:
+            assert time.monotonic() < deadline, "the long requests never held both slots"
+            time.sleep(0.02)
+        slots.close()
+        assert _call(replicas.urls[0], key) == "rate_limit_exceeded"
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait()
+        killed = time.monotonic()
+        # Both slots are still held the instant the replica dies (its lease has not lapsed) ...
+        assert _call(replicas.urls[1], key) == "rate_limit_exceeded"
+        # ... and free again once its lease lapses, not after the 600 s idle expiry.
+        while _call(replicas.urls[0], key) != "ok":
+            assert time.monotonic() - killed < SLOT_LEASE_S + 3, "slots of the dead replica still held"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait()
+
+
+def _answers(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url, timeout=1).status_code == 200
+    return False
+
+
+def _swallowing(url: str, key: str, max_tokens: int) -> None:
+    with contextlib.suppress(Exception):
+        _call(url, key, False, max_tokens)

@@ -53,7 +53,8 @@ def _billed(endpoint: str, body: bytes, events: list[bytes], split: int) -> int:
         first_byte_at=1.1,
         ended_at=2.0,
     )
-    record = account(InMemoryLedger(), "r", parsed, classify(parsed, Caller("r", None, {})), "x", served)
+    caller = Caller("r", None, {})
+    record = account(InMemoryLedger(), caller, parsed, classify(parsed, caller), "x", served)
     return record.completion_tokens
 
 

@@ -1,0 +1,177 @@
+"""The in-memory key store, the per-replica counters (the memory store's whole truth, and each replica's
+share while Redis is away), and the reconcile with the shared counters when Redis returns."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from gateway.ledger.factory import build_ledger
+from gateway.settings import AuthOptions, LedgerOptions
+from gateway.tenants.admission import Tenant, Tenants
+from gateway.tenants.keys import KeyRecord, Limits, TeamRecord, hash_key
+from gateway.tenants.limits import NANO, LocalCounters, ScopeCounters
+from gateway.tenants.store_memory import MemoryTenantStore
+from policies.profile import RequestProfile
+from tests.integration.tcp_proxy import CuttableProxy
+
+
+def _key(key_id: str, created: float, **limits: object) -> KeyRecord:
+    return KeyRecord(id=key_id, created_at=created, hash=hash_key("sy-" + key_id), **limits)  # type: ignore[arg-type]
+
+
+def test_memory_store_keys_rotation_teams_and_version() -> None:
+    async def run() -> None:
+        store = MemoryTenantStore()
+        assert await store.version() == 0 and await store.key_by_hash("nope") is None
+        first, second = _key("k1", 2.0, rpm=5), _key("k2", 1.0)
+        await store.put_key(first)
+        await store.put_key(second)
+        assert await store.key_by_hash(first.hash) == first
+        assert [k.id for k in await store.list_keys()] == ["k2", "k1"]  # by creation
+        rotated = KeyRecord(id="k1", created_at=2.0, hash=hash_key("sy-new"), rpm=5)
+        await store.put_key(rotated, old_hash=first.hash)
+        assert await store.key_by_hash(first.hash) is None  # the old material stops at once
+        assert await store.key_by_hash(rotated.hash) == rotated == await store.get_key("k1")
+        await store.put_team(TeamRecord(name="b", rpm=1))
+        await store.put_team(TeamRecord(name="a"))
+        assert [t.name for t in await store.list_teams()] == ["a", "b"]
+        assert await store.delete_team("b") == (True, 6)
+        assert await store.delete_team("b") == (False, 7)
+        assert await store.get_team("b") is None
+        assert await store.version() == 7  # every change moved it, so replicas drop cached lookups
+
+    asyncio.run(run())
+
+
+def _scope(name: str = "k:a", **limits: object) -> ScopeCounters:
+    return ScopeCounters(name, Limits(**limits), "total", 0)  # type: ignore[arg-type]
+
+
+def test_local_counters_enforce_each_limit_and_settle() -> None:
+    counters = LocalCounters(window_s=3600)
+    rpm = [_scope("k:r", rpm=3)]
+    assert [counters.admit(rpm, 1, 0).admitted for _ in range(4)] == [True, True, True, False]
+    assert counters.admit(rpm, 1, 0).refused_by == "requests"
+
+    tpm = [_scope("k:t", tpm=100)]
+    first = counters.admit(tpm, 60, 0)
+    assert first.admitted and counters.admit(tpm, 60, 0).refused_by == "tokens"
+    counters.settle(tpm, first.window, -50, 0)  # it used 10 of the 60 reserved
+    assert counters.admit(tpm, 60, 0).admitted
+
+    parallel = [_scope("k:p", max_parallel=1)]
+    held = counters.admit(parallel, 1, 0)
+    assert held.admitted and counters.admit(parallel, 1, 0).refused_by == "parallel"
+    counters.settle(parallel, held.window, 0, 0)
+    assert counters.admit(parallel, 1, 0).admitted
+
+    budget = [_scope("k:b", budget_usd=1.0)]
+    reserved = counters.admit(budget, 1, NANO // 2)
+    assert counters.admit(budget, 1, NANO // 2).admitted
+    assert counters.admit(budget, 1, 1).refused_by == "budget"
+    counters.settle(budget, reserved.window, 0, -NANO // 4)  # settled below its reservation
+    assert counters.admit(budget, 1, NANO // 4).admitted
+
+
+def test_local_counters_key_and_team_both_must_fit_and_nothing_is_taken_on_refusal() -> None:
+    counters = LocalCounters(window_s=3600)
+    scopes = [_scope("k:a", rpm=10), _scope("t:x", rpm=2)]
+    assert counters.admit(scopes, 1, 0).admitted and counters.admit(scopes, 1, 0).admitted
+    refused = counters.admit(scopes, 1, 0)
+    assert not refused.admitted and refused.refused_scope == 1
+    # The key's own counter was not charged by the refused request.
+    assert counters.admit([_scope("k:a", rpm=3)], 1, 0).admitted
+    assert not counters.admit([_scope("k:a", rpm=3)], 1, 0).admitted
+
+
+def test_local_counters_roll_windows_but_keep_spend() -> None:
+    counters = LocalCounters(window_s=1)
+    scopes = [_scope("k:w", rpm=1, budget_usd=1.0)]
+    assert counters.admit(scopes, 1, NANO // 2).admitted
+    assert counters.admit(scopes, 1, 0).refused_by == "requests"
+    time.sleep(1.05 - time.time() % 1)
+    assert counters.admit(scopes, 1, NANO // 2).admitted  # a new window, the same budget period
+    time.sleep(1.05 - time.time() % 1)
+    assert counters.admit(scopes, 1, NANO // 2).refused_by == "budget"
+
+
+def test_a_replicas_share_while_redis_is_away() -> None:
+    share = LocalCounters(window_s=3600, share=1 / 3)
+    scopes = [_scope("k:s", rpm=30, max_parallel=2)]
+    assert sum(share.admit(scopes, 1, 0).admitted for _ in range(20)) == 1  # parallel: max(1, 2 // 3)
+    share = LocalCounters(window_s=3600, share=1 / 3)
+    scopes = [_scope("k:s", rpm=30)]
+    assert sum(share.admit(scopes, 1, 0).admitted for _ in range(20)) == 10
+
+
+def _profile() -> RequestProfile:
+    return RequestProfile(model="m", prompt_tokens_estimate=10, context_needed=20, max_tokens=10)
+
+
+@pytest.fixture()
+def prefix() -> str:
+    name = "utest-keys-" + uuid.uuid4().hex[:8]
+    yield name
+    client = redis.Redis()
+    names = list(client.scan_iter(match=f"*{name}*", count=1000))
+    if names:
+        client.delete(*names)
+    client.close()
+
+
+def test_fail_open_admits_from_the_share_and_reconciles_when_redis_returns(prefix: str) -> None:
+    proxy = CuttableProxy(6379)
+    shared = redis.Redis()
+
+    async def run() -> None:
+        client = aioredis.Redis(port=proxy.port, socket_timeout=0.3, socket_connect_timeout=0.3)
+        options = AuthOptions(mode="keys", window_s=3600, replicas=3, redis_timeout=0.3)
+        ledger = build_ledger(LedgerOptions(store="memory"), [])
+        tenants = Tenants(options, MemoryTenantStore(), ledger, prefix, client=client)
+        await tenants.start()
+        try:
+            tenant = Tenant(_key("a", 1.0, rpm=30, max_parallel=10), None, False)
+            ns = "{syt:" + prefix + "}"
+            shared_admission = await tenants.admit(tenant, _profile(), [], [])
+            window = shared_admission.window
+            assert not shared_admission.local
+            assert shared.hvals(f"{ns}:pa:k:a") == [b"1"]
+
+            proxy.set_cut(True)
+            tenants.settle(shared_admission, 10, 5, 0.0)  # its slot and tokens wait in the settler
+            away = [await tenants.admit(tenant, _profile(), [], []) for _ in range(3)]
+            assert all(a.local for a in away)
+            for admission in away:
+                tenants.settle(admission, 10, 2, 0.0)
+            assert int(shared.get(f"{ns}:rq:k:a:{window}")) == 1  # Redis has not heard yet
+
+            proxy.set_cut(False)
+            deadline = time.monotonic() + 10
+            while shared.hvals(f"{ns}:pa:k:a") and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(max(0.0, tenants._redis_down_until - time.monotonic()))
+            back = await tenants.admit(tenant, _profile(), [], [])  # through Redis again
+            assert not back.local
+            tenants.settle(back, 10, 10, 0.0)
+            await tenants.settler.flush()  # type: ignore[union-attr]
+            # Nothing lost: the shared slot is freed, and the requests and tokens admitted from the
+            # share while Redis was away are counted in the shared window for every replica.
+            assert shared.hvals(f"{ns}:pa:k:a") == []
+            assert int(shared.get(f"{ns}:rq:k:a:{window}")) == 5
+            assert int(shared.get(f"{ns}:tk:k:a:{window}")) == 15 + 3 * 12 + 20
+            assert tenants.settler.pending() == 0  # type: ignore[union-attr]
+        finally:
+            await tenants.close()
+            await client.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
+        shared.close()
