@@ -5,7 +5,10 @@ p50 (within 10%), per class. Run by `make test-whatif` (~1 minute).
 
 The replay is told what the load test does to time: the fleet runs `time_scale` times faster than real
 time, so the log's real times are divided by it, the gateway's 0.25 s scrape is that many simulated
-seconds, and the latency averages the gateway routes by are measured on its own (real) clock."""
+seconds, and the latency averages the gateway routes by are measured on its own (real) clock.
+
+Both classes' SLOs bind: chat meets its SLO about 80% of the time, rag (decoding 64-73 ms per token on the
+MI300X, whatever its TTFT) about 20-45%; an SLO every request meets or misses would compare nothing."""
 
 from __future__ import annotations
 
@@ -56,11 +59,11 @@ classes:
     priority: {{value: high, fraction: 0.3}}
     slo: {{ttft_ms: 400, tpot_ms: 40}}
   - name: rag
-    weight: 1
+    weight: 2
     prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
     output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
     shared_prefix: {{documents: 2, tokens: 3500}}
-    slo: {{ttft_ms: 1500, tpot_ms: 60}}
+    slo: {{ttft_ms: 1500, tpot_ms: 66}}
 """
 
 
@@ -102,8 +105,12 @@ def test_replay_of_the_gateways_access_log_agrees_with_the_http_load_test(tmp_pa
     print(json.dumps(summary))
     assert http["overall"]["errors"] == 0 and replayed["overall"]["errors"] == 0
     for cls, both in summary.items():
-        (_, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
-        assert abs(http_met - replay_met) <= 0.02, (cls, summary)
+        (count, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
+        assert 0.1 < http_met < 0.9, (cls, summary)  # the SLO separates requests: a comparison
+        # within 2 points, or 2 requests in a class of fewer than 100: rag's 72 requests are ~1.4 points
+        # each, and the replay sends one of them to the H100 (a load-dependent choice made a step apart)
+        differ = abs(round(http_met * count) - round(replay_met * count))
+        assert differ <= max(2, 0.02 * count), (cls, summary)
         assert replay_ttft == pytest.approx(http_ttft, rel=0.10), (cls, summary)
 
 
