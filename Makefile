@@ -7,7 +7,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 # `make test` skips the HTTP-vs-replay agreement test (about a minute); .ci/run calls `make test-whatif`.
-.PHONY: test-whatif whatif-demo
+.PHONY: test-whatif whatif-demo bench-whatif
 .PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
 
 venv: $(STAMP)
@@ -43,6 +43,10 @@ whatif-demo: venv
 # 500 slow and idle connections for a minute against a gateway while normal clients run (about 90 s).
 test-hostile: venv
 	SWITCHYARD_HOSTILE=1 $(PY) -m pytest tests/hostile -p no:cacheprovider $(PYTEST_ARGS)
+
+# How fast the replay is: an hour of recorded chat traffic (36,000 requests) on one core (~15 s).
+bench-whatif: venv
+	$(PY) -m loadtest.bench.whatif $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -22,6 +22,8 @@ class LogLine(msgspec.Struct, kw_only=True, rename={"request_class": "class"}):
 
     ts: float
     request_id: str = ""
+    client_request_id: str | None = None
+    """The client's `x-request-id`, when it sent one (the gateway makes its own `request_id`)."""
     endpoint: str = ""
     status: int = 0
     model: str = ""

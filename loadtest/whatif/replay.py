@@ -280,17 +280,25 @@ class Replay:
         scheduler = sim.scheduler
         assert scheduler is not None
         finished: list[_Flight] = []
-        for group in scheduler.apply(sim.plan, end):
-            flight: _Flight = group.waiter
-            if flight.ttft_at is None:
-                flight.ttft_at = group.first_token_at
-            if group.done:
-                self._finish(flight, end)
-                finished.append(flight)
-        if scheduler.has_work():
-            self._start_step(sim, self._coast(sim, end))
-        else:
+        if sim.plan is not None:  # None: the end of coasted steps, already applied
+            for group in scheduler.apply(sim.plan, end):
+                flight: _Flight = group.waiter
+                if flight.ttft_at is None:
+                    flight.ttft_at = group.first_token_at
+                if group.done:
+                    self._finish(flight, end)
+                    finished.append(flight)
+        if not scheduler.has_work():
             sim.stepping = False
+            return finished
+        coasted_to = self._coast(sim, end)
+        if coasted_to > end:
+            # The last coasted step ends past the next arrival: the next step is planned when it ends,
+            # after that arrival has joined the queue (as the engine plans it), not now without it.
+            sim.plan = None
+            self._push(coasted_to, sim)
+        else:
+            self._start_step(sim, end)
         return finished
 
     def _coast(self, sim: SimBackend, start: float) -> float:

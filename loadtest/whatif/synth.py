@@ -45,7 +45,8 @@ def log_lines(requests: list[PlannedRequest]) -> list[dict[str, object]]:
         replay_keys(keys, _Prompt(text))  # type: ignore[arg-type]
         line: dict[str, object] = {
             "ts": START + request.at_s,
-            "request_id": request.headers.get("x-request-id", str(request.index)),
+            "request_id": f"req-{request.index}",
+            "client_request_id": request.headers.get("x-request-id"),
             "endpoint": "/v1/chat/completions",
             "status": 200,
             "model": body.model,

@@ -5,21 +5,33 @@ p50 (within 10%), per class. Run by `make test-whatif` (~1 minute).
 
 The replay is told what the load test does to time: the fleet runs `time_scale` times faster than real
 time, so the log's real times are divided by it, the gateway's 0.25 s scrape is that many simulated
-seconds, and the latency averages the gateway routes by are measured on its own (real) clock."""
+seconds, and the latency averages the gateway routes by are measured on its own (real) clock.
+
+Both classes' SLOs bind: chat meets its SLO about 80% of the time, rag (decoding 64-73 ms per token on the
+MI300X, whatever its TTFT) about 20-45%; an SLO every request meets or misses would compare nothing."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
+import yaml
 
-from loadtest.scenario import parse_scenario
+from backends.sim.fleet_spec import load_fleet_spec
+from gateway.cli import main
+from loadtest.scenario import Slo, parse_scenario
 from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import read_log
 from loadtest.whatif.compare import replay_policy, whatif_scenario
-from loadtest.whatif.record import SCRAPE_INTERVAL_S, record
-from loadtest.workload import plan
+from loadtest.whatif.plan import fleet_of
+from loadtest.whatif.plan_cli import make_plan, mix_name
+from loadtest.whatif.record import SCRAPE_INTERVAL_S, record, serve_config
+from loadtest.whatif.simfleet import gateway_yaml
+from loadtest.whatif.synth import write_log
+from loadtest.workload import PlannedRequest, plan
 
 pytestmark = pytest.mark.whatif
 
@@ -47,11 +59,11 @@ classes:
     priority: {{value: high, fraction: 0.3}}
     slo: {{ttft_ms: 400, tpot_ms: 40}}
   - name: rag
-    weight: 1
+    weight: 2
     prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
     output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
     shared_prefix: {{documents: 2, tokens: 3500}}
-    slo: {{ttft_ms: 1500, tpot_ms: 60}}
+    slo: {{ttft_ms: 1500, tpot_ms: 66}}
 """
 
 
@@ -67,7 +79,7 @@ def test_replay_of_the_gateways_access_log_agrees_with_the_http_load_test(tmp_pa
     # the log's class is the gateway's (balanced's routes); the load test reports by the scenario's class
     class_of = {r.headers["x-request-id"]: r.request_class for r in requests}
     for recorded in trace.requests:
-        recorded.line.request_class = class_of[recorded.line.request_id]
+        recorded.line.request_class = class_of[recorded.line.client_request_id or ""]
     slos = {c.name: c.slo for c in scenario.spec.classes}
     replayed = replay_policy(
         "balanced",
@@ -93,6 +105,99 @@ def test_replay_of_the_gateways_access_log_agrees_with_the_http_load_test(tmp_pa
     print(json.dumps(summary))
     assert http["overall"]["errors"] == 0 and replayed["overall"]["errors"] == 0
     for cls, both in summary.items():
-        (_, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
-        assert abs(http_met - replay_met) <= 0.02, (cls, summary)
+        (count, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
+        assert 0.1 < http_met < 0.9, (cls, summary)  # the SLO separates requests: a comparison
+        # within 2 points, or 2 requests in a class of fewer than 100: rag's 72 requests are ~1.4 points
+        # each, and the replay sends one of them to the H100 (a load-dependent choice made a step apart)
+        differ = abs(round(http_met * count) - round(replay_met * count))
+        assert differ <= max(2, 0.02 * count), (cls, summary)
         assert replay_ttft == pytest.approx(http_ttft, rel=0.10), (cls, summary)
+
+
+PLAN_TIME_SCALE = 2
+PLAN_TARGET = 0.75
+PLAN_SCENARIO = """
+name: plan-e2e
+seed: 5
+duration_s: 60
+time_scale: {time_scale}
+max_requests: 360
+drain_s: 60
+arrivals: {{process: poisson, rate: 6}}
+fleet: {fleet}
+classes:
+  - name: chat
+    weight: 4
+    prompt_tokens: {{mean: 600, spread: 0.5, min: 50, max: 1500}}
+    output_tokens: {{mean: 60, spread: 0.4, min: 8, max: 150}}
+    priority: {{value: high, fraction: 0.3}}
+    slo: {{ttft_ms: 1000, tpot_ms: 90}}
+  - name: rag
+    weight: 1
+    prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
+    output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
+    shared_prefix: {{documents: 2, tokens: 3500}}
+    slo: {{ttft_ms: 3000, tpot_ms: 110}}
+"""
+ANY_FLEET = (
+    "{model: llama-3.1-70b, groups: [{pool: x, vendor: amd, accelerator: mi300x, price_per_gpu_hour: 1,"
+    " profile: {gpu: mi300x}}]}"
+)
+PLAN_ARGS = [
+    "--slo", "chat:ttft_ms=1000,tpot_ms=90", "--slo", "rag:ttft_ms=3000,tpot_ms=110",
+    "--target", str(PLAN_TARGET), "--gpu", "h100=2.90", "--gpu", "mi300x=1.75",
+    "--scrape-interval", str(SCRAPE_INTERVAL_S * PLAN_TIME_SCALE),
+]  # fmt: skip
+
+
+def _load_test(folder: Path, requests: list[PlannedRequest]) -> dict[str, Any]:
+    """The HTTP load test of `requests` on folder/fleet.yaml behind folder/gateway.yaml's gateway."""
+    text = PLAN_SCENARIO.format(time_scale=PLAN_TIME_SCALE, fleet="{file: fleet.yaml}")
+    scenario = parse_scenario(text, folder / "scenario.yaml")
+    written = yaml.safe_load((folder / "gateway.yaml").read_text())
+    return serve_config(scenario, written, requests, folder / "http")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_planned_fleet_meets_the_slos_over_http_and_the_next_cheaper_mix_does_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = PLAN_SCENARIO.format(time_scale=PLAN_TIME_SCALE, fleet=ANY_FLEET)
+    requests = plan(parse_scenario(text, tmp_path / "s.yaml"))
+    log = write_log(requests, tmp_path / "access.jsonl")  # the arrivals the load tests send again
+    out = tmp_path / "recommended"
+    assert main(["plan", "--log", str(log), "--out", str(out), *PLAN_ARGS]) == 0
+    printed = capsys.readouterr().out
+
+    # the same search, to read its frontier: the next cheaper mix, under the recommended policy
+    slos = {"chat": Slo(ttft_ms=1000, tpot_ms=90), "rag": Slo(ttft_ms=3000, tpot_ms=110)}
+    gpus = [("h100", 2.90), ("mi300x", 1.75)]
+    result = make_plan(log, gpus, 1.0, None, slos, PLAN_TARGET, None, SCRAPE_INTERVAL_S * PLAN_TIME_SCALE)
+    assert result.best is not None and result.best.policy is not None
+    written = load_fleet_spec(out / "fleet.yaml")
+    assert [g.count for g in written.groups] == [c for c in result.best.counts if c]
+    frontier = result.frontier
+    cheaper = frontier[frontier.index(result.best) - 1]
+    cheaper_dir = tmp_path / "cheaper"
+    cheaper_dir.mkdir()
+    cheaper_fleet = fleet_of(result.types, cheaper.counts, result.model)
+    (cheaper_dir / "fleet.yaml").write_text(yaml.safe_dump(msgspec.to_builtins(cheaper_fleet)))
+    policy = yaml.safe_load((out / "gateway.yaml").read_text())["policy"]["file"]
+    (cheaper_dir / "gateway.yaml").write_text(gateway_yaml(cheaper_fleet, policy))
+
+    served = {"recommended": _load_test(out, requests), "cheaper": _load_test(cheaper_dir, requests)}
+    met = {
+        side: {cls: report["classes"][cls]["slo_attainment"] for cls in slos}
+        for side, report in served.items()
+    }
+    summary = {
+        "recommended": (mix_name(result, result.best.counts), result.best.worst),
+        "cheaper": (mix_name(result, cheaper.counts), cheaper.worst),
+        "http": met,
+    }
+    (tmp_path / "plan-e2e.json").write_text(json.dumps(summary))
+    print(printed, json.dumps(summary))
+    assert served["recommended"]["overall"]["errors"] == 0, summary
+    assert all(attained >= PLAN_TARGET for attained in met["recommended"].values()), summary
+    assert min(met["cheaper"].values()) < PLAN_TARGET, summary

@@ -131,3 +131,42 @@ def test_whatif_takes_the_fleet_from_a_gateway_config(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     assert [(g["pool"], g["count"]) for g in report["scenario"]["fleet"]] == [("fast", 1), ("big", 2)]
     assert report["policies"]["cheapest"]["split"]["vendor"] == {"amd": 20}
+
+
+def _replay_outcomes(log: Path, fleet_file: Path, scrape_interval_s: float) -> dict[str, tuple[float, float]]:
+    from loadtest.whatif.replay import Replay
+    from loadtest.whatif.simfleet import build_fleet
+    from policies.config import load_policy
+    from policies.engine import PolicyEngine
+
+    trace = read_log(log)
+    fleet = build_fleet(load_fleet_spec(fleet_file))
+    engine = PolicyEngine(load_policy(policy_file("balanced")), [s.backend for s in fleet])
+    result = Replay(fleet, engine, trace.requests, scrape_interval_s).run()
+    ids = {r.index: r.line.request_id for r in trace.requests}
+    return {ids[o.index]: (o.ttft or 0.0, o.e2e or 0.0) for o in result.outcomes}
+
+
+def test_a_request_arriving_while_decode_steps_are_coasted_joins_the_next_step(tmp_path: Path) -> None:
+    """The replay applies runs of decode-only steps at once until the next arrival (coasting); a request
+    arriving inside the last of them starts at that step's end, as without coasting, not a step later."""
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(
+        "model: llama-3.1-8b\ngroups:\n  - {pool: h100, vendor: nvidia, accelerator: h100, count: 1,"
+        " price_per_gpu_hour: 2.9, profile: {gpu: h100-sxm5}}\n"
+    )
+    long = _line(0.0, completion_tokens=800, max_tokens=800)
+    arrivals = [
+        _line(0.0 + 0.37 * k + 0.0011 * k * k, completion_tokens=20, max_tokens=20) for k in range(1, 12)
+    ]
+    log = _write(tmp_path / "access.jsonl", [long, *arrivals])
+    coasting = _replay_outcomes(
+        log, fleet_file, scrape_interval_s=1000.0
+    )  # nothing stops a coast but arrivals
+    stepwise = _replay_outcomes(
+        log, fleet_file, scrape_interval_s=0.001
+    )  # a scrape before every step: no coast
+    assert coasting.keys() == stepwise.keys() and len(coasting) == 12
+    for request_id, (ttft, e2e) in stepwise.items():
+        assert coasting[request_id][0] == pytest.approx(ttft, abs=1e-6), request_id
+        assert coasting[request_id][1] == pytest.approx(e2e, abs=1e-6), request_id
