@@ -329,8 +329,18 @@ class PolicyEngine:
         hold = route.shed and not any_able
         if any_able or route.config.backpressure is None:
             # Counted as sent unless it may wait for room (re-routed then, and counted when it goes).
-            recent.sent(kept[order[0]], profile.prompt_tokens_estimate)
-        return Decision([kept[i] for i in order], route.label, request_class=cls, hold=hold)
+            counted = kept[order[0]]
+            recent.sent(counted, profile.prompt_tokens_estimate)
+        else:
+            counted = None
+        return Decision(
+            [kept[i] for i in order],
+            route.label,
+            request_class=cls,
+            hold=hold,
+            counted=counted,
+            pending=recent,
+        )
 
     def rejections(
         self, ctx: RouteContext, route: CompiledRoute, serving: Sequence[Backend]

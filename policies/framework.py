@@ -75,6 +75,12 @@ class Picker(Protocol):
     ) -> list[int]: ...
 
 
+class PendingPrefill(Protocol):
+    """Where a decision counted its request's prompt as not yet prefilled (policies/predict.py)."""
+
+    def answered(self, backend: Backend, prompt_tokens: int) -> None: ...
+
+
 @dataclass(slots=True)
 class Decision:
     candidates: list[Backend]
@@ -87,6 +93,16 @@ class Decision:
     hold: bool = False
     """A `shed` route found no candidate able to take more work: hold the request (back-pressure), then
     refuse it, rather than queue it where it would crowd the classes that are not shed."""
+    counted: Backend | None = None
+    """The backend whose prefill estimate counts this request until the request is answered (then
+    `answered` takes it out of `pending`, once)."""
+    pending: PendingPrefill | None = None
+
+    def answered(self, prompt_tokens: int) -> None:
+        counted, pending = self.counted, self.pending
+        if counted is not None and pending is not None:
+            self.counted = None
+            pending.answered(counted, prompt_tokens)
 
 
 class Router(Protocol):

@@ -5,7 +5,12 @@ A heuristic on purpose, cheap enough to run for every candidate of every request
     queue = waiting at the last scrape
             + requests this gateway sent since that scrape, when the backend was already queueing
               (waiting > 0 or KV cache past the route's limit): those queue too
-    ttft  = base x (1 + queue / 2) + (prompt + prompt tokens sent since the scrape) / prefill speed
+    ttft  = base x (1 + queue / 2) + (prompt + prompt tokens still to prefill) / prefill speed
+
+Tokens still to prefill are those of the requests this gateway sent since the last scrape and that the
+backend has not answered yet: a request that got its first byte back has been prefilled, so it leaves the
+estimate then (`answered`), not only at the next scrape (a backend that is never scraped, with no vLLM
+metrics, would otherwise be predicted ever slower).
     tpot  = observed time per output token (EWMA; prior before any)
 
 `base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
@@ -65,6 +70,14 @@ class RecentSends:
             recent.scraped_at, recent.requests, recent.prompt_tokens = scraped_at, 0, 0
         recent.requests += 1
         recent.prompt_tokens += prompt_tokens
+
+    def answered(self, backend: Backend, prompt_tokens: int) -> None:
+        """A request counted by `sent` got its first byte back (or ended): its prompt is no longer pending."""
+        recent = self.by_backend.get(backend)
+        if recent is None or recent.scraped_at != backend.load.scraped_at:
+            return  # counted in a window a scrape has closed since
+        recent.requests = max(0, recent.requests - 1)
+        recent.prompt_tokens = max(0, recent.prompt_tokens - prompt_tokens)
 
     def prefill_speed(self, backend: Backend) -> float:
         """Prompt tokens per second one backend of this pool prefills."""

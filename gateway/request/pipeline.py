@@ -127,6 +127,7 @@ class Pipeline:
     async def complete(self, ctx: RequestContext) -> Reply:
         """Forward a non-streaming request; its answer ends it."""
         answer = await self.upstream.complete(ctx)
+        ctx.decision.answered(ctx.profile.prompt_tokens_estimate)  # prefilled: out of the TTFT estimate
         backend = ctx.backend
         assert backend is not None
         if not 200 <= ctx.status < 300:
@@ -147,6 +148,7 @@ class Pipeline:
     async def stream(self, ctx: RequestContext) -> Reply:
         """Open a stream; the relay ends the request when the stream ends."""
         opened = await self.upstream.open_stream(ctx)
+        ctx.decision.answered(ctx.profile.prompt_tokens_estimate)  # prefilled: out of the TTFT estimate
         ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
         if ctx.parsed.client_wants_usage:
             sse.cost_of = _cost_of(self.ledger, ctx)
@@ -164,6 +166,9 @@ class Pipeline:
             return None
         ctx.ended = True
         ctx.release()
+        decision = ctx.decision
+        if decision is not None and decision.counted is not None:  # ended before an answer
+            decision.answered(ctx.profile.prompt_tokens_estimate)
         if self.queued:
             self._room_made()
         if error is not None:

@@ -208,3 +208,26 @@ def test_header_mapping_to_an_unknown_class_points_at_its_line():
     with pytest.raises(ConfigError) as err:
         parse_policy(text, "<p>")
     assert err.value.line == 3 and "`bulk`" in str(err.value)
+
+
+def test_answered_requests_leave_the_prefill_estimate_even_without_scrapes():
+    """A backend that is never scraped (no vLLM metrics, or scraping off) is not predicted ever slower by
+    requests it already answered: a request counted as pending prefill leaves the estimate with its answer
+    (before, 1,000 answered requests made the default route shed every request of an idle backend)."""
+    backends = _fleet()
+    for b in backends:
+        b.load = EngineLoad(scraped_at=None)
+    engine = _preset("balanced", backends)
+    decisions = []
+    for _ in range(1000):
+        decision = engine.choose(_request(_chat(200, max_tokens=50)), backends)
+        assert decision.candidates and not decision.hold, decision
+        decision.answered(_request(_chat(200, max_tokens=50)).prompt_tokens_estimate)
+        decisions.append(decision)
+    assert all(recent.prompt_tokens == 0 for recent in engine.recent.by_backend.values())
+    # Answered once: a second call changes nothing.
+    decisions[0].answered(10**6)
+    assert all(recent.prompt_tokens == 0 for recent in engine.recent.by_backend.values())
+    # Requests still waiting for their answer do count (a burst between scrapes).
+    pending = [engine.choose(_request(_chat(2000, max_tokens=50)), backends) for _ in range(200)]
+    assert any(d.hold or d.candidates[0].pool.vendor == "amd" for d in pending)
