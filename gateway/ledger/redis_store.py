@@ -213,9 +213,9 @@ class RedisLedger(LedgerBase):
             try:
                 await self._write_spill()
                 log.warning(
-                    "ledger: Redis unreachable at shutdown; %d records kept in %s and written to Redis at "
-                    "the next start",
-                    lost,
+                    "ledger: Redis unreachable at shutdown; %s kept in %s and written to Redis at the "
+                    "next start",
+                    "1 record" if lost == 1 else f"{lost} records",
                     self.spill.path,
                 )
                 lost = 0

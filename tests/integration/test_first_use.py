@@ -122,8 +122,12 @@ def test_ready_when_every_backend_is_drained(gateway: Gateway) -> None:
     assert httpx.get(gateway.base_url + "/ready").status_code == 200
 
 
-def test_shutdown_with_redis_away_says_the_record_is_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spill", [True, False], ids=["spilled", "spill-off"])
+def test_shutdown_with_redis_away_says_what_became_of_the_record(tmp_path: Path, spill: bool) -> None:
+    """One line says what happened to a record Redis never got: kept in the spill file for the next start
+    (the default), or, with spilling off, lost."""
     redis_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    spill_file = tmp_path / "ledger.spill"
     with RecordingBackend(MODEL) as backend:
         config = {
             "pools": [
@@ -135,7 +139,13 @@ def test_shutdown_with_redis_away_says_the_record_is_lost(tmp_path: Path) -> Non
                     "backends": [{"url": backend.url, "models": [MODEL], "max_model_len": 4096}],
                 }
             ],
-            "ledger": {"store": "redis", "redis_url": redis_url, "redis_timeout": 0.2},
+            "ledger": {
+                "store": "redis",
+                "redis_url": redis_url,
+                "redis_timeout": 0.2,
+                "spill": spill,
+                "spill_path": str(spill_file),
+            },
         }
         with running_gateway(config, tmp_path) as base_url:
             sdk = openai.OpenAI(base_url=base_url + "/v1", api_key="sk-test", max_retries=0)
@@ -143,5 +153,9 @@ def test_shutdown_with_redis_away_says_the_record_is_lost(tmp_path: Path) -> Non
     log = (tmp_path / "gateway.log").read_text()
     said = [line for line in log.splitlines() if "ledger" in line and "shutdown" in line]
     assert len(said) == 1, log
-    assert "1 record could not be written to Redis at shutdown and is lost" in said[0]
+    if spill:
+        assert f"1 record kept in {spill_file} and written to Redis at the next start" in said[0], said
+        assert spill_file.stat().st_size > 0
+    else:
+        assert "1 record could not be written to Redis at shutdown and is lost" in said[0], said
     assert "ledger flushed" not in log
