@@ -51,7 +51,7 @@ class HeadroomLimits:
     and their prefills never arrive at once in front of online requests."""
     default_kv_limit: float = 0.95
     """KV limit when no online route sets one for the backend."""
-    max_online_slowdown: float = 0.05
+    max_online_slowdown: float = 0.02
     """While online requests run on a backend, its batch lines may slow their decode by this fraction."""
 
 

@@ -283,8 +283,10 @@ def test_online_requests_cap_a_backend_whose_other_limits_have_room() -> None:
 def test_no_online_slo_needed_the_cap_protects_classes_the_policy_does_not_know() -> None:
     backend = _backend(MI300X, running=4, kv=0.20, ttft=0.1, tpot=0.07)
     no_slo = OnlineLimits(max_kv=0.95)
-    room = assess(backend, BatchLoad(online=4, line_cost=0.0186), no_slo, 0, LIMITS)
+    limits = HeadroomLimits(max_online_slowdown=0.05)
+    room = assess(backend, BatchLoad(online=4, line_cost=0.0186), no_slo, 0, limits)
     assert room.cap == 2  # 5% / 1.86% per line
+    assert assess(backend, BatchLoad(online=4, line_cost=0.0186), no_slo, 0, LIMITS).cap == 1  # 2%
 
 
 def _line_context(backend: Backend, holding: bool) -> Any:
@@ -309,3 +311,12 @@ def test_fleet_room_counts_online_requests_as_in_flight_less_its_lines_holding_a
     room.contexts[1] = _line_context(backend, holding=True)
     backend.load.scraped_at = 1e12
     assert len(room.plan("m")) == 9
+
+
+def test_a_line_answer_reports_the_usage_the_shape_learns_from() -> None:
+    from gateway.batch.lines import _usage_of
+
+    assert _usage_of({"usage": {"prompt_tokens": 900, "completion_tokens": 180}}) == (900, 180)
+    assert _usage_of({"usage": {"prompt_tokens": 900}}) == (900, 0)  # embeddings
+    assert _usage_of({"choices": []}) is None
+    assert _usage_of({"usage": {"prompt_tokens": "many"}}) is None
