@@ -21,6 +21,8 @@ from gateway.batch.headroom import (
     fill_order,
     online_limits,
 )
+from gateway.batch.slowdown import LineShape, line_cost
+from gateway.request.context import RequestContext
 from gateway.request.pipeline import Pipeline
 from policies.config import Route
 from policies.engine import PolicyEngine
@@ -42,6 +44,13 @@ class FleetRoom:
         self._router: object = None
         self._online: list[Route] = []
         self._per_backend: dict[Backend, OnlineLimits] = {}
+        self._scrape_seen: dict[Backend, float | None] = {}
+        self._settled: dict[Backend, int] = {}
+        """Lines running at each backend's last scrape, from which the ramp counts."""
+        self.shape = LineShape()
+        """The recent lines' prompt and output tokens: what one more line costs the online requests."""
+        self.contexts: dict[object, RequestContext] = {}
+        """The running lines' requests, by line: those holding a backend's in-flight slot are not online."""
 
     def _online_of(self, backend: Backend) -> OnlineLimits:
         router = self.pipeline.router
@@ -56,17 +65,31 @@ class FleetRoom:
             self._per_backend[backend] = online
         return online
 
-    def _load(self, backend: Backend) -> BatchLoad:
+    def _load(self, backend: Backend, held: dict[Backend, int]) -> BatchLoad:
         sent = self._sent.get(backend)
         scraped = backend.load.scraped_at
         if sent and scraped is not None:
             sent[:] = [t for t in sent if t > scraped]
-        return BatchLoad(self.lines.get(backend, 0), len(sent) if sent else 0)
+        lines, unseen = self.lines.get(backend, 0), len(sent) if sent else 0
+        if self._scrape_seen.get(backend) != scraped:  # a new scrape: the lines it saw running
+            self._scrape_seen[backend] = scraped
+            self._settled[backend] = lines - unseen
+        online = max(0, backend.inflight - held.get(backend, 0))
+        cost = line_cost(backend.pool.accelerator, self.shape)
+        return BatchLoad(lines, unseen, self._settled.get(backend), online, cost)
+
+    def _held(self) -> dict[Backend, int]:
+        """Batch lines holding each backend's in-flight slot (`backend.inflight` counts every request)."""
+        held: dict[Backend, int] = {}
+        for ctx in self.contexts.values():
+            if ctx.holding and ctx.backend is not None:
+                held[ctx.backend] = held.get(ctx.backend, 0) + 1
+        return held
 
     def rooms(self, model: str) -> list[Room]:
-        queued = self.pipeline.queued
+        queued, held = self.pipeline.queued, self._held()
         return [
-            assess(b, self._load(b), self._online_of(b), queued, self.limits)
+            assess(b, self._load(b, held), self._online_of(b), queued, self.limits)
             for b in self.pipeline.catalog.serving(model)
         ]
 

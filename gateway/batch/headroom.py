@@ -7,16 +7,20 @@ Per backend, from the tightest online route that may send requests there (its `p
                                any request waits in the gateway's back-pressure queues;
                                any request waits in vLLM's own queue (scraped `waiting`);
                                predicted online TTFT or TPOT (policies/predict.py) passes
-                                   `slo_margin` x the route's SLO;
-                               its KV cache is at the online limit minus the reserve.
+                                   `slo_margin` x the route's SLO.
     otherwise its cap is       the lines already running + the new ones that fit in
-                               min(KV room, TPOT room), at most `max_per_backend`:
+                               min(KV room, TPOT room), at most `max_per_backend` (a full KV cache
+                               is no pause: it is measured, not an average, and a line that ends
+                               leaves room for the next at once):
         KV room     (online KV limit - reserve - scraped usage) / KV of one sequence (usage / running)
         TPOT room   (margin x TPOT SLO - predicted TPOT) / TPOT each running sequence has added over
                     the unloaded backend's
+    and, while online requests run on it, at most max_online_slowdown / (what one line slows their
+    decode: gateway/batch/slowdown.py), whatever their SLOs are or whether the policy knows them;
     less the lines sent since the last scrape (not yet in the scraped figures); and at most
-    `ramp_lines` new ones per scrape, so the room is measured again before more are added (additive
-    increase), and a burst of batch prefills never lands in front of online requests.
+    `ramp_lines` more than ran at the last scrape (lines that end are replaced at once), so the room
+    is measured again before more are added (additive increase), and a burst of batch prefills never
+    lands in front of online requests.
 
 vLLM batches decode: one decode step streams the weights once for every running sequence, so a backend
 with KV room turns extra sequences into tokens at a small TPOT cost. That room is what batch lines fill;
@@ -29,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from backends.models import Backend
+from gateway.batch.slowdown import slowdown_cap
 from policies.config import Route
 from policies.predict import predicted_tpot, predicted_ttft
 from policies.selectors import selects
@@ -46,6 +51,8 @@ class HeadroomLimits:
     and their prefills never arrive at once in front of online requests."""
     default_kv_limit: float = 0.95
     """KV limit when no online route sets one for the backend."""
+    max_online_slowdown: float = 0.02
+    """While online requests run on a backend, its batch lines may slow their decode by this fraction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,13 @@ class BatchLoad:
     lines: int = 0
     unseen: int = 0
     """Lines sent after the backend's last scrape: not yet in its running / KV figures."""
+    settled: int | None = None
+    """Lines that were running at the last scrape (None: lines - unseen). The ramp counts from there, so
+    a line that ends is replaced at once; only growth waits for the next scrape."""
+    online: int = 0
+    """Online (not batch) requests this replica has in flight on the backend."""
+    line_cost: float = 0.0
+    """The fraction of an online decode step one batch line adds there (gateway/batch/slowdown.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +134,6 @@ def pause_reason(backend: Backend, online: OnlineLimits, queued: int, limits: He
         tpot = predicted_tpot(backend)
         if tpot > margin * online.tpot_s:
             return f"predicted TPOT {tpot * 1000:.1f} ms near the SLO {online.tpot_s * 1000:g} ms"
-    if load.kv_cache_usage >= online.max_kv - limits.kv_reserve:
-        return f"KV cache {load.kv_cache_usage:.0%} at the online limit less the reserve"
     return None
 
 
@@ -147,8 +159,12 @@ def assess(
     why = pause_reason(backend, online, queued, limits)
     if why is not None:
         return Room(backend, batch.lines, 0, cost, why)
-    room = min(new_lines(backend, online, limits), limits.ramp_lines)
-    cap = min(limits.max_per_backend, batch.lines + room - batch.unseen)
+    seen = batch.lines - batch.unseen
+    ramped = (seen if batch.settled is None else batch.settled) + limits.ramp_lines
+    cap = min(limits.max_per_backend, seen + new_lines(backend, online, limits), ramped)
+    slowed = slowdown_cap(batch.online, batch.line_cost, limits.max_online_slowdown)
+    if slowed is not None:
+        cap = min(cap, slowed)
     return Room(backend, max(cap, 0), max(0, cap - batch.lines), cost)
 
 

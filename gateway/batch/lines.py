@@ -37,6 +37,8 @@ class LineResult:
     failed: bool
     retry: bool = False
     """A backend failure another attempt may fix."""
+    usage: tuple[int, int] | None = None
+    """Prompt and completion tokens of a line that was answered."""
 
 
 class Malformed(ValueError):
@@ -118,7 +120,10 @@ async def run_line(
     tenant: Tenant | None,
     auth: str | None,
     backend: Backend | None = None,
+    contexts: dict[object, RequestContext] | None = None,
 ) -> LineResult:
+    """`contexts` (when given) holds the line's request under `request_id` while it runs, so the
+    scheduler tells the backends' batch lines from their online requests."""
     try:
         custom_id, gateway_endpoint, body = parse_line(raw, endpoint)
     except Malformed as exc:
@@ -133,6 +138,8 @@ async def run_line(
     )
     ctx = RequestContext(gateway_endpoint, caller)  # type: ignore[arg-type]
     ctx.body = _encode(body)
+    if contexts is not None:
+        contexts[request_id] = ctx
     try:
         reply = await send_to(pipeline, ctx, backend)
     except GatewayError as exc:
@@ -147,7 +154,17 @@ async def run_line(
         raise
     answer = _decoder.decode(reply.body)
     text = result_line(custom_id, 200, answer, None)
-    return LineResult(_with_request_id(text, request_id), failed=False)
+    return LineResult(_with_request_id(text, request_id), failed=False, usage=_usage_of(answer))
+
+
+def _usage_of(answer: Any) -> tuple[int, int] | None:
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return prompt, completion
 
 
 def _with_request_id(text: bytes, request_id: str) -> bytes:

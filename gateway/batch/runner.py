@@ -38,7 +38,11 @@ class BatchRunner:
         self.options = service.options
         options = service.options
         limits = HeadroomLimits(
-            options.kv_reserve, options.slo_margin, options.per_backend, options.ramp_lines
+            options.kv_reserve,
+            options.slo_margin,
+            options.per_backend,
+            options.ramp_lines,
+            max_online_slowdown=options.max_online_slowdown,
         )
         self.room = FleetRoom(service.pipeline, limits, options.resume_after_s)
         self.token = service.replica
@@ -189,7 +193,10 @@ class BatchRunner:
                 tenant,
                 stored.authorization,
                 backend,
+                self.room.contexts,
             )
+            if result.usage is not None:
+                self.room.shape.observe(*result.usage)
             if result.retry and attempt < self.options.max_attempts:
                 await state.release(batch_id, line, self.token, self.options.retry_backoff_s * attempt)
                 return
@@ -203,6 +210,7 @@ class BatchRunner:
             with contextlib.suppress(Exception):
                 await state.release(batch_id, line, self.token, self.options.retry_backoff_s)
         finally:
+            self.room.contexts.pop(f"{batch_id}-{line}", None)
             self.room.ended(backend)
             self.running.pop((batch_id, line), None)
 

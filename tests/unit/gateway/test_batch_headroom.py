@@ -20,6 +20,7 @@ from gateway.batch.headroom import (
     online_limits,
     pause_reason,
 )
+from gateway.batch.slowdown import LineShape, line_cost, slowdown_cap
 from policies.config import Route
 
 H100 = Pool(
@@ -139,11 +140,19 @@ def test_waiting_pauses_a_backend_no_online_slo_covers() -> None:
     assert pause_reason(backend, OnlineLimits(max_kv=0.9), 0, LIMITS) == "2 requests wait in its queue"
 
 
-def test_kv_at_the_online_limit_less_the_reserve_pauses() -> None:
+def test_kv_at_the_online_limit_less_the_reserve_takes_no_new_line_without_pausing() -> None:
     backend = _backend(running=10, kv=0.71, ttft=0.1, tpot=0.01)
-    assert "KV cache 71%" in (pause_reason(backend, ONLINE, 0, LIMITS) or "")
-    backend.load.kv_cache_usage = 0.69
-    assert pause_reason(backend, ONLINE, 0, LIMITS) is None
+    full = assess(backend, BatchLoad(lines=8), ONLINE, 0, LIMITS)
+    assert (full.cap, full.free, full.paused) == (8, 0, None)  # no resume delay once lines end
+    backend.load.kv_cache_usage = 0.63  # 7% room, 6.3% per sequence: one more
+    assert assess(backend, BatchLoad(lines=8), ONLINE, 0, LIMITS).free == 1
+
+
+def test_lines_that_end_are_replaced_at_once_only_growth_waits_for_a_scrape() -> None:
+    backend = _backend(running=10, kv=0.30, ttft=0.1, tpot=0.01)  # KV room for 13 more
+    # 10 ran at the last scrape, 4 ended since: 4 replacements + the ramp's 2.
+    ended = assess(backend, BatchLoad(lines=6, settled=10), ONLINE, 0, RAMPED)
+    assert (ended.cap, ended.free) == (12, 6)
 
 
 def test_unhealthy_or_drained_backends_get_nothing() -> None:
@@ -222,3 +231,92 @@ def test_a_paused_backend_resumes_only_after_a_quiet_spell() -> None:
     assert len(at_once.plan("m")) == 9
     never_paused = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
     assert len(never_paused.plan("m")) == 9
+
+
+# --- the online slowdown cap (gateway/batch/slowdown.py) -----------------------------------------------
+
+
+def test_a_line_costs_its_prefill_spread_over_its_decode_steps_plus_its_kv_read() -> None:
+    shape = LineShape(prompt_tokens=1000, output_tokens=200)
+    # MI300X prefills ~310 prompt tokens in one decode step's time: 1000 / (310 x 200) + 1200 x 2.5e-6.
+    assert line_cost("mi300x", shape) == pytest.approx(1000 / 62_000 + 0.003)
+    # H100 reads memory faster for its compute: the same prefill costs more decode steps.
+    assert line_cost("h100", shape) > line_cost("mi300x", shape)
+    # An accelerator the table does not know gets the costliest prefill.
+    assert line_cost("tpu-v9", shape) >= line_cost("h200", shape)
+    # Long answers amortise the prefill: a line with 4x the output costs about a quarter as much.
+    long = LineShape(prompt_tokens=1000, output_tokens=800)
+    assert line_cost("mi300x", long) < line_cost("mi300x", shape) / 2
+
+
+def test_line_shape_follows_the_usage_of_finished_lines() -> None:
+    shape = LineShape(prompt_tokens=1000, output_tokens=200, weight=0.5)
+    shape.observe(3000, 0)  # an embedding: no output tokens, costed as one step
+    assert (shape.prompt_tokens, shape.output_tokens) == (2000, 100.5)
+
+
+@pytest.mark.parametrize(
+    ("online", "cost", "fraction", "cap"),
+    [
+        (0, 0.02, 0.05, None),  # nothing online to slow: the KV / SLO room decides
+        (1, 0.02, 0.05, 2),  # 2 x 2% <= 5% < 3 x 2%
+        (30, 0.02, 0.05, 2),  # the fraction is per online request, however many there are
+        (3, 0.026, 0.02, 0),  # one line would slow them by more than the fraction
+        (3, 0.01, 0.05, 5),
+    ],
+)
+def test_slowdown_cap(online: int, cost: float, fraction: float, cap: int | None) -> None:
+    assert slowdown_cap(online, cost, fraction) == cap
+
+
+def test_online_requests_cap_a_backend_whose_other_limits_have_room() -> None:
+    backend = _backend(MI300X, running=6, kv=0.30, ttft=0.1, tpot=0.01)  # KV room for 8
+    limits = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, ramp_lines=100, max_online_slowdown=0.05)
+    alone = assess(backend, BatchLoad(lines=2, online=0, line_cost=0.02), ONLINE, 0, limits)
+    assert (alone.cap, alone.free) == (10, 8)
+    shared = assess(backend, BatchLoad(lines=2, online=4, line_cost=0.02), ONLINE, 0, limits)
+    assert (shared.cap, shared.free, shared.paused) == (2, 0, None)
+    over = assess(backend, BatchLoad(lines=5, online=1, line_cost=0.02), ONLINE, 0, limits)
+    assert (over.cap, over.free) == (2, 0)  # the lines running finish; no new one until under the cap
+
+
+def test_no_online_slo_needed_the_cap_protects_classes_the_policy_does_not_know() -> None:
+    backend = _backend(MI300X, running=4, kv=0.20, ttft=0.1, tpot=0.07)
+    no_slo = OnlineLimits(max_kv=0.95)
+    limits = HeadroomLimits(max_online_slowdown=0.05)
+    room = assess(backend, BatchLoad(online=4, line_cost=0.0186), no_slo, 0, limits)
+    assert room.cap == 2  # 5% / 1.86% per line
+    assert assess(backend, BatchLoad(online=4, line_cost=0.0186), no_slo, 0, LIMITS).cap == 1  # 2%
+
+
+def _line_context(backend: Backend, holding: bool) -> Any:
+    return SimpleNamespace(backend=backend, holding=holding)
+
+
+def test_fleet_room_counts_online_requests_as_in_flight_less_its_lines_holding_a_slot() -> None:
+    backend = _backend(MI300X, running=6, kv=0.30, ttft=0.1, tpot=0.01, inflight=5)
+    pipeline = SimpleNamespace(
+        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
+    )
+    room = FleetRoom(pipeline, LIMITS)  # type: ignore[arg-type]
+    room.shape = LineShape(prompt_tokens=1000, output_tokens=200)  # 1.9% of a step per line on MI300X
+    for line in range(2):
+        room.started(backend)
+        room.contexts[line] = _line_context(backend, holding=True)
+    # 5 in flight, 2 of them these lines: 3 online requests, so at most 2 lines (5% / 1.9%): none new.
+    assert room.plan("m") == []
+    room.contexts[1] = _line_context(backend, holding=False)  # not holding its slot yet: 4 online
+    assert room.plan("m") == []
+    backend.inflight = 2  # only the two lines: nothing online to slow; the KV room decides
+    room.contexts[1] = _line_context(backend, holding=True)
+    backend.load.scraped_at = 1e12
+    assert len(room.plan("m")) == 9
+
+
+def test_a_line_answer_reports_the_usage_the_shape_learns_from() -> None:
+    from gateway.batch.lines import _usage_of
+
+    assert _usage_of({"usage": {"prompt_tokens": 900, "completion_tokens": 180}}) == (900, 180)
+    assert _usage_of({"usage": {"prompt_tokens": 900}}) == (900, 0)  # embeddings
+    assert _usage_of({"choices": []}) is None
+    assert _usage_of({"usage": {"prompt_tokens": "many"}}) is None
