@@ -1,8 +1,26 @@
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# The ledger spills records Redis could not take to $XDG_STATE_HOME/switchyard/ and replays them at the
+# next start with the same key prefix (gateway/ledger/spill.py): give the test session, and every gateway
+# it starts, a state folder of its own, so no run replays another's records or leaves any behind.
+_STATE = tempfile.mkdtemp(prefix="switchyard-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_state_home() -> Iterator[None]:
+    yield
+    shutil.rmtree(_STATE, ignore_errors=True)
