@@ -150,24 +150,24 @@ def _loadtest(argv: list[str]) -> int:
 _LOADTEST_HELP = "compare routing policies under open-loop load"
 
 
-def _whatif(argv: list[str]) -> int:
-    """`switchyard whatif ...`: replay an access log on a simulated fleet; imported only when asked for."""
-    cli = _tooling("loadtest.whatif.cli", "bench")
+def _run_tooling(module: str, command: str, argv: list[str]) -> int:
+    """`switchyard <command> ...`, run by `module` (HELP, add_arguments, run), imported only when asked."""
+    cli = _tooling(module, "bench")
     if cli is None:
         return 2
-    parser = argparse.ArgumentParser(prog="switchyard whatif", description=cli.HELP)
+    parser = argparse.ArgumentParser(prog=f"switchyard {command}", description=cli.HELP)
     cli.add_arguments(parser)
     return cli.run(parser.parse_args(argv))
+
+
+def _whatif(argv: list[str]) -> int:
+    """`switchyard whatif ...`: replay an access log on a simulated fleet."""
+    return _run_tooling("loadtest.whatif.cli", "whatif", argv)
 
 
 def _plan(argv: list[str]) -> int:
-    """`switchyard plan ...`: the cheapest fleet for an access log's traffic; imported only when asked for."""
-    cli = _tooling("loadtest.whatif.plan_cli", "bench")
-    if cli is None:
-        return 2
-    parser = argparse.ArgumentParser(prog="switchyard plan", description=cli.HELP)
-    cli.add_arguments(parser)
-    return cli.run(parser.parse_args(argv))
+    """`switchyard plan ...`: the cheapest fleet for an access log's traffic."""
+    return _run_tooling("loadtest.whatif.plan_cli", "plan", argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +92,29 @@ def running_gateway(
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def running_replicas(
+    configs: Sequence[dict[str, Any]], workdirs: Sequence[Path], env: dict[str, str] | None = None
+) -> Iterator[list[str]]:
+    """One gateway per (config, workdir), as replicas sharing what their configs share (a Redis prefix);
+    yields their base URLs, stops them all on exit."""
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(running_gateway(config, workdir, env=env))
+            for config, workdir in zip(configs, workdirs, strict=True)
+        ]
+
+
+def clean_redis(prefix: str) -> None:
+    """Delete the keys gateways wrote to the local Redis under ledger prefix `prefix` (`sy:`, `syt:`)."""
+    client = redis.Redis()
+    for pattern in (f"*syt:{prefix}*", f"*sy:{prefix}*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+    client.close()
 
 
 class RecordingBackend:

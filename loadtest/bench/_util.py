@@ -11,8 +11,9 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from loadtest.processes import ProcessGroup, free_port, wait_until
+from loadtest.processes import Child, ProcessGroup, free_port, wait_until
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -116,3 +117,50 @@ def start_zero_delay_backend(group: ProcessGroup, model: str, cpu: int | None) -
     )
     wait_until(lambda: healthy(url), timeout=30, what="backend", child=child)
     return url
+
+
+def bench_pools(backend_url: str, model: str) -> list[dict[str, Any]]:
+    """The gateway config's `pools`: one H100 pool with the one benchmark backend."""
+    return [
+        {
+            "name": "bench",
+            "vendor": "nvidia",
+            "accelerator": "h100",
+            "price_per_gpu_hour": 2.9,
+            "backends": [{"url": backend_url, "models": [model], "max_model_len": 8192}],
+        }
+    ]
+
+
+def serve_argv(config: Path) -> list[str]:
+    """``switchyard serve`` of `config`, logging warnings only."""
+    return python_argv("gateway.cli", "serve", "--config", str(config), "--log-level", "warning")
+
+
+def start_gateway(
+    group: ProcessGroup,
+    name: str,
+    argv: list[str],
+    port: int,
+    cpu: int,
+    *,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> tuple[str, Child]:
+    """Start a gateway listening on `port` pinned to `cpu`; its URL and child once it answers /health."""
+    child = group.start(name, argv, cpu=cpu, cwd=cwd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    assert_loopback(url)
+    wait_until(lambda: healthy(url), timeout=timeout, what=url, child=child)
+    return url, child
+
+
+def start_static_backend(group: ProcessGroup, model: str, cpu: int, work: Path) -> str:
+    """nginx answering a static chat completion (the gateway is then the bottleneck), or without nginx a
+    simulated backend with zero token delays; its base URL."""
+    from loadtest.bench.http_clients.upstream import start_upstream  # it imports this module
+
+    if which("nginx", "/usr/sbin", "/usr/local/sbin"):
+        return start_upstream(group, "nginx", cpu, work).json_base
+    return start_zero_delay_backend(group, model, cpu)

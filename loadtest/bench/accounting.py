@@ -35,16 +35,16 @@ import yaml
 
 from gateway.ledger.keys import Keys
 from loadtest.bench._util import (
-    assert_loopback,
-    healthy,
+    bench_pools,
     http_post,
     pick_cpus,
-    python_argv,
+    serve_argv,
     session_cpu_seconds,
+    start_gateway,
     start_zero_delay_backend,
     which,
 )
-from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
 
 MODEL = "bench-model"
 MODES = ("redis", "memory", "none")
@@ -70,15 +70,7 @@ def _gateway_config(port: int, backend_url: str, mode: str, redis_url: str, pref
     return {
         "gateway": {"port": port},
         "ledger": ledger,
-        "pools": [
-            {
-                "name": "bench",
-                "vendor": "nvidia",
-                "accelerator": "h100",
-                "price_per_gpu_hour": 2.9,
-                "backends": [{"url": backend_url, "models": [MODEL], "max_model_len": 8192}],
-            }
-        ],
+        "pools": bench_pools(backend_url, MODEL),
     }
 
 
@@ -127,15 +119,9 @@ def run(
                 path = work / f"gateway-{n}.yaml"
                 config = _gateway_config(port, backend_url, mode, redis_url, f"{prefix}-{n}")
                 path.write_text(yaml.safe_dump(config))
-                child = group.start(
-                    f"gateway-{n}",
-                    python_argv("gateway.cli", "serve", "--config", str(path), "--log-level", "warning"),
-                    cpu=proxy_cpu,
-                    cwd=trees[tree],
+                url, child = start_gateway(
+                    group, f"gateway-{n}", serve_argv(path), port, proxy_cpu, cwd=trees[tree]
                 )
-                url = f"http://127.0.0.1:{port}"
-                assert_loopback(url)
-                wait_until(lambda u=url: healthy(u), timeout=30, what=url, child=child)
                 status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
                 if status != 200:
                     raise RuntimeError(f"{tree}{mode} gateway answered {status}: {body[:300]!r}")

@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from loadtest.bench._util import assert_loopback, healthy, pick_cpus, python_argv, start_zero_delay_backend
-from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
+from loadtest.bench._util import bench_pools, pick_cpus, serve_argv, start_gateway, start_zero_delay_backend
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
 
 MODEL = "bench-model"
 _PROMPT = "Explain in two sentences why decode is memory-bandwidth bound on an H100. " * 6
@@ -95,26 +95,11 @@ def _start(group: ProcessGroup, workdir: Path) -> dict[str, str]:
     gateway_port = free_port()
     config = {
         "gateway": {"port": gateway_port},
-        "pools": [
-            {
-                "name": "bench",
-                "vendor": "nvidia",
-                "accelerator": "h100",
-                "price_per_gpu_hour": 2.9,
-                "backends": [{"url": backend_url, "models": [MODEL], "max_model_len": 8192}],
-            }
-        ],
+        "pools": bench_pools(backend_url, MODEL),
     }
     config_path = workdir / "gateway.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    gateway = group.start(
-        "gateway",
-        python_argv("gateway.cli", "serve", "--config", str(config_path), "--log-level", "warning"),
-        cpu=proxy_cpu,
-    )
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    assert_loopback(gateway_url)
-    wait_until(lambda: healthy(gateway_url), timeout=30, what=gateway_url, child=gateway)
+    gateway_url, _ = start_gateway(group, "gateway", serve_argv(config_path), gateway_port, proxy_cpu)
     return {"direct": backend_url + "/v1/chat/completions", "gateway": gateway_url + "/v1/chat/completions"}
 
 

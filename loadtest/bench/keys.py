@@ -30,19 +30,18 @@ import redis
 import yaml
 
 from loadtest.bench._util import (
-    assert_loopback,
-    healthy,
+    bench_pools,
     http_post,
     pick_cpus,
     process_cpu_seconds,
-    python_argv,
-    start_zero_delay_backend,
+    serve_argv,
+    start_gateway,
+    start_static_backend,
     which,
 )
 from loadtest.bench.accounting import _BODY, MODEL
-from loadtest.bench.http_clients.upstream import start_upstream
 from loadtest.bench.telemetry import _wrk_pair
-from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers, wait_until
+from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -61,15 +60,7 @@ def _config(port: int, backend_url: str, mode: str, prefix: str) -> dict[str, An
         "ledger": {"store": "memory", "key_prefix": prefix},
         "auth": auth,
         "telemetry": {"metrics": True, "access_log": {"enabled": False}},
-        "pools": [
-            {
-                "name": "bench",
-                "vendor": "nvidia",
-                "accelerator": "h100",
-                "price_per_gpu_hour": 2.9,
-                "backends": [{"url": backend_url, "models": [MODEL], "max_model_len": 8192}],
-            }
-        ],
+        "pools": bench_pools(backend_url, MODEL),
     }
 
 
@@ -88,13 +79,10 @@ def _start(
     port = free_port()
     path = work / f"gateway-{name}.yaml"
     path.write_text(yaml.safe_dump(_config(port, backend_url, mode, prefix)))
-    argv = python_argv("gateway.cli", "serve", "--config", str(path), "--log-level", "warning")
     env = {**os.environ, "PYTHONHASHSEED": str(seed), "SWITCHYARD_ADMIN_KEY": ADMIN_KEY}
-    child = group.start(f"gateway-{name}", argv, cpu=cpu, cwd=str(ROOT), env=env)
-    url = f"http://127.0.0.1:{port}"
-    assert_loopback(url)
-    wait_until(lambda: healthy(url), timeout=60, what=url, child=child)
-    return url, child
+    return start_gateway(
+        group, f"gateway-{name}", serve_argv(path), port, cpu, cwd=str(ROOT), env=env, timeout=60
+    )
 
 
 def _make_key(url: str) -> str:
@@ -120,10 +108,7 @@ def run(duration: float, rounds: int, connections: int) -> dict[str, Any]:
         script = work / "post.lua"
         group = ProcessGroup(work)
         try:
-            if which("nginx", "/usr/sbin", "/usr/local/sbin"):
-                backend_url = start_upstream(group, "nginx", load_cpu, work).json_base
-            else:
-                backend_url = start_zero_delay_backend(group, MODEL, load_cpu)
+            backend_url = start_static_backend(group, MODEL, load_cpu, work)
             key = ""
             for r in range(rounds):
                 order = MODES if r % 2 == 0 else MODES[::-1]

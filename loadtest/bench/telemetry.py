@@ -52,18 +52,18 @@ import yaml
 
 from loadtest.bench._util import (
     assert_loopback,
-    healthy,
+    bench_pools,
     http_post,
     pick_cpus,
     process_cpu_seconds,
     python_argv,
-    start_zero_delay_backend,
+    start_gateway,
+    start_static_backend,
     which,
 )
 from loadtest.bench.accounting import _BODY, _WRK_SCRIPT, MODEL
-from loadtest.bench.http_clients.upstream import start_upstream
 from loadtest.bench.switchable_gateway import MODES
-from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = "off"
@@ -74,15 +74,7 @@ def _config(port: int, backend_url: str, access_log: Path) -> dict[str, Any]:
     return {
         "gateway": {"port": port},
         "ledger": {"store": "memory"},
-        "pools": [
-            {
-                "name": "bench",
-                "vendor": "nvidia",
-                "accelerator": "h100",
-                "price_per_gpu_hour": 2.9,
-                "backends": [{"url": backend_url, "models": [MODEL], "max_model_len": 8192}],
-            }
-        ],
+        "pools": bench_pools(backend_url, MODEL),
         "telemetry": {
             "metrics": True,
             "access_log": {"destination": str(access_log)},
@@ -169,10 +161,9 @@ def _start(
         "--mode-file", str(mode_file), "--otlp", sink,
     )  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": str(instance + 1)}
-    child = group.start(f"gateway-{instance}", argv, cpu=proxy_cpu, cwd=str(ROOT), env=env)
-    url = f"http://127.0.0.1:{port}"
-    assert_loopback(url)
-    wait_until(lambda: healthy(url), timeout=60, what=url, child=child)
+    url, child = start_gateway(
+        group, f"gateway-{instance}", argv, port, proxy_cpu, cwd=str(ROOT), env=env, timeout=60
+    )
     status, body = http_post(url + "/v1/chat/completions", _BODY.encode())
     if status != 200:
         raise RuntimeError(f"gateway answered {status}: {body[:300]!r}")
@@ -240,12 +231,7 @@ def run(duration: float, rounds: int, connections: int) -> dict[str, Any]:
         script.write_text(_WRK_SCRIPT)
         group = ProcessGroup(work)
         try:
-            if which(
-                "nginx", "/usr/sbin", "/usr/local/sbin"
-            ):  # static answers: the gateway is the bottleneck
-                backend_url = start_upstream(group, "nginx", load_cpu, work).json_base
-            else:
-                backend_url = start_zero_delay_backend(group, MODEL, load_cpu)
+            backend_url = start_static_backend(group, MODEL, load_cpu, work)
             sink_port = free_port()
             sink_argv = [
                 sys.executable,

@@ -7,7 +7,6 @@ temporary folder), and into deploy/console-screenshots/ with SWITCHYARD_UPDATE_S
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
@@ -21,7 +20,6 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-import redis
 import yaml
 
 from backends.sim.fleet import Fleet
@@ -29,7 +27,7 @@ from backends.sim.fleet_spec import parse_fleet_spec
 from gateway.ledger.records import UsageRecord
 from gateway.ledger.redis_store import RedisLedger
 from gateway.settings import load_settings
-from tests.support import ROOT, running_gateway
+from tests.support import ROOT, clean_redis, running_replicas
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -71,15 +69,6 @@ class Replicas:
     def admin(self, i: int = 0) -> httpx.Client:
         headers = {"authorization": f"Bearer {ADMIN_KEY}"}
         return httpx.Client(base_url=self.urls[i], headers=headers, timeout=10, trust_env=False)
-
-
-def clean_redis(prefix: str) -> None:
-    client = redis.Redis()
-    for pattern in (f"*syt:{prefix}*", f"*sy:{prefix}*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
-    client.close()
 
 
 def gateway_config(pools: list[dict[str, Any]], prefix: str, workdir: Path) -> dict[str, Any]:
@@ -190,10 +179,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     prefix = f"btest-console-{uuid.uuid4().hex[:10]}"
     spec = parse_fleet_spec(FLEET, "<console fleet>")
     try:
-        with (
-            Fleet(spec, log_dir=tmp_path_factory.mktemp("console-fleet")) as fleet,
-            contextlib.ExitStack() as stack,
-        ):
+        with Fleet(spec, log_dir=tmp_path_factory.mktemp("console-fleet")) as fleet:
             pools = fleet.gateway_config()["pools"]
             workdirs = [tmp_path_factory.mktemp(f"console-gw-{n}") for n in "ab"]
             config = gateway_config(pools, prefix, workdirs[0])
@@ -201,15 +187,16 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             seed_path.write_text(yaml.safe_dump(config))
             seed_history(seed_path)
             env = {"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}
-            urls = [stack.enter_context(running_gateway(config, w, env=env)) for w in workdirs]
-            with httpx.Client(base_url=urls[0], timeout=10, trust_env=False) as client:
-                created = client.post(
-                    "/admin/v1/keys",
-                    json={"name": "traffic", "team": "demo", "budget_usd": 5.0},
-                    headers={"authorization": f"Bearer {ADMIN_KEY}"},
-                )
-            assert created.status_code == 201, created.text
-            yield Replicas(urls, prefix, fleet, created.json()["key"], [w / "gateway.log" for w in workdirs])
+            with running_replicas([config] * len(workdirs), workdirs, env) as urls:
+                with httpx.Client(base_url=urls[0], timeout=10, trust_env=False) as client:
+                    created = client.post(
+                        "/admin/v1/keys",
+                        json={"name": "traffic", "team": "demo", "budget_usd": 5.0},
+                        headers={"authorization": f"Bearer {ADMIN_KEY}"},
+                    )
+                assert created.status_code == 201, created.text
+                logs = [w / "gateway.log" for w in workdirs]
+                yield Replicas(urls, prefix, fleet, created.json()["key"], logs)
     finally:
         clean_redis(prefix)
 

@@ -29,7 +29,7 @@ from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from gateway.tenants.limits import SLOT_LEASE_S
 from tests.integration.tcp_proxy import CuttableProxy
-from tests.support import ROOT, free_port, running_gateway
+from tests.support import ROOT, clean_redis, free_port, running_replicas
 
 MODEL = "llama-3.1-8b"
 FLEET = f"""
@@ -74,12 +74,9 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet3]:
     proxy = CuttableProxy(6379)
     workdirs = [tmp_path_factory.mktemp(f"gw-{n}") for n in "abc"]
     try:
-        with (
-            Fleet(spec, log_dir=tmp_path_factory.mktemp("keys-fleet")) as fleet,
-            contextlib.ExitStack() as stack,
-        ):
-            urls, configs = [], []
-            for i, workdir in enumerate(workdirs):
+        with Fleet(spec, log_dir=tmp_path_factory.mktemp("keys-fleet")) as fleet:
+            configs = []
+            for i in range(len(workdirs)):
                 port = 6379 if i < 2 else proxy.port
                 config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
                 config["ledger"] = {
@@ -91,18 +88,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet3]:
                 }
                 config["auth"] = {"mode": "keys", "window_s": WINDOW_S, "replicas": 3, "redis_timeout": 2.0}
                 config["telemetry"] = {"access_log": {"enabled": True, "destination": "stdout"}}
-                env = {"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}
                 configs.append(config)
-                urls.append(stack.enter_context(running_gateway(config, workdir, env=env)))
-            yield Fleet3(urls, proxy, prefix, [w / "gateway.log" for w in workdirs], configs[0])
+            with running_replicas(configs, workdirs, {"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}) as urls:
+                yield Fleet3(urls, proxy, prefix, [w / "gateway.log" for w in workdirs], configs[0])
     finally:
         proxy.close()
-        client = redis.Redis()
-        for pattern in (f"*syt:{prefix}*", f"*sy:{prefix}*"):
-            keys = list(client.scan_iter(match=pattern, count=1000))
-            if keys:
-                client.delete(*keys)
-        client.close()
+        clean_redis(prefix)
 
 
 def _sdk(url: str, key: str, retries: int = 0) -> openai.AsyncOpenAI:

@@ -35,6 +35,25 @@ from loadtest.workload import PlannedRequest, plan
 
 pytestmark = pytest.mark.whatif
 
+
+def _classes(rag_weight: int, chat_slo: tuple[int, int], rag_slo: tuple[int, int]) -> str:
+    """A scenario's `classes:` (chat and rag); the SLOs are (ttft_ms, tpot_ms)."""
+    return f"""classes:
+  - name: chat
+    weight: 4
+    prompt_tokens: {{mean: 600, spread: 0.5, min: 50, max: 1500}}
+    output_tokens: {{mean: 60, spread: 0.4, min: 8, max: 150}}
+    priority: {{value: high, fraction: 0.3}}
+    slo: {{ttft_ms: {chat_slo[0]}, tpot_ms: {chat_slo[1]}}}
+  - name: rag
+    weight: {rag_weight}
+    prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
+    output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
+    shared_prefix: {{documents: 2, tokens: 3500}}
+    slo: {{ttft_ms: {rag_slo[0]}, tpot_ms: {rag_slo[1]}}}
+"""
+
+
 TIME_SCALE = 2
 SCENARIO = f"""
 name: agree
@@ -51,20 +70,7 @@ fleet:
        profile: {{gpu: h100-sxm5, model: llama-3.1-70b}}}}
     - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75,
        max_model_len: 32768, profile: {{gpu: mi300x, model: llama-3.1-70b}}}}
-classes:
-  - name: chat
-    weight: 4
-    prompt_tokens: {{mean: 600, spread: 0.5, min: 50, max: 1500}}
-    output_tokens: {{mean: 60, spread: 0.4, min: 8, max: 150}}
-    priority: {{value: high, fraction: 0.3}}
-    slo: {{ttft_ms: 400, tpot_ms: 40}}
-  - name: rag
-    weight: 2
-    prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
-    output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
-    shared_prefix: {{documents: 2, tokens: 3500}}
-    slo: {{ttft_ms: 1500, tpot_ms: 66}}
-"""
+{_classes(rag_weight=2, chat_slo=(400, 40), rag_slo=(1500, 66))}"""
 
 
 @pytest.mark.slow
@@ -125,20 +131,7 @@ max_requests: 360
 drain_s: 60
 arrivals: {{process: poisson, rate: 6}}
 fleet: {fleet}
-classes:
-  - name: chat
-    weight: 4
-    prompt_tokens: {{mean: 600, spread: 0.5, min: 50, max: 1500}}
-    output_tokens: {{mean: 60, spread: 0.4, min: 8, max: 150}}
-    priority: {{value: high, fraction: 0.3}}
-    slo: {{ttft_ms: 1000, tpot_ms: 90}}
-  - name: rag
-    weight: 1
-    prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
-    output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
-    shared_prefix: {{documents: 2, tokens: 3500}}
-    slo: {{ttft_ms: 3000, tpot_ms: 110}}
-"""
+""" + _classes(rag_weight=1, chat_slo=(1000, 90), rag_slo=(3000, 110)).replace("{", "{{").replace("}", "}}")
 ANY_FLEET = (
     "{model: llama-3.1-70b, groups: [{pool: x, vendor: amd, accelerator: mi300x, price_per_gpu_hour: 1,"
     " profile: {gpu: mi300x}}]}"
