@@ -28,7 +28,7 @@ from typing import Any
 
 from gateway.request import sse as current
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def vllm_stream(tokens: int = 64) -> bytes:

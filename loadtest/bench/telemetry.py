@@ -65,7 +65,7 @@ from loadtest.bench.accounting import _BODY, _WRK_SCRIPT, MODEL
 from loadtest.bench.switchable_gateway import MODES
 from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "off"
 
 
