@@ -10,7 +10,7 @@ from litestar import Request, Response, get, post
 from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.handlers import BaseRouteHandler
-from litestar.params import Body, FromPath
+from litestar.params import Body, FromPath, FromQuery
 
 from gateway.batch.finalize import split_lines
 from gateway.batch.objects import (
@@ -176,7 +176,7 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
 
     @get("/v1/batches", name="batches-list")
     async def list_batches(
-        request: Request[Any, Any, Any], after: str | None = None, limit: int = 20
+        request: Request[Any, Any, Any], after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
     ) -> Response[bytes]:
         owner, _ = await owner_of(request)
         if not 1 <= limit <= _MAX_LIST:
