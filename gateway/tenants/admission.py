@@ -95,6 +95,7 @@ class Tenants:
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
     _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
+    _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
     _last_headers: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
@@ -191,12 +192,17 @@ class Tenants:
 
     async def authenticate(self, authorization: str | None) -> Tenant:
         """The caller's tenant, or 401 `invalid_api_key` (no key, unknown, revoked, expired)."""
-        token = bearer_token(authorization)
-        if token is None:
-            raise errors.invalid_api_key(
-                "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
-            )
-        digest = hash_key(token)
+        digest = self._digests.get(authorization) if authorization else None
+        if digest is None:
+            token = bearer_token(authorization)
+            if token is None:
+                raise errors.invalid_api_key(
+                    "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
+                )
+            digest = hash_key(token)
+            if len(self._digests) >= _CACHE_MAX:
+                self._digests.clear()
+            self._digests[authorization] = digest  # type: ignore[index]
         cached = self._cache.get(digest)
         if cached is None:
             # One lookup per key however many of its requests missed the cache at once.
