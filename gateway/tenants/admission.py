@@ -24,7 +24,7 @@ from gateway.errors import GatewayError
 from gateway.ledger.records import Ledger
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
-from gateway.tenants.admit_batch import AdmitBatcher
+from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes
 from gateway.tenants.answers import limit_headers, rate_headers, refusal, verdict_of
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
@@ -39,6 +39,7 @@ from gateway.tenants.limits import (
     nano,
 )
 from gateway.tenants.reservation import max_cost_usd, max_output_tokens
+from gateway.tenants.script_client import ScriptClient
 from gateway.tenants.settler import Settler
 from gateway.tenants.store import TenantStore
 from gateway.tenants.usage_watch import BudgetWatch
@@ -56,8 +57,9 @@ class Tenant:
     key: KeyRecord
     team: TeamRecord | None
     admin: bool
-    prepared: tuple[float, list[ScopeCounters], list[str]] | None = None
-    """(valid until, scopes, their `limits.ADMIT` arguments): built once a minute, not per request."""
+    prepared: tuple[float, list[ScopeCounters], tuple[int, bytes, bytes]] | None = None
+    """(valid until, scopes, their `limits.ADMIT` arguments encoded): built once a minute, not per
+    request."""
 
 
 @dataclass(slots=True)
@@ -93,6 +95,7 @@ class Tenants:
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
     _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
+    _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
     _last_headers: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
@@ -109,7 +112,7 @@ class Tenants:
         self.settler = Settler(client, timeout, self.replica) if client is not None else None
         self._lease_task: asyncio.Task[None] | None = None
         self.watch = BudgetWatch()
-        self._admit = self.client.register_script(ADMIT) if self.client is not None else None
+        self._admit = ScriptClient.like(client, ADMIT, timeout) if client is not None else None
         self._batcher = (
             AdmitBatcher(self._admit, self.window_ms, self.replica, ns) if self._admit is not None else None
         )
@@ -140,6 +143,8 @@ class Tenants:
                     await task
         if self.settler is not None:
             await self.settler.close()
+        if self._admit is not None:
+            await self._admit.close()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self.options.redis_timeout):
@@ -187,12 +192,17 @@ class Tenants:
 
     async def authenticate(self, authorization: str | None) -> Tenant:
         """The caller's tenant, or 401 `invalid_api_key` (no key, unknown, revoked, expired)."""
-        token = bearer_token(authorization)
-        if token is None:
-            raise errors.invalid_api_key(
-                "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
-            )
-        digest = hash_key(token)
+        digest = self._digests.get(authorization) if authorization else None
+        if digest is None:
+            token = bearer_token(authorization)
+            if token is None:
+                raise errors.invalid_api_key(
+                    "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
+                )
+            digest = hash_key(token)
+            if len(self._digests) >= _CACHE_MAX:
+                self._digests.clear()
+            self._digests[authorization] = digest  # type: ignore[index]
         cached = self._cache.get(digest)
         if cached is None:
             # One lookup per key however many of its requests missed the cache at once.
@@ -255,7 +265,9 @@ class Tenants:
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 
-    def _prepare(self, tenant: Tenant, now: float) -> tuple[float, list[ScopeCounters], list[str]]:
+    def _prepare(
+        self, tenant: Tenant, now: float
+    ) -> tuple[float, list[ScopeCounters], tuple[int, bytes, bytes]]:
         key, team = tenant.key, tenant.team
         period, ttl = budget_period(key.budget_period, now)
         scopes = [ScopeCounters("k:" + key.id, key, period, ttl)]
@@ -272,7 +284,7 @@ class Tenants:
             )
         # Every budget period starts at a UTC midnight: rebuild then (and at least once a minute).
         until = min(now + 60.0, (now // 86_400 + 1) * 86_400)
-        tenant.prepared = prepared = (until, scopes, args)
+        tenant.prepared = prepared = (until, scopes, encode_scopes(args))
         return prepared
 
     async def admit(

@@ -1,55 +1,75 @@
 """Admissions that arrive in the same turn of the event loop go to Redis as one `limits.ADMIT` call.
 
-Each request still waits for exactly one round trip (the one its batch makes), but the client library's
-cost per call (encoding the command, parsing the answer, a pooled connection, a task) is paid once per
-batch instead of once per request: under load that cost was most of what keys and limits added.
+Each request still waits for exactly one round trip (the one its batch makes), but the cost per call
+(encoding, a write, parsing the answer) is paid once per batch instead of once per request. Arguments
+are RESP-encoded here straight into the batch (`script_client`): a key's scope arguments once per minute
+(`Tenants._prepare`), only tokens and cost per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+
+from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
 
 _MAX_BATCH = 256
 
 
 class AdmitBatcher:
-    def __init__(self, script: Any, window_ms: int, replica: str, namespace: str) -> None:
-        self._script = script
-        self._head: list[int | str] = [window_ms, replica, namespace]
-        self._args: list[int | str] = []
+    def __init__(self, client: ScriptClient, window_ms: int, replica: str, namespace: str) -> None:
+        self._client = client
+        self._head = bulk(window_ms) + bulk(replica) + bulk(namespace)
+        self._parts: list[bytes] = [self._head]
+        self._argc = 3
         self._waiting: list[asyncio.Future[bytes]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
 
-    def admit(self, tokens: int, cost: int, scope_args: list[str]) -> asyncio.Future[bytes]:
-        """The request's answer from `limits.ADMIT` (bytes), or the batch's exception."""
+    def admit(self, tokens: int, cost: int, scopes: tuple[int, bytes, bytes]) -> asyncio.Future[bytes]:
+        """The request's answer from `limits.ADMIT` (bytes), or the batch's exception. `scopes`: the
+        request's scope arguments as `encode_scopes` gives them."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
-        if not self._waiting:
+        waiting = self._waiting
+        if not waiting:
             loop.call_soon(self._send)
-        self._args += [len(scope_args), tokens, cost, *scope_args]
-        self._waiting.append(future)
-        if len(self._waiting) >= _MAX_BATCH:
+        count, encoded_count, encoded = scopes
+        parts = self._parts
+        parts.append(encoded_count)
+        parts.append(bulk_int(tokens))
+        parts.append(bulk_int(cost))
+        parts.append(encoded)
+        self._argc += 3 + count
+        waiting.append(future)
+        if len(waiting) >= _MAX_BATCH:
             self._send()
         return future
 
     def _send(self) -> None:
-        if not self._waiting:
+        waiting = self._waiting
+        if not waiting:
             return
-        args, waiting = self._args, self._waiting
-        self._args, self._waiting = [], []
-        task = asyncio.get_running_loop().create_task(self._call(self._head + args, waiting))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        body, argc = b"".join(self._parts), self._argc
+        self._parts, self._argc, self._waiting = [self._head], 3, []
 
-    async def _call(self, args: list[int | str], waiting: list[asyncio.Future[bytes]]) -> None:
-        try:
-            replies = await self._script(args=args)
-        except Exception as exc:
-            for future in waiting:
+        def answer(replies: object) -> None:
+            if isinstance(replies, BaseException):
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(replies)
+                return
+            if not isinstance(replies, list) or len(replies) != len(waiting):
+                error = RuntimeError(f"limits.ADMIT answered {str(replies)[:200]}")
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(error)
+                return
+            for future, reply in zip(waiting, replies, strict=True):
                 if not future.done():
-                    future.set_exception(exc)
-            return
-        for future, reply in zip(waiting, replies, strict=True):
-            if not future.done():
-                future.set_result(reply)
+                    future.set_result(reply)
+
+        self._client.call(argc, body, answer)
+
+
+def encode_scopes(args: list[str]) -> tuple[int, bytes, bytes]:
+    """A request's scope arguments for `AdmitBatcher.admit`: their number, it encoded, and them encoded
+    (RESP). `limits.ADMIT` wants the number, the tokens, the cost, then the scopes."""
+    return len(args), bulk(len(args)), b"".join(bulk(a) for a in args)

@@ -35,46 +35,81 @@ local suffix = ':' .. window
 local head = '|' .. reset_ms .. '|' .. window
 local ttl = window_ms + 2000
 
-local function admit(tokens, cost, first, last)
-  local scopes, counts = {}, {}
-  for i = first, last do
-    local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(ARGV[i],
-      '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
-    local s = {rk = ns .. ':rq:' .. name .. suffix, tk = ns .. ':tk:' .. name .. suffix,
-               pk = ns .. ':pa:' .. name, sk = ns .. ':sp:' .. name .. ':' .. period,
-               budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
-    rpm, tpm, par = tonumber(rpm), tonumber(tpm), tonumber(par)
-    local rq = tonumber(redis.call('GET', s.rk) or '0')
-    local tk = tonumber(redis.call('GET', s.tk) or '0')
-    local sp = tonumber(redis.call('GET', s.sk) or '0')
+-- Counters are read once per batch and kept here; what the batch admitted is written once at the end.
+local scopes, order, spends, limits = {}, {}, {}, {}
+
+local function parse(arg)
+  local l = limits[arg]
+  if l then return l end
+  local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(arg,
+    '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
+  l = {name = name, period = period, rpm = tonumber(rpm), tpm = tonumber(tpm), par = tonumber(par),
+       budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
+  limits[arg] = l
+  return l
+end
+
+local function scope(l)
+  local s = scopes[l.name]
+  if not s then
+    s = {rk = ns .. ':rq:' .. l.name .. suffix, tk = ns .. ':tk:' .. l.name .. suffix,
+         pk = ns .. ':pa:' .. l.name, pttl = l.pttl, drq = 0, dtk = 0, dpa = 0}
+    s.rq = tonumber(redis.call('GET', s.rk) or '0')
+    s.tkn = tonumber(redis.call('GET', s.tk) or '0')
+    scopes[l.name] = s
+    order[#order+1] = s
+  end
+  if l.par > 0 and s.pa == nil then
     local pa = 0
-    if par > 0 then
-      local held = redis.call('HGETALL', s.pk)
-      for j = 1, #held, 2 do
-        if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
-          pa = pa + tonumber(held[j+1])
-        else
-          redis.call('HDEL', s.pk, held[j])
-        end
+    local held = redis.call('HGETALL', s.pk)
+    for j = 1, #held, 2 do
+      if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
+        pa = pa + tonumber(held[j+1])
+      else
+        redis.call('HDEL', s.pk, held[j])
       end
     end
-    local why = nil
-    if rpm > 0 and rq + 1 > rpm then why = 'requests'
-    elseif tpm > 0 and tk + tokens > tpm then why = 'tokens'
-    elseif par > 0 and pa + 1 > par then why = 'parallel'
-    elseif s.budget >= 0 and sp + cost > s.budget then why = 'budget' end
-    if why then return '0|' .. (i - first) .. '|' .. why .. head .. '|' .. rq .. '|' .. tk .. '|' .. sp end
-    scopes[#scopes+1] = s
-    counts[#counts+1] = (rq + 1) .. '|' .. (tk + tokens) .. '|' .. (sp + cost)
+    s.pa = pa
   end
-  for _, s in ipairs(scopes) do
-    if redis.call('INCR', s.rk) == 1 then redis.call('PEXPIRE', s.rk, ttl) end
-    if redis.call('INCRBY', s.tk, tokens) == tokens then redis.call('PEXPIRE', s.tk, ttl) end
-    redis.call('HINCRBY', s.pk, replica, 1)
-    redis.call('EXPIRE', s.pk, s.pttl)
-    if s.budget >= 0 then
-      redis.call('INCRBY', s.sk, cost)
-      if s.bttl > 0 then redis.call('EXPIRE', s.sk, s.bttl) end
+  return s
+end
+
+local function spend(l)
+  local key = ns .. ':sp:' .. l.name .. ':' .. l.period
+  local b = spends[key]
+  if not b then
+    b = {key = key, sp = tonumber(redis.call('GET', key) or '0'), d = 0, bttl = 0, charged = false}
+    spends[key] = b
+  end
+  return b
+end
+
+local function admit(tokens, cost, first, last)
+  local taken, counts = {}, {}
+  for i = first, last do
+    local l = parse(ARGV[i])
+    local s, b = scope(l), spend(l)
+    local pa = (s.pa or 0) + s.dpa
+    local why = nil
+    if l.rpm > 0 and s.rq + 1 > l.rpm then why = 'requests'
+    elseif l.tpm > 0 and s.tkn + tokens > l.tpm then why = 'tokens'
+    elseif l.par > 0 and pa + 1 > l.par then why = 'parallel'
+    elseif l.budget >= 0 and b.sp + cost > l.budget then why = 'budget' end
+    if why then
+      return '0|' .. (i - first) .. '|' .. why .. head .. '|' .. s.rq .. '|' .. s.tkn .. '|' .. b.sp
+    end
+    taken[#taken+1] = {s, b, l}
+    counts[#counts+1] = (s.rq + 1) .. '|' .. (s.tkn + tokens) .. '|' .. (b.sp + cost)
+  end
+  for _, t in ipairs(taken) do
+    local s, b, l = t[1], t[2], t[3]
+    s.rq, s.drq = s.rq + 1, s.drq + 1
+    s.tkn, s.dtk = s.tkn + tokens, s.dtk + tokens
+    s.dpa = s.dpa + 1
+    s.pttl = l.pttl
+    if l.budget >= 0 then
+      b.sp, b.d, b.charged = b.sp + cost, b.d + cost, true
+      if l.bttl > 0 then b.bttl = l.bttl end
     end
   end
   return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
@@ -86,6 +121,21 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i])
   out[#out+1] = admit(tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), i + 3, i + 2 + n)
   i = i + 3 + n
+end
+
+for _, s in ipairs(order) do
+  if s.drq > 0 then
+    if redis.call('INCRBY', s.rk, s.drq) == s.drq then redis.call('PEXPIRE', s.rk, ttl) end
+    if redis.call('INCRBY', s.tk, s.dtk) == s.dtk then redis.call('PEXPIRE', s.tk, ttl) end
+    redis.call('HINCRBY', s.pk, replica, s.dpa)
+    redis.call('EXPIRE', s.pk, s.pttl)
+  end
+end
+for _, b in pairs(spends) do
+  if b.charged then
+    redis.call('INCRBY', b.key, b.d)
+    if b.bttl > 0 then redis.call('EXPIRE', b.key, b.bttl) end
+  end
 end
 return out
 """

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-
-import redis.asyncio as aioredis
+from typing import Any
 
 from gateway.tenants.limits import SETTLE
+from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
 
 log = logging.getLogger("switchyard.tenants")
 
@@ -23,9 +23,10 @@ _MAX_BACKOFF_S = 2.0
 
 
 class Settler:
-    def __init__(self, client: aioredis.Redis, timeout_s: float, replica: str) -> None:
-        self._script = client.register_script(SETTLE)
-        self._replica = replica
+    def __init__(self, client: Any, timeout_s: float, replica: str) -> None:
+        """`client`: redis-py's asyncio client to the Redis of the counters (`ScriptClient.like`)."""
+        self._script = ScriptClient.like(client, SETTLE, timeout_s)
+        self._replica = bulk(replica)
         self._timeout = timeout_s
         self._deltas: dict[str, int] = {}
         """Pending change per counter: the ends of many requests of one key add up to one entry."""
@@ -74,7 +75,7 @@ class Settler:
         self._deltas = {}
         try:
             async with asyncio.timeout(self._timeout):
-                await self._script(keys=list(pending), args=[*pending.values(), self._replica])
+                await self._call(pending)
         except Exception as exc:
             log.warning("tenants: settling %d counters failed (%s); will retry", len(pending), exc)
             for counter, delta in pending.items():  # merged with what ended meanwhile
@@ -83,9 +84,23 @@ class Settler:
         self.flushes += 1
         return True
 
+    async def _call(self, pending: dict[str, int]) -> None:
+        answered: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        def answer(reply: object) -> None:
+            if not answered.done():
+                answered.set_result(reply)
+
+        body = b"".join([*map(bulk, pending), *map(bulk_int, pending.values()), self._replica])
+        self._script.call(2 * len(pending) + 1, body, answer, numkeys=len(pending))
+        reply = await answered
+        if isinstance(reply, BaseException):
+            raise reply
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.flush()
+        await self._script.close()
