@@ -58,6 +58,8 @@ class Load:
     url: str
     threads: int = 6
     outcomes: list[Outcome] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    """Requests whose connection the balancer closed without an answer, sent once more."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
 
@@ -67,12 +69,24 @@ class Load:
             while not self._stop.is_set():
                 request_id = f"load-{uuid.uuid4().hex}"
                 started = time.monotonic()
-                try:
-                    status = client.post(
-                        "/v1/chat/completions", json=body, headers={"x-request-id": request_id}
-                    ).status_code
-                except httpx.HTTPError:
-                    status = 0
+                status = 0
+                for attempt in range(2):
+                    try:
+                        answer = client.post(
+                            "/v1/chat/completions", json=body, headers={"x-request-id": request_id}
+                        )
+                        status = answer.status_code
+                        # The ledger keys a request on the id the gateway made (issue 14), not the client's.
+                        request_id = answer.headers.get("x-switchyard-request-id", request_id)
+                        break
+                    except httpx.RemoteProtocolError:
+                        # The balancer closed the connection without any answer. Seen around a replica's
+                        # kill or restart since the wave-2 merge and not yet explained; the OpenAI SDK retries
+                        # such a request, so this client does too, once, and counts it (tests bound it).
+                        if attempt == 0:
+                            self.retried.append(request_id)
+                    except httpx.HTTPError:
+                        break
                 self.outcomes.append(Outcome(request_id, started, time.monotonic(), status))
 
     def __enter__(self) -> Load:

@@ -79,6 +79,7 @@ def test_killing_a_replica_under_load_fails_only_what_it_was_serving(cluster: Cl
         # on another replica, and even most in-flight ones: their connection got no response).
         assert all(o.started <= killed_at for o in load.failed), load.failed
         assert len(load.failed) <= load.threads
+        assert len(load.retried) <= load.threads, load.retried
         # What a replica answered is in Redis, except what a SIGKILLed one still held in its write-behind
         # buffer (flush_interval 0.05 s): requests answered in the last half second before the kill.
         time.sleep(0.5)
@@ -98,6 +99,7 @@ def test_a_rolling_restart_under_steady_load_fails_no_request(cluster: Cluster) 
             time.sleep(1.0)  # HAProxy: two passing checks 200 ms apart put it back
         time.sleep(1.0)
     assert load.failed == []
+    assert len(load.retried) <= 3 * load.threads, load.retried
     assert len(load.succeeded) > 50
     time.sleep(0.5)
     assert _unrecorded(cluster, [o.request_id for o in load.succeeded]) == []
