@@ -26,6 +26,7 @@ from loadtest.client import Outcome
 from loadtest.whatif.accesslog import Recorded
 from loadtest.whatif.simfleet import SimBackend
 from policies.engine import PolicyEngine
+from policies.framework import Decision
 from policies.profile import RequestProfile
 
 EMBEDDINGS = ("/v1/embeddings", "embeddings")
@@ -54,6 +55,14 @@ class _Flight:
     outcome: Outcome
     steps: int
     ttft_at: float | None = None
+    decision: Decision | None = None
+    """Its routing decision, told when the gateway would see the answer start (`Decision.answered`)."""
+    prompt_estimate: int = 0
+
+    def answered(self) -> None:
+        """The gateway's pipeline calls this at a stream's first chunk, or with a whole answer."""
+        if self.decision is not None:
+            self.decision.answered(self.prompt_estimate)
 
 
 @dataclass(slots=True)
@@ -193,7 +202,7 @@ class Replay:
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
             backend.inflight += 1
-            flight = _Flight(request, sim, outcome, steps)
+            flight = _Flight(request, sim, outcome, steps, None, decision, profile.prompt_tokens_estimate)
             if sim.scheduler is None:
                 flight.ttft_at = now + sim.ttft_s
                 self._push(flight.ttft_at + (steps - 1) * sim.tpot_s, flight)
@@ -201,6 +210,7 @@ class Replay:
             else:
                 self._submit(sim, flight, now)
             return flight
+        decision.answered(profile.prompt_tokens_estimate)  # the gateway ends the request: out of the estimate
         if decision.candidates or decision.rejected_for_context:
             self.limits["context"] += 1
             outcome.error = "not modelled: longer than any backend's context or KV cache"
@@ -285,6 +295,8 @@ class Replay:
                 flight: _Flight = group.waiter
                 if flight.ttft_at is None:
                     flight.ttft_at = group.first_token_at
+                    if flight.request.line.stream:
+                        flight.answered()
                 if group.done:
                     self._finish(flight, end)
                     finished.append(flight)
@@ -350,6 +362,7 @@ class Replay:
         line = flight.request.line
         backend = flight.sim.backend
         backend.inflight -= 1
+        flight.answered()  # a whole answer (or a stream on a fixed-latency backend): no-op if told already
         n = max(1, line.n)
         tokens = flight.steps * n
         outcome.status = 200
@@ -360,8 +373,9 @@ class Replay:
         if flight.steps > 1:
             outcome.tpot = (outcome.e2e - ttft) / (flight.steps - 1)
         seen = self._observed_per_simulated  # gateway/request/pipeline.py observe(), on the gateway's clock
+        per_choice = flight.steps  # observe() times one choice's tokens: the n choices decode side by side
         if line.stream:
-            tpot = (outcome.e2e - ttft) / (tokens - 1) * seen if tokens > 1 else None
+            tpot = (outcome.e2e - ttft) / (per_choice - 1) * seen if per_choice > 1 else None
             backend.observed.add(ttft * seen, tpot)
-        elif tokens >= 16:
-            backend.observed.add(None, outcome.e2e / tokens * seen)
+        elif per_choice >= 16:
+            backend.observed.add(None, outcome.e2e / per_choice * seen)
