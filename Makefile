@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-# `make test` skips the HTTP-vs-replay agreement test (about a minute); .ci/run calls `make test-whatif`.
+# `make test` skips the HTTP-vs-replay agreement test (about two minutes): `make test-whatif` runs it.
 .PHONY: test-whatif whatif-demo bench-whatif
 .PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
 
