@@ -127,7 +127,6 @@ class Pipeline:
     async def complete(self, ctx: RequestContext) -> Reply:
         """Forward a non-streaming request; its answer ends it."""
         answer = await self.upstream.complete(ctx)
-        ctx.decision.answered(ctx.profile.prompt_tokens_estimate)  # prefilled: out of the TTFT estimate
         backend = ctx.backend
         assert backend is not None
         if not 200 <= ctx.status < 300:
@@ -166,9 +165,8 @@ class Pipeline:
             return None
         ctx.ended = True
         ctx.release()
-        decision = ctx.decision
-        if decision is not None and decision.counted is not None:  # ended before an answer
-            decision.answered(ctx.profile.prompt_tokens_estimate)
+        if ctx.decision is not None:  # a whole answer, or none: its prompt leaves the prefill estimate
+            ctx.decision.answered(ctx.profile.prompt_tokens_estimate)
         if self.queued:
             self._room_made()
         if error is not None:
