@@ -224,6 +224,29 @@ def test_bad_requests_change_nothing(cluster: Cluster) -> None:
         openai.OpenAI(base_url=cluster.urls[0] + "/v1", api_key="sy-wrong", max_retries=0).batches.list()
 
 
+def test_another_key_sees_none_of_a_keys_files_and_batches(cluster: Cluster) -> None:
+    client = cluster.sdk()
+    file_id = _upload(client, [_line("mine")])
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    with httpx.Client(base_url=cluster.urls[0], headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        other_key = admin.post("/admin/v1/keys", json={"name": "other", "budget_usd": 1.0}).json()["key"]
+    other = openai.OpenAI(base_url=cluster.urls[1] + "/v1", api_key=other_key, max_retries=0, timeout=30)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.cancel(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        other.files.retrieve(file_id)
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(file_id)
+    assert batch.id not in [b.id for b in other.batches.list()]
+    with pytest.raises(openai.NotFoundError):  # nor may it run a batch from another key's file
+        other.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert client.batches.retrieve(batch.id).status != "cancelling"
+
+
 def test_cancel_keeps_what_finished(cluster: Cluster) -> None:
     client = cluster.sdk()
     file_id = _upload(client, [_line(f"c-{i}", max_tokens=200) for i in range(60)])
