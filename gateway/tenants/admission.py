@@ -307,9 +307,16 @@ class Tenants:
         elif time.monotonic() < self._redis_down_until:
             verdict, local = self._away(scopes, tokens, cost, budgeted, "recently unreachable"), True
         else:
+            batcher = self._batcher
+            assert batcher is not None
             try:
                 # The client's socket timeout (`auth.redis_timeout`) bounds the call: no timer per request.
-                verdict = verdict_of(await self._batcher.admit(tokens, cost, scope_args))  # type: ignore[union-attr]
+                answer = batcher.admit(tokens, cost, scope_args)
+                try:
+                    verdict = verdict_of(await answer)
+                except asyncio.CancelledError:
+                    batcher.orphan(answer, lambda reply: self._give_back(reply, scopes, tokens, cost))
+                    raise
             except Exception as exc:
                 self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
                 log.warning("tenants: Redis unreachable for limits (%s); %s", exc, self.options.redis_away)
@@ -327,6 +334,12 @@ class Tenants:
         if not verdict.admitted:
             raise refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
         return Admission(scopes, tokens, cost, verdict.window, local, headers)
+
+    def _give_back(self, reply: bytes, scopes: list[ScopeCounters], tokens: int, cost: int) -> None:
+        """An admission answered after its request was cancelled: release what it reserved, if anything."""
+        verdict = verdict_of(reply)
+        if verdict.admitted:
+            self.release(Admission(scopes, tokens, cost, verdict.window, False, {}))
 
     def _away(self, scopes: list[ScopeCounters], tokens: int, cost: int, budgeted: bool, why: str) -> Verdict:
         if self.options.redis_away == "fail_closed":

@@ -9,6 +9,7 @@ are RESP-encoded here straight into the batch (`script_client`): a key's scope a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
 
@@ -22,6 +23,8 @@ class AdmitBatcher:
         self._parts: list[bytes] = [self._head]
         self._argc = 3
         self._waiting: list[asyncio.Future[bytes]] = []
+        self._orphans: dict[asyncio.Future[bytes], Callable[[bytes], None]] = {}
+        """Admissions whose request was cancelled while in flight: what to do with their answer."""
 
     def admit(self, tokens: int, cost: int, scopes: tuple[int, bytes, bytes]) -> asyncio.Future[bytes]:
         """The request's answer from `limits.ADMIT` (bytes), or the batch's exception. `scopes`: the
@@ -43,6 +46,15 @@ class AdmitBatcher:
             self._send()
         return future
 
+    def orphan(self, future: asyncio.Future[bytes], answered: Callable[[bytes], None]) -> None:
+        """The request awaiting `future` was cancelled (its client left): `limits.ADMIT` may still admit
+        it, so its answer goes to `answered` (which gives the reservation back) instead of being lost."""
+        if future.done() and not future.cancelled():
+            if future.exception() is None:
+                answered(future.result())
+            return
+        self._orphans[future] = answered
+
     def _send(self) -> None:
         waiting = self._waiting
         if not waiting:
@@ -51,20 +63,27 @@ class AdmitBatcher:
         self._parts, self._argc, self._waiting = [self._head], 3, []
 
         def answer(replies: object) -> None:
-            if isinstance(replies, BaseException):
+            orphans = self._orphans
+            if (
+                isinstance(replies, BaseException)
+                or not isinstance(replies, list)
+                or len(replies) != len(waiting)
+            ):
+                if not isinstance(replies, BaseException):
+                    replies = RuntimeError(f"limits.ADMIT answered {str(replies)[:200]}")
                 for future in waiting:
                     if not future.done():
                         future.set_exception(replies)
-                return
-            if not isinstance(replies, list) or len(replies) != len(waiting):
-                error = RuntimeError(f"limits.ADMIT answered {str(replies)[:200]}")
-                for future in waiting:
-                    if not future.done():
-                        future.set_exception(error)
+                    elif orphans:
+                        orphans.pop(future, None)  # no answer: nothing was reserved that we know of
                 return
             for future, reply in zip(waiting, replies, strict=True):
                 if not future.done():
                     future.set_result(reply)
+                elif orphans:
+                    answered = orphans.pop(future, None)
+                    if answered is not None:
+                        answered(reply)
 
         self._client.call(argc, body, answer)
 

@@ -1,10 +1,12 @@
-"""A loopback TCP proxy a test can cut (every connection dropped, new ones refused) and restore."""
+"""A loopback TCP proxy a test can cut (every connection dropped, new ones refused) and restore, or slow
+(the target's answers held back)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
 
 
 class CuttableProxy:
@@ -13,6 +15,8 @@ class CuttableProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.cut = False
+        self.answer_delay_s = 0.0
+        """Hold each chunk the target sends back this long before passing it on (0: pass at once)."""
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = False
@@ -34,12 +38,14 @@ class CuttableProxy:
                 continue
             with self._lock:
                 self._open |= {client, upstream}
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
+                if answers and self.answer_delay_s:
+                    time.sleep(self.answer_delay_s)
                 if self.cut:
                     break
                 dst.sendall(data)

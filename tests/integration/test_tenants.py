@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -220,6 +221,53 @@ def test_budget_holds_with_one_replicas_redis_cut(replicas: Fleet3) -> None:
         while _call(replicas.urls[2], probe) != "ok":
             assert time.monotonic() < deadline, "replica C never went back to the shared counters"
             time.sleep(0.2)
+
+
+def test_a_client_leaving_while_admitted_gives_its_reservation_back(replicas: Fleet3) -> None:
+    """The client leaves while its admission is in Redis (replica C's Redis answers held back 1 s): the
+    script reserves the slot, tokens and money, and the gateway gives them back once the late answer
+    comes, instead of leaving them held until the window or lease ends."""
+    key, key_id = replicas.create_key(name="leaver", max_parallel=1, budget_usd=100.0)
+    url = replicas.urls[2]
+    assert _call(url, key) == "ok"  # the key is cached on C: authenticating needs no Redis
+    shared = redis.Redis()
+    ns = f"{{syt:{replicas.prefix}}}"
+
+    def held() -> tuple[int, int]:
+        slots = sum(int(n) for n in shared.hvals(f"{ns}:pa:k:{key_id}"))
+        spent = sum(int(shared.get(k) or 0) for k in shared.scan_iter(f"{ns}:sp:k:{key_id}:*"))
+        return slots, spent
+
+    settled_spend = held()[1]
+    host, port = url.removeprefix("http://").split(":")
+    body = (
+        b'{"model": "' + MODEL.encode() + b'", "max_tokens": 64, '
+        b'"messages": [{"role": "user", "content": "hello"}]}'
+    )
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        + f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    replicas.proxy.answer_delay_s = 1.0
+    try:
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(request)
+            deadline = time.monotonic() + 2
+            while held()[0] < 1:  # the script ran in Redis; its answer is on its way back, slowly
+                assert time.monotonic() < deadline, "the admission never reached Redis"
+                time.sleep(0.01)
+            assert held()[1] > settled_spend  # the budget reservation too
+        # The client has gone with its admission in flight.
+    finally:
+        time.sleep(0.3)
+        replicas.proxy.answer_delay_s = 0.0
+    deadline = time.monotonic() + 5
+    while held() != (0, settled_spend):
+        assert time.monotonic() < deadline, f"reservation of a client that left still held: {held()}"
+        time.sleep(0.05)
+    shared.close()
+    assert _call(url, key) == "ok"  # its one parallel slot is free again
 
 
 def test_rpm_shared_across_replicas_and_sdk_retry_honours_headers(replicas: Fleet3) -> None:
