@@ -25,7 +25,7 @@ from gateway.ledger.records import Ledger
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes
-from gateway.tenants.answers import limit_headers, rate_headers, refusal, verdict_of
+from gateway.tenants.answers import HeaderPlan, limit_headers, rate_headers, refusal, verdict_of
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
     ADMIT,
@@ -53,13 +53,28 @@ _REDIS_RETRY_S = 1.0
 
 
 @dataclass(slots=True)
+class Prepared:
+    """What admitting a key's request needs that does not change per request: built once a minute (and
+    at each UTC midnight, when budget periods start), not per request."""
+
+    until: float
+    scopes: list[ScopeCounters]
+    scope_args: tuple[int, bytes, bytes]
+    """The scopes' `limits.ADMIT` arguments, encoded (`encode_scopes`)."""
+    budgeted: bool
+    header_plan: HeaderPlan
+    budget_nanos: tuple[int, ...]
+    """Per scope its budget in nano-USD, -1 without one (for `BudgetWatch`)."""
+    settle_names: dict[int, tuple[tuple[str, str, str | None], ...]] = field(default_factory=dict)
+    """Per window: per scope the Redis counters a settlement changes (tokens, parallel, spend)."""
+
+
+@dataclass(slots=True)
 class Tenant:
     key: KeyRecord
     team: TeamRecord | None
     admin: bool
-    prepared: tuple[float, list[ScopeCounters], tuple[int, bytes, bytes]] | None = None
-    """(valid until, scopes, their `limits.ADMIT` arguments encoded): built once a minute, not per
-    request."""
+    prepared: Prepared | None = None
 
 
 @dataclass(slots=True)
@@ -73,6 +88,8 @@ class Admission:
     headers: dict[str, str]
     """`x-ratelimit-*` and `x-switchyard-hints-ignored`, for the answer."""
     settled: bool = False
+    names: tuple[tuple[str, str, str | None], ...] = ()
+    """The shared counters to settle (`Prepared.settle_names`); empty: built when settling."""
 
 
 @dataclass(slots=True)
@@ -265,9 +282,7 @@ class Tenants:
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 
-    def _prepare(
-        self, tenant: Tenant, now: float
-    ) -> tuple[float, list[ScopeCounters], tuple[int, bytes, bytes]]:
+    def _prepare(self, tenant: Tenant, now: float) -> Prepared:
         key, team = tenant.key, tenant.team
         period, ttl = budget_period(key.budget_period, now)
         scopes = [ScopeCounters("k:" + key.id, key, period, ttl)]
@@ -284,8 +299,31 @@ class Tenants:
             )
         # Every budget period starts at a UTC midnight: rebuild then (and at least once a minute).
         until = min(now + 60.0, (now // 86_400 + 1) * 86_400)
-        tenant.prepared = prepared = (until, scopes, encode_scopes(args))
+        tenant.prepared = prepared = Prepared(
+            until,
+            scopes,
+            encode_scopes(args),
+            any(s.limits.budget_usd is not None for s in scopes),
+            HeaderPlan.of(scopes),
+            tuple(-1 if s.limits.budget_usd is None else nano(s.limits.budget_usd) for s in scopes),
+        )
         return prepared
+
+    def _settle_names(self, prepared: Prepared, window: int) -> tuple[tuple[str, str, str | None], ...]:
+        names = prepared.settle_names.get(window)
+        if names is None:
+            if len(prepared.settle_names) > 4:
+                prepared.settle_names.clear()
+            ns = self._ns
+            names = prepared.settle_names[window] = tuple(
+                (
+                    f"{ns}:tk:{s.name}:{window}",
+                    f"{ns}:pa:{s.name}",
+                    f"{ns}:sp:{s.name}:{s.period}" if s.limits.budget_usd is not None else None,
+                )
+                for s in prepared.scopes
+            )
+        return names
 
     async def admit(
         self, tenant: Tenant, profile: RequestProfile, candidates: Sequence[Backend], ignored: list[str]
@@ -293,13 +331,12 @@ class Tenants:
         """Reserve the request in every counter of its key and team, or raise 429 / 503."""
         now = time.time()
         prepared = tenant.prepared
-        if prepared is None or now >= prepared[0]:
+        if prepared is None or now >= prepared.until:
             prepared = self._prepare(tenant, now)
-        _, scopes, scope_args = prepared
+        scopes, budgeted = prepared.scopes, prepared.budgeted
         prompt = profile.prompt_tokens_estimate
         completion = max_output_tokens(candidates, prompt, profile.max_tokens, profile.n)
         tokens = prompt + completion
-        budgeted = any(s.limits.budget_usd is not None for s in scopes)
         cost = nano(max_cost_usd(self.ledger, candidates, prompt, completion)) if budgeted else 0
         local = False
         if self._admit is None:
@@ -311,7 +348,7 @@ class Tenants:
             assert batcher is not None
             try:
                 # The client's socket timeout (`auth.redis_timeout`) bounds the call: no timer per request.
-                answer = batcher.admit(tokens, cost, scope_args)
+                answer = batcher.admit(tokens, cost, prepared.scope_args)
                 try:
                     verdict = verdict_of(await answer)
                 except asyncio.CancelledError:
@@ -321,19 +358,23 @@ class Tenants:
                 self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
                 log.warning("tenants: Redis unreachable for limits (%s); %s", exc, self.options.redis_away)
                 verdict, local = self._away(scopes, tokens, cost, budgeted, exc.__class__.__name__), True
-        shown = scopes if verdict.admitted else [scopes[verdict.refused_scope]]
-        headers = rate_headers(shown, verdict)
+        if verdict.admitted:
+            headers = prepared.header_plan.headers(verdict)
+        else:
+            headers = rate_headers([scopes[verdict.refused_scope]], verdict)
         if ignored:
             headers["x-switchyard-hints-ignored"] = ",".join(ignored)
         if budgeted:
             headers["x-switchyard-budget-reserved-usd"] = f"{cost / NANO:.10f}"
-        self.watch.observe(scopes, verdict, cost)
-        if len(self._last_headers) >= _CACHE_MAX:
-            self._last_headers.clear()
-        self._last_headers[tenant.key.id] = headers
+        self.watch.observe(scopes, verdict, cost, prepared.budget_nanos)
+        last = self._last_headers
+        if len(last) >= _CACHE_MAX:
+            last.clear()
+        last[tenant.key.id] = headers
         if not verdict.admitted:
             raise refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
-        return Admission(scopes, tokens, cost, verdict.window, local, headers)
+        names = () if local or self.settler is None else self._settle_names(prepared, verdict.window)
+        return Admission(scopes, tokens, cost, verdict.window, local, headers, False, names)
 
     def _give_back(self, reply: bytes, scopes: list[ScopeCounters], tokens: int, cost: int) -> None:
         """An admission answered after its request was cancelled: release what it reserved, if anything."""
@@ -385,21 +426,30 @@ class Tenants:
             return
         admission.settled = True
         token_delta = prompt_tokens + completion_tokens - admission.tokens
-        cost_delta = nano(cost_usd) - admission.cost_nano
-        if admission.local or self.settler is None:
+        cost_delta = round(cost_usd * NANO) - admission.cost_nano
+        settler = self.settler
+        if admission.local or settler is None:
             counters = self.away if admission.local else self.local
             counters.settle(admission.scopes, admission.window, token_delta, cost_delta)
-            if self.settler is None:
+            if settler is None:
                 return
-        ns, window = self._ns, admission.window
-        add = self.settler.add
-        for s in admission.scopes:
-            add(f"{ns}:tk:{s.name}:{window}", token_delta)
-            if admission.local:
-                continue  # no shared slot or spend was taken
-            add(f"{ns}:pa:{s.name}", -1)
-            if s.limits.budget_usd is not None:
-                add(f"{ns}:sp:{s.name}:{s.period}", cost_delta)
+        if admission.local:  # no shared slot or spend was taken: only the window's tokens
+            ns, window = self._ns, admission.window
+            for s in admission.scopes:
+                settler.add(f"{ns}:tk:{s.name}:{window}", token_delta)
+            return
+        names = admission.names
+        if not names:
+            ns, window = self._ns, admission.window
+            names = tuple(
+                (
+                    f"{ns}:tk:{s.name}:{window}",
+                    f"{ns}:pa:{s.name}",
+                    f"{ns}:sp:{s.name}:{s.period}" if s.limits.budget_usd is not None else None,
+                )
+                for s in admission.scopes
+            )
+        settler.settle(names, token_delta, cost_delta)
 
     def release(self, admission: Admission) -> None:
         """The request ended without a ledger record (it failed before a backend served it)."""

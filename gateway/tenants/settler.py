@@ -48,6 +48,26 @@ class Settler:
             deltas[counter] = delta
         self._wake.set()
 
+    def settle(self, names: tuple[tuple[str, str, str | None], ...], tokens: int, cost: int) -> None:
+        """One admitted request's end: per scope its window's tokens change by `tokens`, its parallel
+        slot is given back, its spend (when it has a budget) changes by `cost`."""
+        deltas = self._deltas
+        if len(deltas) >= MAX_PENDING:
+            for tk, pa, sp in names:
+                self.add(tk, tokens)
+                self.add(pa, -1)
+                if sp is not None:
+                    self.add(sp, cost)
+            return
+        get = deltas.get
+        for tk, pa, sp in names:
+            if tokens:
+                deltas[tk] = get(tk, 0) + tokens
+            deltas[pa] = get(pa, 0) - 1
+            if sp is not None and cost:
+                deltas[sp] = get(sp, 0) + cost
+        self._wake.set()
+
     def pending(self) -> int:
         """Counter changes not yet in Redis (waiting for the next batch, or for Redis to return)."""
         return len(self._deltas)

@@ -21,8 +21,12 @@ class BudgetWatch:
         self.crossed: dict[tuple[str, float], int] = {}
         self._alerted: set[tuple[str, str, float]] = set()
 
-    def observe(self, scopes: list[ScopeCounters], verdict: Verdict, cost: int) -> None:
-        if verdict.admitted:
+    def observe(
+        self, scopes: list[ScopeCounters], verdict: Verdict, cost: int, budget_nanos: tuple[int, ...] = ()
+    ) -> None:
+        """`budget_nanos`: per scope its budget in nano-USD (-1: none), when the caller has it at hand."""
+        admitted = verdict.admitted
+        if admitted:
             self.admitted += 1
         else:
             self.refused[verdict.refused_by] = self.refused.get(verdict.refused_by, 0) + 1
@@ -31,13 +35,14 @@ class BudgetWatch:
             budget = scope.limits.budget_usd
             if budget is None:
                 continue
-            if verdict.admitted:
+            if admitted:
                 spent = counts[3 * i + 2]
             elif i == verdict.refused_scope:
                 spent = counts[2] + (cost if verdict.refused_by == "budget" else 0)
             else:
                 continue
-            ratio = spent / nano(budget) if budget > 0 else 1.0
+            budget_nano = budget_nanos[i] if budget_nanos else nano(budget)
+            ratio = spent / budget_nano if budget_nano > 0 else 1.0
             self.used[scope.name] = min(ratio, 10.0)
             if ratio < THRESHOLDS[0]:
                 continue

@@ -229,6 +229,8 @@ def test_a_client_leaving_while_admitted_gives_its_reservation_back(replicas: Fl
     comes, instead of leaving them held until the window or lease ends."""
     key, key_id = replicas.create_key(name="leaver", max_parallel=1, budget_usd=100.0)
     url = replicas.urls[2]
+    assert _call(url, key) == "ok"
+    time.sleep(1.2)  # C's next poll of the key store's version (made by the key's creation) has been
     assert _call(url, key) == "ok"  # the key is cached on C: authenticating needs no Redis
     shared = redis.Redis()
     ns = f"{{syt:{replicas.prefix}}}"
@@ -238,7 +240,12 @@ def test_a_client_leaving_while_admitted_gives_its_reservation_back(replicas: Fl
         spent = sum(int(shared.get(k) or 0) for k in shared.scan_iter(f"{ns}:sp:k:{key_id}:*"))
         return slots, spent
 
-    settled_spend = held()[1]
+    before, stable_since = held(), time.monotonic()
+    while time.monotonic() - stable_since < 0.5:  # the warm request's settlement has landed
+        time.sleep(0.05)
+        if held() != before:
+            before, stable_since = held(), time.monotonic()
+    assert before[0] == 0
     host, port = url.removeprefix("http://").split(":")
     body = (
         b'{"model": "' + MODEL.encode() + b'", "max_tokens": 64, '
@@ -257,13 +264,16 @@ def test_a_client_leaving_while_admitted_gives_its_reservation_back(replicas: Fl
             while held()[0] < 1:  # the script ran in Redis; its answer is on its way back, slowly
                 assert time.monotonic() < deadline, "the admission never reached Redis"
                 time.sleep(0.01)
-            assert held()[1] > settled_spend  # the budget reservation too
+            reserved = held()[1] - before[1]  # the budget reservation too
+            assert reserved > 0
         # The client has gone with its admission in flight.
     finally:
         time.sleep(0.3)
         replicas.proxy.answer_delay_s = 0.0
     deadline = time.monotonic() + 5
-    while held() != (0, settled_spend):
+    # Given back: no slot held, and the spend is back where it was (allocation may still move the warm
+    # request's cost by a little as its bucket ends; the reservation given back is far larger).
+    while held()[0] != 0 or held()[1] > before[1] + reserved // 10:
         assert time.monotonic() < deadline, f"reservation of a client that left still held: {held()}"
         time.sleep(0.05)
     shared.close()
