@@ -24,20 +24,19 @@ from gateway.errors import GatewayError
 from gateway.ledger.records import Ledger
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
-from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes
-from gateway.tenants.answers import HeaderPlan, limit_headers, rate_headers, refusal, verdict_of
+from gateway.tenants.admit_batch import AdmitBatcher
+from gateway.tenants.answers import limit_headers, rate_headers, refusal, verdict_of
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
     ADMIT,
     NANO,
-    PARALLEL_TTL_S,
     SLOT_LEASE_S,
     LocalCounters,
     ScopeCounters,
     Verdict,
-    budget_period,
     nano,
 )
+from gateway.tenants.prepared import Prepared, SettleNames, prepare, settle_names
 from gateway.tenants.reservation import max_cost_usd, max_output_tokens
 from gateway.tenants.script_client import ScriptClient
 from gateway.tenants.settler import Settler
@@ -50,23 +49,6 @@ log = logging.getLogger("switchyard.tenants")
 _CACHE_MAX = 50_000
 _REDIS_RETRY_S = 1.0
 """After a failed Redis call, admissions use the local share for this long before trying Redis again."""
-
-
-@dataclass(slots=True)
-class Prepared:
-    """What admitting a key's request needs that does not change per request: built once a minute (and
-    at each UTC midnight, when budget periods start), not per request."""
-
-    until: float
-    scopes: list[ScopeCounters]
-    scope_args: tuple[int, bytes, bytes]
-    """The scopes' `limits.ADMIT` arguments, encoded (`encode_scopes`)."""
-    budgeted: bool
-    header_plan: HeaderPlan
-    budget_nanos: tuple[int, ...]
-    """Per scope its budget in nano-USD, -1 without one (for `BudgetWatch`)."""
-    settle_names: dict[int, tuple[tuple[str, str, str | None], ...]] = field(default_factory=dict)
-    """Per window: per scope the Redis counters a settlement changes (tokens, parallel, spend)."""
 
 
 @dataclass(slots=True)
@@ -88,8 +70,8 @@ class Admission:
     headers: dict[str, str]
     """`x-ratelimit-*` and `x-switchyard-hints-ignored`, for the answer."""
     settled: bool = False
-    names: tuple[tuple[str, str, str | None], ...] = ()
-    """The shared counters to settle (`Prepared.settle_names`); empty: built when settling."""
+    names: SettleNames = ()
+    """The shared counters to settle (`Prepared.names_for`); empty: built when settling."""
 
 
 @dataclass(slots=True)
@@ -282,49 +264,6 @@ class Tenants:
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 
-    def _prepare(self, tenant: Tenant, now: float) -> Prepared:
-        key, team = tenant.key, tenant.team
-        period, ttl = budget_period(key.budget_period, now)
-        scopes = [ScopeCounters("k:" + key.id, key, period, ttl)]
-        if team is not None:
-            period, ttl = budget_period(team.budget_period, now)
-            scopes.append(ScopeCounters("t:" + team.name, team, period, ttl))
-        args = []
-        for s in scopes:
-            lim = s.limits
-            budget = -1 if lim.budget_usd is None else nano(lim.budget_usd)
-            args.append(
-                f"{s.name}|{s.period}|{lim.rpm or 0}|{lim.tpm or 0}|{lim.max_parallel or 0}|{budget}"
-                f"|{s.period_ttl_s}|{PARALLEL_TTL_S}"
-            )
-        # Every budget period starts at a UTC midnight: rebuild then (and at least once a minute).
-        until = min(now + 60.0, (now // 86_400 + 1) * 86_400)
-        tenant.prepared = prepared = Prepared(
-            until,
-            scopes,
-            encode_scopes(args),
-            any(s.limits.budget_usd is not None for s in scopes),
-            HeaderPlan.of(scopes),
-            tuple(-1 if s.limits.budget_usd is None else nano(s.limits.budget_usd) for s in scopes),
-        )
-        return prepared
-
-    def _settle_names(self, prepared: Prepared, window: int) -> tuple[tuple[str, str, str | None], ...]:
-        names = prepared.settle_names.get(window)
-        if names is None:
-            if len(prepared.settle_names) > 4:
-                prepared.settle_names.clear()
-            ns = self._ns
-            names = prepared.settle_names[window] = tuple(
-                (
-                    f"{ns}:tk:{s.name}:{window}",
-                    f"{ns}:pa:{s.name}",
-                    f"{ns}:sp:{s.name}:{s.period}" if s.limits.budget_usd is not None else None,
-                )
-                for s in prepared.scopes
-            )
-        return names
-
     async def admit(
         self, tenant: Tenant, profile: RequestProfile, candidates: Sequence[Backend], ignored: list[str]
     ) -> Admission:
@@ -332,7 +271,7 @@ class Tenants:
         now = time.time()
         prepared = tenant.prepared
         if prepared is None or now >= prepared.until:
-            prepared = self._prepare(tenant, now)
+            prepared = tenant.prepared = prepare(tenant.key, tenant.team, now)
         scopes, budgeted = prepared.scopes, prepared.budgeted
         prompt = profile.prompt_tokens_estimate
         completion = max_output_tokens(candidates, prompt, profile.max_tokens, profile.n)
@@ -373,7 +312,7 @@ class Tenants:
         last[tenant.key.id] = headers
         if not verdict.admitted:
             raise refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
-        names = () if local or self.settler is None else self._settle_names(prepared, verdict.window)
+        names = () if local or self.settler is None else prepared.names_for(self._ns, verdict.window)
         return Admission(scopes, tokens, cost, verdict.window, local, headers, False, names)
 
     def _give_back(self, reply: bytes, scopes: list[ScopeCounters], tokens: int, cost: int) -> None:
@@ -438,17 +377,7 @@ class Tenants:
             for s in admission.scopes:
                 settler.add(f"{ns}:tk:{s.name}:{window}", token_delta)
             return
-        names = admission.names
-        if not names:
-            ns, window = self._ns, admission.window
-            names = tuple(
-                (
-                    f"{ns}:tk:{s.name}:{window}",
-                    f"{ns}:pa:{s.name}",
-                    f"{ns}:sp:{s.name}:{s.period}" if s.limits.budget_usd is not None else None,
-                )
-                for s in admission.scopes
-            )
+        names = admission.names or settle_names(admission.scopes, self._ns, admission.window)
         settler.settle(names, token_delta, cost_delta)
 
     def release(self, admission: Admission) -> None:
