@@ -113,7 +113,9 @@ class Tenants:
         self.watch = BudgetWatch()
         self._admit = ScriptClient.like(client, ADMIT, timeout) if client is not None else None
         self._batcher = (
-            AdmitBatcher(self._admit, self.window_ms, self.replica, ns) if self._admit is not None else None
+            AdmitBatcher(self._admit, self.window_ms, self.replica, ns, self.settler)
+            if self._admit is not None
+            else None
         )
 
     @classmethod

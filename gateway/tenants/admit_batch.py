@@ -12,16 +12,27 @@ import asyncio
 from collections.abc import Callable
 
 from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
+from gateway.tenants.settler import Settler
 
 _MAX_BATCH = 256
+_NO_SETTLEMENTS = bulk(0)
 
 
 class AdmitBatcher:
-    def __init__(self, client: ScriptClient, window_ms: int, replica: str, namespace: str) -> None:
+    def __init__(
+        self,
+        client: ScriptClient,
+        window_ms: int,
+        replica: str,
+        namespace: str,
+        settler: Settler | None = None,
+    ) -> None:
         self._client = client
+        self._settler = settler
+        """Its pending settlements ride along with each batch (`limits.ADMIT` applies them first)."""
         self._head = bulk(window_ms) + bulk(replica) + bulk(namespace)
-        self._parts: list[bytes] = [self._head]
-        self._argc = 3
+        self._parts: list[bytes] = [self._head, _NO_SETTLEMENTS]
+        self._argc = 4
         self._waiting: list[asyncio.Future[bytes]] = []
         self._orphans: dict[asyncio.Future[bytes], Callable[[bytes], None]] = {}
         """Admissions whose request was cancelled while in flight: what to do with their answer."""
@@ -59,16 +70,22 @@ class AdmitBatcher:
         waiting = self._waiting
         if not waiting:
             return
-        body, argc = b"".join(self._parts), self._argc
-        self._parts, self._argc, self._waiting = [self._head], 3, []
+        parts, argc = self._parts, self._argc
+        self._parts, self._argc, self._waiting = [self._head, _NO_SETTLEMENTS], 4, []
+        settler = self._settler
+        settling = settler.take() if settler is not None else None
+        if settling:
+            parts[1] = bulk(len(settling))
+            parts.insert(2, b"".join(bulk(counter) + bulk_int(delta) for counter, delta in settling.items()))
+            argc += 2 * len(settling)
+        body = b"".join(parts)
 
         def answer(replies: object) -> None:
             orphans = self._orphans
-            if (
-                isinstance(replies, BaseException)
-                or not isinstance(replies, list)
-                or len(replies) != len(waiting)
-            ):
+            failed = not isinstance(replies, list) or len(replies) != len(waiting)
+            if failed and settling:
+                settler.restore(settling)  # type: ignore[union-attr]  # not known to be applied: again
+            if failed:
                 if not isinstance(replies, BaseException):
                     replies = RuntimeError(f"limits.ADMIT answered {str(replies)[:200]}")
                 for future in waiting:

@@ -35,6 +35,20 @@ local suffix = ':' .. window
 local head = '|' .. reset_ms .. '|' .. window
 local ttl = window_ms + 2000
 
+-- First the settlements this replica had pending (as `SETTLE` does them): counter, delta pairs.
+local settled = tonumber(ARGV[4])
+for i = 5, 4 + 2 * settled, 2 do
+  local counter, delta = ARGV[i], tonumber(ARGV[i+1])
+  if redis.call('EXISTS', counter) == 1 then
+    if string.find(counter, ':pa:', 1, true) then
+      if redis.call('HINCRBY', counter, replica, delta) <= 0 then redis.call('HDEL', counter, replica) end
+    else
+      local left = redis.call('INCRBY', counter, delta)
+      if left < 0 then redis.call('INCRBY', counter, -left) end
+    end
+  end
+end
+
 -- Counters are read once per batch and kept here; what the batch admitted is written once at the end.
 local scopes, order, spends, limits = {}, {}, {}, {}
 
@@ -116,7 +130,7 @@ local function admit(tokens, cost, first, last)
 end
 
 local out = {}
-local i = 4
+local i = 5 + 2 * settled
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   out[#out+1] = admit(tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), i + 3, i + 2 + n)
@@ -140,7 +154,9 @@ end
 return out
 """
 """Admits a batch of requests in order (each as if alone: all its scopes fit, then all are charged).
-ARGV: window ms, this replica's id, the namespace (`{syt:<prefix>}`), then per request: its number of
+ARGV: window ms, this replica's id, the namespace (`{syt:<prefix>}`), the number of settlements this
+replica had pending and as many (counter, delta) pairs (`Settler.take`: applied first, as `SETTLE` would;
+so settling costs no call of its own while requests are admitted), then per request: its number of
 scopes, tokens, cost (nano-USD), and one string per scope (key, then team):
 `name|period|rpm|tpm|max_parallel|budget|spend TTL s|parallel TTL s` (0 = unlimited, budget -1 = none).
 The counters' names are built here from the namespace (all under its hash tag, so in one Redis Cluster

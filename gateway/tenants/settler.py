@@ -68,6 +68,21 @@ class Settler:
                 deltas[sp] = get(sp, 0) + cost
         self._wake.set()
 
+    def take(self) -> dict[str, int]:
+        """Everything pending, handed to a caller that sends it to Redis (`AdmitBatcher`); `restore`
+        gives it back if that call fails."""
+        deltas = self._deltas
+        if not deltas:
+            return {}
+        self._deltas = {}
+        return deltas
+
+    def restore(self, pending: dict[str, int]) -> None:
+        deltas = self._deltas
+        for counter, delta in pending.items():  # merged with what ended meanwhile
+            deltas[counter] = deltas.get(counter, 0) + delta
+        self._wake.set()
+
     def pending(self) -> int:
         """Counter changes not yet in Redis (waiting for the next batch, or for Redis to return)."""
         return len(self._deltas)
@@ -98,8 +113,7 @@ class Settler:
                 await self._call(pending)
         except Exception as exc:
             log.warning("tenants: settling %d counters failed (%s); will retry", len(pending), exc)
-            for counter, delta in pending.items():  # merged with what ended meanwhile
-                self._deltas[counter] = self._deltas.get(counter, 0) + delta
+            self.restore(pending)
             return False
         self.flushes += 1
         return True

@@ -175,3 +175,49 @@ def test_fail_open_admits_from_the_share_and_reconciles_when_redis_returns(prefi
     finally:
         proxy.close()
         shared.close()
+
+
+def test_settlements_ride_with_the_next_admission_and_wait_again_if_it_fails(prefix: str) -> None:
+    """A request's end leaves its settlement pending; the next admission's call carries it (applied
+    before admitting, so a key at its parallel limit gets its slot back in that very call). A call that
+    fails leaves it pending again."""
+    proxy = CuttableProxy(6379)
+    shared = redis.Redis()
+
+    async def run() -> None:
+        client = aioredis.Redis(port=proxy.port, socket_timeout=0.3, socket_connect_timeout=0.3)
+        options = AuthOptions(mode="keys", window_s=3600, replicas=3, redis_timeout=0.3)
+        ledger = build_ledger(LedgerOptions(store="memory"), [])
+        # Not started: the settler's own timed flush never runs, so only admissions can carry settlements.
+        tenants = Tenants(options, MemoryTenantStore(), ledger, prefix, client=client)
+        settler = tenants.settler
+        assert settler is not None
+        ns = "{syt:" + prefix + "}"
+        tenant = Tenant(_key("a", 1.0, rpm=100, max_parallel=1), None, False)
+        first = await tenants.admit(tenant, _profile(), [], [])
+        tk = f"{ns}:tk:k:a:{first.window}"
+        assert shared.hvals(f"{ns}:pa:k:a") == [b"1"] and int(shared.get(tk)) == 20
+        tenants.settle(first, 10, 5, 0.0)  # used 15 of the 20 tokens reserved; the slot is free
+        assert settler.pending() == 2
+        second = await tenants.admit(tenant, _profile(), [], [])  # max_parallel 1: needs the slot back
+        assert not second.local and settler.pending() == 0
+        assert shared.hvals(f"{ns}:pa:k:a") == [b"1"] and int(shared.get(tk)) == 15 + 20
+
+        tenants.settle(second, 10, 10, 0.0)
+        proxy.set_cut(True)
+        third = await tenants.admit(tenant, _profile(), [], [])  # Redis away: from the local share
+        assert third.local
+        # The slot's return waits again (the second used what it reserved: no tokens' delta), beside
+        # the third's request and tokens, counted in the shared window once Redis is back.
+        assert settler.pending() == 3
+        proxy.set_cut(False)
+        assert await settler.flush()
+        assert shared.hvals(f"{ns}:pa:k:a") == []
+        assert int(shared.get(f"{ns}:rq:k:a:{first.window}")) == 3 and int(shared.get(tk)) == 15 + 20 + 20
+        await client.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
+        shared.close()
