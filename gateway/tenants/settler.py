@@ -30,6 +30,8 @@ class Settler:
         self._timeout = timeout_s
         self._deltas: dict[str, int] = {}
         """Pending change per counter: the ends of many requests of one key add up to one entry."""
+        self._settles: dict[int, list[Any]] = {}
+        """Pending `settle` calls: per `names` object, [names, tokens, requests, cost]."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
@@ -50,28 +52,46 @@ class Settler:
 
     def settle(self, names: tuple[tuple[str, str, str | None], ...], tokens: int, cost: int) -> None:
         """One admitted request's end: per scope its window's tokens change by `tokens`, its parallel
-        slot is given back, its spend (when it has a budget) changes by `cost`."""
-        deltas = self._deltas
-        if len(deltas) >= MAX_PENDING:
-            for tk, pa, sp in names:
-                self.add(tk, tokens)
-                self.add(pa, -1)
-                if sp is not None:
-                    self.add(sp, cost)
-            return
-        get = deltas.get
-        for tk, pa, sp in names:
-            if tokens:
-                deltas[tk] = get(tk, 0) + tokens
-            deltas[pa] = get(pa, 0) - 1
-            if sp is not None and cost:
-                deltas[sp] = get(sp, 0) + cost
+        slot is given back, its spend (when it has a budget) changes by `cost`. Requests settling the same
+        counters (`names`, one object per key and window) add up in one entry, spread into per-counter
+        deltas only when sent."""
+        entry = self._settles.get(id(names))
+        if entry is not None:
+            entry[1] += tokens
+            entry[2] += 1
+            entry[3] += cost
+        else:
+            self._settles[id(names)] = [names, tokens, 1, cost]
         self._wake.set()
+
+    def _spread(self) -> dict[str, int]:
+        settles = self._settles
+        deltas = self._deltas
+        if not settles:
+            return deltas
+        self._settles = {}
+        if len(deltas) >= MAX_PENDING:  # Redis away for long: bounded, as `add` is
+            for names, tokens, count, cost in settles.values():
+                for tk, pa, sp in names:
+                    self.add(tk, tokens)
+                    self.add(pa, -count)
+                    if sp is not None:
+                        self.add(sp, cost)
+            return deltas
+        get = deltas.get
+        for names, tokens, count, cost in settles.values():
+            for tk, pa, sp in names:
+                if tokens:
+                    deltas[tk] = get(tk, 0) + tokens
+                deltas[pa] = get(pa, 0) - count
+                if sp is not None and cost:
+                    deltas[sp] = get(sp, 0) + cost
+        return deltas
 
     def take(self) -> dict[str, int]:
         """Everything pending, handed to a caller that sends it to Redis (`AdmitBatcher`); `restore`
         gives it back if that call fails."""
-        deltas = self._deltas
+        deltas = self._spread()
         if not deltas:
             return {}
         self._deltas = {}
@@ -85,7 +105,7 @@ class Settler:
 
     def pending(self) -> int:
         """Counter changes not yet in Redis (waiting for the next batch, or for Redis to return)."""
-        return len(self._deltas)
+        return len(self._spread())
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -103,7 +123,7 @@ class Settler:
                 self._wake.set()
 
     async def flush(self) -> bool:
-        pending = {counter: delta for counter, delta in self._deltas.items() if delta != 0}
+        pending = {counter: delta for counter, delta in self._spread().items() if delta != 0}
         if not pending:
             self._deltas.clear()
             return True

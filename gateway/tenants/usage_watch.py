@@ -16,10 +16,18 @@ class BudgetWatch:
     def __init__(self) -> None:
         self.admitted = 0
         self.refused: dict[str, int] = {}
-        self.used: dict[str, float] = {}
-        """Per budgeted scope: the share of its budget spent or reserved, as of the last admission."""
+        self._spent: dict[str, tuple[int, int]] = {}
+        """Per budgeted scope: (spent or reserved, budget), nano-USD, as of its last admission here."""
         self.crossed: dict[tuple[str, float], int] = {}
         self._alerted: set[tuple[str, str, float]] = set()
+
+    @property
+    def used(self) -> dict[str, float]:
+        """Per budgeted scope: the share of its budget spent or reserved, as of the last admission."""
+        return {
+            name: min(spent / budget, 10.0) if budget > 0 else 1.0
+            for name, (spent, budget) in self._spent.items()
+        }
 
     def observe(
         self, scopes: list[ScopeCounters], verdict: Verdict, cost: int, budget_nanos: tuple[int, ...] = ()
@@ -32,8 +40,14 @@ class BudgetWatch:
             self.refused[verdict.refused_by] = self.refused.get(verdict.refused_by, 0) + 1
         counts = verdict.counts
         for i, scope in enumerate(scopes):
-            budget = scope.limits.budget_usd
-            if budget is None:
+            budget = (
+                budget_nanos[i]
+                if budget_nanos
+                else -1
+                if scope.limits.budget_usd is None
+                else nano(scope.limits.budget_usd)
+            )
+            if budget < 0:
                 continue
             if admitted:
                 spent = counts[3 * i + 2]
@@ -41,11 +55,10 @@ class BudgetWatch:
                 spent = counts[2] + (cost if verdict.refused_by == "budget" else 0)
             else:
                 continue
-            budget_nano = budget_nanos[i] if budget_nanos else nano(budget)
-            ratio = spent / budget_nano if budget_nano > 0 else 1.0
-            self.used[scope.name] = min(ratio, 10.0)
-            if ratio < THRESHOLDS[0]:
+            self._spent[scope.name] = (spent, budget)
+            if spent * 5 < budget * 4:  # under the first threshold (80%)
                 continue
+            ratio = spent / budget if budget > 0 else 1.0
             for threshold in THRESHOLDS:
                 mark = (scope.name, scope.period, threshold)
                 if ratio >= threshold and mark not in self._alerted:
@@ -58,7 +71,7 @@ class BudgetWatch:
                         scope.period,
                         int(threshold * 100),
                         spent / NANO,
-                        budget,
+                        budget / NANO,
                     )
 
     def render(self) -> str:
