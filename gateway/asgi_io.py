@@ -59,9 +59,16 @@ def _header_list(headers: dict[str, str], content_type: bytes) -> list[tuple[byt
 
 
 async def send_body(
-    send: Any, status: int, headers: dict[str, str], body: bytes, content_type: bytes
+    send: Any,
+    status: int,
+    headers: dict[str, str],
+    body: bytes,
+    content_type: bytes,
+    raw_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     header_list = _header_list(headers, content_type)
+    if raw_headers:
+        header_list += raw_headers
     header_list.append((_CONTENT_LENGTH, str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": header_list})
     await send({"type": "http.response.body", "body": body})
@@ -119,17 +126,19 @@ class DisconnectWatch:
 
 
 async def send_stream(
-    send: Any, watch: DisconnectWatch, headers: dict[str, str], content_type: str, stream: Any
+    send: Any,
+    watch: DisconnectWatch,
+    headers: dict[str, str],
+    content_type: str,
+    stream: Any,
+    raw_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """Send server-sent events as they come; `stream` is a RelayedStream (async iterable with `end()`)."""
     try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": _header_list(headers, content_type.encode("latin-1")),
-            }
-        )
+        header_list = _header_list(headers, content_type.encode("latin-1"))
+        if raw_headers:
+            header_list += raw_headers
+        await send({"type": "http.response.start", "status": 200, "headers": header_list})
         async for chunk in stream:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         watch.stop()

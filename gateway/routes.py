@@ -150,11 +150,12 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             pipeline.end(ctx, exc)
             raise
         if reply.stream is not None:
-            await send_stream(send, watch, reply.headers, reply.content_type, reply.stream)
+            await send_stream(send, watch, reply.headers, reply.content_type, reply.stream, reply.raw_headers)
             return
         watch.stop()
         try:
-            await send_body(send, 200, reply.headers, reply.body, reply.content_type.encode("latin-1"))
+            content_type = reply.content_type.encode("latin-1")
+            await send_body(send, 200, reply.headers, reply.body, content_type, reply.raw_headers)
         except asyncio.CancelledError:
             if not watch.swallow():  # the client left as its answer was being sent: it was accounted
                 raise

@@ -56,6 +56,8 @@ class Reply:
     body: bytes = b""
     content_type: str = "application/json"
     stream: RelayedStream | None = None
+    raw_headers: list[tuple[bytes, bytes]] | None = None
+    """More headers, already as bytes (an API key's `x-ratelimit-*`)."""
 
 
 class Pipeline:
@@ -140,9 +142,9 @@ class Pipeline:
         headers = _reply_headers(ctx, backend)
         if record is not None:
             headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
-        if ctx.caller.admission is not None:
-            headers.update(ctx.caller.admission.headers)
-        return Reply(headers=headers, body=answer.body, content_type=answer.content_type)
+        admission = ctx.caller.admission
+        raw = admission.raw_headers if admission is not None else None
+        return Reply(headers, answer.body, answer.content_type, None, raw)
 
     async def stream(self, ctx: RequestContext) -> Reply:
         """Open a stream; the relay ends the request when the stream ends."""
@@ -153,9 +155,9 @@ class Pipeline:
             sse.cost_of = _cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
         headers = _reply_headers(ctx, opened.backend)
-        if ctx.caller.admission is not None:
-            headers.update(ctx.caller.admission.headers)
-        return Reply(headers=headers, content_type="text/event-stream", stream=stream)
+        admission = ctx.caller.admission
+        raw = admission.raw_headers if admission is not None else None
+        return Reply(headers=headers, content_type="text/event-stream", stream=stream, raw_headers=raw)
 
     # --- the end of every request ---------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from gateway.ledger.records import Ledger
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
-from gateway.tenants.answers import limit_headers, rate_headers, refusal, verdict_of
+from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
     ADMIT,
@@ -67,8 +67,9 @@ class Admission:
     window: int
     local: bool
     """Admitted from this replica's local share (Redis away): settled locally."""
-    headers: dict[str, str]
-    """`x-ratelimit-*` and `x-switchyard-hints-ignored`, for the answer."""
+    raw_headers: list[tuple[bytes, bytes]]
+    """`x-ratelimit-*`, `x-switchyard-hints-ignored` and the budget reserved, for the answer (as ASGI
+    sends headers: built as bytes once, not as text then encoded)."""
     settled: bool = False
     names: SettleNames = ()
     """The shared counters to settle (`Prepared.names_for`); empty: built when settling."""
@@ -95,7 +96,7 @@ class Tenants:
     _task: asyncio.Task[None] | None = None
     _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
     _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
-    _last_headers: dict[str, dict[str, str]] = field(default_factory=dict)
+    _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
     def __post_init__(self) -> None:
@@ -299,29 +300,32 @@ class Tenants:
                 self._redis_down_until = time.monotonic() + _REDIS_RETRY_S
                 log.warning("tenants: Redis unreachable for limits (%s); %s", exc, self.options.redis_away)
                 verdict, local = self._away(scopes, tokens, cost, budgeted, exc.__class__.__name__), True
-        if verdict.admitted:
-            headers = prepared.header_plan.headers(verdict)
-        else:
-            headers = rate_headers([scopes[verdict.refused_scope]], verdict)
-        if ignored:
-            headers["x-switchyard-hints-ignored"] = ",".join(ignored)
-        if budgeted:
-            headers["x-switchyard-budget-reserved-usd"] = f"{cost / NANO:.10f}"
         self.watch.observe(scopes, verdict, cost, prepared.budget_nanos)
         last = self._last_headers
         if len(last) >= _CACHE_MAX:
             last.clear()
-        last[tenant.key.id] = headers
         if not verdict.admitted:
+            headers = rate_headers([scopes[verdict.refused_scope]], verdict)
+            if ignored:
+                headers["x-switchyard-hints-ignored"] = ",".join(ignored)
+            if budgeted:
+                headers["x-switchyard-budget-reserved-usd"] = f"{cost / NANO:.10f}"
+            last[tenant.key.id] = encoded(headers)
             raise refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
+        raw = prepared.header_plan.raw(verdict)
+        if ignored:
+            raw.append((b"x-switchyard-hints-ignored", ",".join(ignored).encode()))
+        if budgeted:
+            raw.append((b"x-switchyard-budget-reserved-usd", b"%.10f" % (cost / NANO)))
+        last[tenant.key.id] = raw
         names = () if local or self.settler is None else prepared.names_for(self._ns, verdict.window)
-        return Admission(scopes, tokens, cost, verdict.window, local, headers, False, names)
+        return Admission(scopes, tokens, cost, verdict.window, local, raw, False, names)
 
     def _give_back(self, reply: bytes, scopes: list[ScopeCounters], tokens: int, cost: int) -> None:
         """An admission answered after its request was cancelled: release what it reserved, if anything."""
         verdict = verdict_of(reply)
         if verdict.admitted:
-            self.release(Admission(scopes, tokens, cost, verdict.window, False, {}))
+            self.release(Admission(scopes, tokens, cost, verdict.window, False, []))
 
     def _away(self, scopes: list[ScopeCounters], tokens: int, cost: int, budgeted: bool, why: str) -> Verdict:
         if self.options.redis_away == "fail_closed":
@@ -347,10 +351,8 @@ class Tenants:
         request's own admission's, or before admission the key's latest here, or its bare limits."""
         if "x-ratelimit-reset-requests" in error.headers or "x-ratelimit-reset-tokens" in error.headers:
             return error
-        if admission is not None:
-            headers = admission.headers
-        else:
-            headers = self._last_headers.get(tenant.key.id) or limit_headers(tenant.key, tenant.team)
+        raw = admission.raw_headers if admission is not None else self._last_headers.get(tenant.key.id)
+        headers = decoded(raw) if raw else limit_headers(tenant.key, tenant.team)
         if not headers:
             return error
         answer = GatewayError(error.status, "", "", headers={**headers, **error.headers})

@@ -43,22 +43,31 @@ class HeaderPlan:
         )
         return cls(requests, tokens)
 
-    def headers(self, verdict: Verdict) -> dict[str, str]:
-        """`rate_headers` of an admitted verdict (every scope's counts present), the fast way."""
-        headers: dict[str, str] = {}
+    def raw(self, verdict: Verdict) -> list[tuple[bytes, bytes]]:
+        """`rate_headers` of an admitted verdict (every scope's counts present), as the ASGI answer carries
+        headers (bytes), the fast way."""
+        out: list[tuple[bytes, bytes]] = []
         counts = verdict.counts
-        reset = f"{verdict.reset_s:.3f}s"
+        reset = b"%.3fs" % verdict.reset_s
         if self.requests:
             left, text = _tightest(self.requests, counts)
-            headers["x-ratelimit-limit-requests"] = text
-            headers["x-ratelimit-remaining-requests"] = str(left)
-            headers["x-ratelimit-reset-requests"] = reset
+            out.append((b"x-ratelimit-limit-requests", text.encode()))
+            out.append((b"x-ratelimit-remaining-requests", b"%d" % left))
+            out.append((b"x-ratelimit-reset-requests", reset))
         if self.tokens:
             left, text = _tightest(self.tokens, counts)
-            headers["x-ratelimit-limit-tokens"] = text
-            headers["x-ratelimit-remaining-tokens"] = str(left)
-            headers["x-ratelimit-reset-tokens"] = reset
-        return headers
+            out.append((b"x-ratelimit-limit-tokens", text.encode()))
+            out.append((b"x-ratelimit-remaining-tokens", b"%d" % left))
+            out.append((b"x-ratelimit-reset-tokens", reset))
+        return out
+
+
+def encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+def decoded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
 
 
 def _tightest(entries: tuple[tuple[int, int, str], ...], counts: list[int]) -> tuple[int, str]:

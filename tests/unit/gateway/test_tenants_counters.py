@@ -14,8 +14,9 @@ import redis.asyncio as aioredis
 from gateway.ledger.factory import build_ledger
 from gateway.settings import AuthOptions, LedgerOptions
 from gateway.tenants.admission import Tenant, Tenants
+from gateway.tenants.answers import HeaderPlan, decoded, rate_headers
 from gateway.tenants.keys import KeyRecord, Limits, TeamRecord, hash_key
-from gateway.tenants.limits import NANO, LocalCounters, ScopeCounters
+from gateway.tenants.limits import NANO, LocalCounters, ScopeCounters, Verdict
 from gateway.tenants.store_memory import MemoryTenantStore
 from policies.profile import RequestProfile
 from tests.integration.tcp_proxy import CuttableProxy
@@ -221,3 +222,20 @@ def test_settlements_ride_with_the_next_admission_and_wait_again_if_it_fails(pre
     finally:
         proxy.close()
         shared.close()
+
+
+def test_an_admitted_answers_headers_are_the_tightest_limits_as_bytes() -> None:
+    """The fast header plan gives what `rate_headers` gives: per kind, the scope with least left."""
+    key = _scope("k:a", rpm=100, tpm=1000)
+    team = _scope("t:x", rpm=50, tpm=5000)
+    loose = _scope("k:b")
+    cases = [
+        ([key, team], [10, 900, 0, 45, 900, 0]),  # requests: the team's (5 left); tokens: the key's (100)
+        ([key, team], [99, 10, 0, 1, 4990, 0]),  # requests: the key's; tokens: the team's
+        ([key, team], [120, 2000, 0, 60, 9000, 0]),  # over: never below zero
+        ([loose, key], [5, 5, 0, 7, 70, 0]),  # a scope without limits shows nothing
+        ([loose], [1, 1, 0]),
+    ]
+    for scopes, counts in cases:
+        verdict = Verdict(True, -1, "", 1.5, 7, counts)
+        assert decoded(HeaderPlan.of(scopes).raw(verdict)) == rate_headers(scopes, verdict), counts
