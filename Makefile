@@ -69,17 +69,23 @@ bench-sim: venv
 bench-routing: venv
 	$(PY) -m loadtest.bench.routing $(ARGS)
 
-bench-accounting: venv
+bench-accounting: venv wrk
 	$(PY) -m loadtest.bench.accounting $(ARGS)
 
 # What telemetry costs (needs wrk; nginx if present, as the peers harness setup.sh installs; ~4 minutes).
-bench-telemetry: venv
+bench-telemetry: venv wrk
 	$(PY) -m loadtest.bench.telemetry $(ARGS)
 
 bench-sse: venv
 	$(PY) -m loadtest.bench.sse $(ARGS)
 
-bench-keys: venv
+# wrk drives the load and nginx answers as the backend (Debian's packages, installed when missing).
+.PHONY: wrk
+wrk:
+	@(command -v wrk && test -x /usr/sbin/nginx) >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light)
+
+bench-keys: venv wrk
 	$(PY) -m loadtest.bench.keys $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
