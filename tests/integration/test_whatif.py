@@ -36,8 +36,11 @@ from loadtest.workload import PlannedRequest, plan
 pytestmark = pytest.mark.whatif
 
 
-def _classes(rag_weight: int, chat_slo: tuple[int, int], rag_slo: tuple[int, int]) -> str:
-    """A scenario's `classes:` (chat and rag); the SLOs are (ttft_ms, tpot_ms)."""
+def _classes(
+    rag_weight: int, chat_slo: tuple[int, int], rag_slo: tuple[int, int], rag_prompt: int = 4000
+) -> str:
+    """A scenario's `classes:` (chat and rag); the SLOs are (ttft_ms, tpot_ms). Rag's prompts are
+    `rag_prompt` tokens +-400."""
     return f"""classes:
   - name: chat
     weight: 4
@@ -47,7 +50,7 @@ def _classes(rag_weight: int, chat_slo: tuple[int, int], rag_slo: tuple[int, int
     slo: {{ttft_ms: {chat_slo[0]}, tpot_ms: {chat_slo[1]}}}
   - name: rag
     weight: {rag_weight}
-    prompt_tokens: {{mean: 4000, spread: 0.05, min: 3600, max: 4400}}
+    prompt_tokens: {{mean: {rag_prompt}, spread: 0.05, min: {rag_prompt - 400}, max: {rag_prompt + 400}}}
     output_tokens: {{mean: 60, spread: 0.3, min: 16, max: 120}}
     shared_prefix: {{documents: 2, tokens: 3500}}
     slo: {{ttft_ms: {rag_slo[0]}, tpot_ms: {rag_slo[1]}}}
@@ -70,7 +73,7 @@ fleet:
        profile: {{gpu: h100-sxm5, model: llama-3.1-70b}}}}
     - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75,
        max_model_len: 32768, profile: {{gpu: mi300x, model: llama-3.1-70b}}}}
-{_classes(rag_weight=2, chat_slo=(400, 40), rag_slo=(1500, 66))}"""
+{_classes(rag_weight=2, chat_slo=(400, 38), rag_slo=(1500, 110), rag_prompt=5600)}"""
 
 
 @pytest.mark.slow
