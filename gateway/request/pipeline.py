@@ -275,8 +275,10 @@ class Pipeline:
     async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
         began = asyncio.get_running_loop().time()
-        ctx.decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
-        ctx.queued_s = asyncio.get_running_loop().time() - began
+        decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
+        if decision is not ctx.decision:  # it waited, then was routed again
+            ctx.queued_s = asyncio.get_running_loop().time() - began
+        ctx.decision = decision
         ctx.routed_ns = time_ns()
 
     async def _room(self, profile: RequestProfile, decision: Decision, limits: Limits) -> Decision:
