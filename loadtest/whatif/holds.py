@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from backends.models import Backend
 from gateway.request.backpressure import POLL_S, PRIORITY, no_room
@@ -47,13 +47,6 @@ class Held:
         return self.key < other.key
 
 
-@dataclass(slots=True)
-class ClassQueue:
-    waiters: list[Held] = field(default_factory=list)
-    refused: int = 0
-    served: int = 0
-
-
 @dataclass(frozen=True, slots=True)
 class HoldLimits:
     saturation: Saturation
@@ -61,7 +54,9 @@ class HoldLimits:
 
 
 class Holds:
-    """The classes' queues; the replay calls `arrive`, `check` and `room_made` and acts on what they say."""
+    """The classes' queues of waiting requests, best first. The replay (loadtest/whatif/replay.py) runs the
+    gateway's wait loop on its clock: `must_wait` on arrival, `join`, then at each check `decide_again`
+    (the head), `leave`, or `next_check`; `heads` when a request ends."""
 
     def __init__(
         self, engine: PolicyEngine, serving: dict[str, tuple[Backend, ...]], clock_scale: float = 1.0
@@ -70,7 +65,7 @@ class Holds:
         self.serving = serving
         self.clock_scale = clock_scale
         self.poll_s = POLL_S * clock_scale
-        self.queues: dict[str, ClassQueue] = {}
+        self.queues: dict[str, list[Held]] = {}
         self._order = itertools.count()
         self._limits: dict[str, HoldLimits | None] = {}
         self.held = 0
@@ -87,8 +82,7 @@ class Holds:
         return self._limits[request_class]
 
     def must_wait(self, decision: Decision, limits: HoldLimits) -> bool:
-        queue = self.queues.get(decision.request_class)
-        return bool(queue and queue.waiters) or no_room(decision, limits.saturation)
+        return bool(self.queues.get(decision.request_class)) or no_room(decision, limits.saturation)
 
     def join(
         self,
@@ -100,43 +94,38 @@ class Holds:
         now: float,
     ) -> Held | None:
         """The request joins its class's queue; None when the queue is full (refused at once)."""
-        queue = self.queues.setdefault(decision.request_class, ClassQueue())
-        if len(queue.waiters) >= limits.backpressure.max_queued:
-            queue.refused += 1
+        queue = self.queues.setdefault(decision.request_class, [])
+        if len(queue) >= limits.backpressure.max_queued:
             return None
         rank = PRIORITY.get(profile.priority or "", 1)
         deadline = now + limits.backpressure.max_wait_ms / 1000.0 * self.clock_scale
         held = Held(request, profile, outcome, decision, deadline, (rank, next(self._order)))
-        bisect.insort(queue.waiters, held)
+        bisect.insort(queue, held)
         self.held += 1
         return held
 
     def is_head(self, held: Held) -> bool:
         queue = self.queues[held.first.request_class]
-        return bool(queue.waiters) and queue.waiters[0] is held
+        return bool(queue) and queue[0] is held
 
-    def leave(self, held: Held, served: bool) -> Held | None:
-        """Out of its queue; returns the new head, which the gateway wakes at once."""
+    def leave(self, held: Held) -> Held | None:
+        """Out of its queue (sent or refused); returns the new head, which the gateway wakes at once."""
         queue = self.queues[held.first.request_class]
-        queue.waiters.remove(held)
+        queue.remove(held)
         held.queued = False
-        if served:
-            queue.served += 1
-        else:
-            queue.refused += 1
-        return queue.waiters[0] if queue.waiters else None
+        return queue[0] if queue else None
 
     @property
     def held_now(self) -> bool:
         """Whether any request is waiting for room."""
-        return any(q.waiters for q in self.queues.values())
+        return any(self.queues.values())
 
     def waiting(self) -> list[Held]:
-        return [h for q in self.queues.values() for h in q.waiters]
+        return [h for queue in self.queues.values() for h in queue]
 
     def heads(self) -> list[Held]:
         """The head of every queue: a request ended (`Pipeline._room_made` wakes them all)."""
-        return [q.waiters[0] for q in self.queues.values() if q.waiters]
+        return [queue[0] for queue in self.queues.values() if queue]
 
     def next_check(self, held: Held, now: float) -> float:
         """After a check that found no room (or not its turn): the next poll, or the deadline."""

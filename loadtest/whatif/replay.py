@@ -267,18 +267,18 @@ class Replay:
         decides again and goes if it has room; otherwise it waits for a wake-up or the next poll."""
         holds = self.holds
         if now >= held.deadline:
-            self._wake(holds.leave(held, served=False), now)
+            self._wake(holds.leave(held), now)
             self._refuse(held.outcome, held.first, held.profile, now)
             return
         if holds.is_head(held):
             decision, room = holds.decide_again(held)
             if not decision.candidates:  # `decide` raised: the request ends with that error
-                self._wake(holds.leave(held, served=False), now)
+                self._wake(holds.leave(held), now)
                 held.first.answered(held.profile.prompt_tokens_estimate)
                 self._send(held.request, held.profile, decision, held.outcome, now)
                 return
             if room:
-                self._wake(holds.leave(held, served=True), now)
+                self._wake(holds.leave(held), now)
                 self._send(held.request, held.profile, decision, held.outcome, now)
                 return
         held.check_at = holds.next_check(held, now)
