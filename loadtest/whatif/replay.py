@@ -5,12 +5,13 @@ by the policy engine (`PolicyEngine.choose`, the gateway's own) from the backend
 hold: its in-flight counts, the engine gauges of the last scrape (every `scrape_interval_s`) and the
 latency averages fed by the requests it saw finish (`observe`, as gateway/request/pipeline.py does). A
 request of a route with back-pressure that finds no room is held, decided again and sent or refused with
-429 as the gateway does it (loadtest/whatif/holds.py). The
-chosen backend's scheduler (backends/sim/scheduler.py) admits it; each engine step is priced by the GPU
-performance model and applied at its end, exactly as `BatchEngine` runs it over HTTP.
+429 as the gateway does it (loadtest/whatif/holds.py). The chosen backend's scheduler
+(backends/sim/scheduler.py) admits it; each engine step is priced by the GPU performance model and
+applied at its end, exactly as `BatchEngine` runs it over HTTP.
 
-Speed: a run of decode-only steps with nothing arriving and nothing finishing (`_coast`) is applied in
-one go: the same steps, the same durations, the same token times for everything a report reads.
+Speed: a run of decode-only steps with nothing arriving and nothing finishing is applied in one go
+(loadtest/whatif/coasting.py): the same steps, the same durations, the same token times for everything a
+report reads.
 """
 
 from __future__ import annotations
@@ -22,33 +23,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.models import Backend
-from backends.sim.perf import StepWork
 from backends.sim.scheduler import Group
 from loadtest.client import Outcome
 from loadtest.whatif.accesslog import Recorded
+from loadtest.whatif.coasting import coast
 from loadtest.whatif.holds import Held, Holds
 from loadtest.whatif.simfleet import SimBackend
+from loadtest.whatif.standins import BlockNames, profile_of
 from policies.engine import PolicyEngine
 from policies.framework import Decision
 from policies.profile import RequestProfile
 
 EMBEDDINGS = ("/v1/embeddings", "embeddings")
 """How the access log names the embeddings endpoint (`embeddings`; a path in older logs)."""
-PREFIX_BLOCK_CHARS = 1024
-"""Characters per `prefix` hash of the access log (gateway/telemetry/logs.py)."""
-
-
-class _AffinityKey:
-    """Stands in for the prompt: `prefix-affinity` hashes what `prompt_prefix` returns, so requests that
-    shared a key when recorded share one here (the same backend for the same key)."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def prompt_prefix(self, chars: int) -> str:
-        return self.key
 
 
 @dataclass(slots=True)
@@ -115,7 +102,7 @@ class Replay:
         self._horizon = math.inf
         self.steps = 0
         self.limits: Counter[str] = Counter()
-        self._tokens_per_hash: dict[str, float] = {}
+        self._blocks = BlockNames()
         self._observed_per_simulated = 1.0 / clock_scale
         self.holds = Holds(engine, self._serving, clock_scale)
         self._outcomes: list[Outcome | None] = [None] * len(requests)
@@ -201,20 +188,7 @@ class Replay:
             outcome.error = "not modelled: unknown model"
             self._outcomes[request.index] = outcome
             return
-        estimate = line.prompt_estimate or line.prompt_tokens
-        profile = RequestProfile(
-            model=line.model,
-            prompt_tokens_estimate=estimate,
-            context_needed=estimate + (line.max_tokens or 1),
-            stream=line.stream,
-            key_id=line.key or "anonymous",
-            max_tokens=line.max_tokens,
-            n=line.n,
-            priority=line.priority,
-            tenant=line.tenant,
-            explicit_class=line.class_header,
-            parsed=_AffinityKey(line.affinity) if line.affinity else None,
-        )
+        profile = profile_of(line)
         decision = self.engine.choose(profile, serving)
         holds = self.holds
         limits = holds.limits(decision.request_class) if decision.candidates else None
@@ -319,7 +293,7 @@ class Replay:
         n = max(1, line.n)
         group = Group(
             prompt_tokens=line.prompt_tokens,
-            hashes=self._block_hashes(flight.request, scheduler.limits.block_size),
+            hashes=self._blocks.names(flight.request, scheduler.limits.block_size),
             lengths=[flight.steps] * n,
             reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
             arrival=now,
@@ -328,34 +302,6 @@ class Replay:
         scheduler.add(group)
         if not sim.stepping:
             self._start_step(sim, now)
-
-    def _block_hashes(self, request: Recorded, block_size: int) -> list[int]:
-        """The prompt's KV block names: blocks inside a recorded `prefix` hash are named by it, so prompts
-        that shared a document share blocks (half a hash past the last shared one: where in the next hash's
-        span the prompts diverged is unknown); the rest are the request's own.
-
-        Tokens per hash come from the request (its tokens over its characters), but every prompt that opens
-        with the same first hash uses the first one's figure: the same block then gets the same name in
-        each, whatever the length of the rest of the prompt.
-        """
-        line = request.line
-        prompt = line.prompt_tokens
-        full = prompt // block_size
-        prefix = line.prefix or ()
-        chars = 4 * (line.prompt_estimate or prompt)  # the gateway's estimate is characters / 4
-        hashes: list[int] = []
-        if prefix and chars:
-            per_hash = self._tokens_per_hash.setdefault(prefix[0], PREFIX_BLOCK_CHARS * prompt / chars)
-            # A prompt sharing hashes 0..k-1 with another and not hash k shares some of block k too: on
-            # average half. So the first half of each hash's span is named by the hash before it.
-            shared = min(full, int((len(prefix) + 0.5) * per_hash) // block_size)
-            for b in range(shared):
-                at = ((b + 1) * block_size - 1) / per_hash
-                k = int(at)
-                hashes.append(hash((prefix[k - 1 if k and at - k < 0.5 else k], b)))
-        own = request.index + 1
-        hashes.extend(hash((-own, b)) for b in range(len(hashes), full))
-        return hashes
 
     # --- the engine ----------------------------------------------------------------------------------
 
@@ -401,42 +347,12 @@ class Replay:
         return finished
 
     def _coast(self, sim: SimBackend, start: float) -> float:
-        """Apply the decode-only steps that start before the next arrival or scrape and finish no request;
-        returns when the next step starts. Only when nothing waits and no new KV block would be missing."""
-        scheduler, perf = sim.scheduler, sim.perf
-        assert scheduler is not None and perf is not None
+        """Coasted decode steps up to the next arrival or scrape (loadtest/whatif/coasting.py)."""
         horizon = self._horizon
         if self.holds.held_now and self._events:
             # a held request may be sent whenever anything happens (a request ends, a poll): stop there
             horizon = min(horizon, self._events[0][0])
-        running = scheduler.running
-        if scheduler.waiting or not running or start >= horizon:
-            return start
-        room = min(g.steps - g.generated for g in running) - 1  # the finishing step runs on its own
-        if room < 2 or any(g.computed < g.target for g in running):
-            return start
-        seqs = sum(g.n for g in running)
-        context = sum(g.n * (g.prompt_tokens + g.generated) for g in running)
-        steps, t = 0, start
-        step_seconds = perf.step_seconds
-        while steps < room and t < horizon:
-            t += step_seconds(StepWork(decode_seqs=seqs, decode_context=context))
-            context += seqs
-            steps += 1
-        pool = scheduler.pool
-        grow = [
-            pool.blocks_for(g.prompt_tokens + g.n * (g.generated + steps)) - g.holding.blocks for g in running
-        ]
-        if steps < 2 or sum(grow) > pool.free:
-            return start
-        for group, blocks in zip(running, grow, strict=True):
-            if blocks > 0:
-                pool.grow(group.holding, blocks)
-            group.generated += steps
-            group.last_token_at = t
-        sim.stats.generation_tokens += seqs * steps
-        sim.stats.kv_tokens = pool.used * scheduler.limits.block_size
-        sim.busy_s += t - start
+        t, steps = coast(sim, start, horizon)
         self.steps += steps
         return t
 
