@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-# `make test` skips the HTTP-vs-replay agreement test (about two minutes): `make test-whatif` runs it.
+# `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
+# minutes): `make test-whatif` runs them (and .ci/run).
 .PHONY: test-whatif whatif-demo bench-whatif
 .PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
 

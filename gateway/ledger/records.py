@@ -57,6 +57,9 @@ class UsageRecord:
     """The most this request may be allocated: price x GPUs x its time on the backend, in nano-USD."""
     client_request_id: str | None = None
     """The client's `x-request-id` (validated), for logs only: never used for accounting."""
+    queued_s: float = 0.0
+    """Seconds the request waited for room (back-pressure) before it was sent: it arrived that long
+    before `duration_s` starts (a replay needs its arrival)."""
 
 
 @dataclass(slots=True)

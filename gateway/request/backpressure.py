@@ -23,7 +23,8 @@ from policies.config import Saturation
 from policies.framework import Decision
 
 POLL_S = 0.05
-_PRIORITY = {"high": 0, "low": 2, "batch": 2}
+PRIORITY = {"high": 0, "low": 2, "batch": 2}
+"""Waiters' order by priority (unmarked: 1); loadtest/whatif/holds.py replays the same queues."""
 
 
 def saturated(backend: Backend, limits: Saturation) -> bool:
@@ -80,7 +81,7 @@ class ClassQueue:
         return len(self.waiters)
 
     def join(self, priority: str | None) -> _Waiter:
-        waiter = _Waiter((_PRIORITY.get(priority or "", 1), next(self._order)))
+        waiter = _Waiter((PRIORITY.get(priority or "", 1), next(self._order)))
         bisect.insort(self.waiters, waiter)
         return waiter
 

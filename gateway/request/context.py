@@ -120,6 +120,8 @@ class RequestContext:
     """Backends tried, the last included."""
     tried: list[str] | None = None
     """Names of the backends tried, once there was more than one."""
+    queued_s: float = 0.0
+    """Seconds it waited for room (back-pressure) before it was routed for good."""
     started_at: float = 0.0
     first_byte_at: float = 0.0
     ended_at: float = 0.0

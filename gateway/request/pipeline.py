@@ -213,6 +213,7 @@ class Pipeline:
         ctx.accounting_ns = time_ns()
         parsed = ctx.parsed
         record = account(self.ledger, ctx.caller, parsed, ctx.profile, ctx.decision.route, served)
+        record.queued_s = ctx.queued_s
         admission = ctx.caller.admission
         if admission is not None:
             self.tenants.settle(  # type: ignore[union-attr]
@@ -275,7 +276,11 @@ class Pipeline:
 
     async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
-        ctx.decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
+        began = asyncio.get_running_loop().time()
+        decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
+        if decision is not ctx.decision:  # it waited, then was routed again
+            ctx.queued_s = asyncio.get_running_loop().time() - began
+        ctx.decision = decision
         ctx.routed_ns = time_ns()
 
     async def _room(self, profile: RequestProfile, decision: Decision, limits: Limits) -> Decision:

@@ -66,6 +66,8 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     logger: str = LOGGER
     client_request_id: str | None = None
     """The client's `x-request-id`, when it sent one (request_id is the gateway's)."""
+    queued_s: float = 0.0
+    """Seconds it waited for room before it was sent (it arrived at ts - duration_s - queued_s)."""
 
 
 PREFIX_BLOCK_CHARS = 1024
@@ -128,6 +130,8 @@ class AccessLog:
             line.request_body = body.decode("utf-8", "replace")
         if r.client_request_id is not None:
             line.client_request_id = r.client_request_id
+        if r.queued_s:
+            line.queued_s = round(r.queued_s, 6)
         self._write(line)
 
     def error(

@@ -1,6 +1,7 @@
 """The recorded traffic: the gateway's access log (gateway/telemetry/logs.py) read as requests to replay.
 
-A line gives when the request arrived (its end, `ts`, minus its `duration_s`), what it asked for (endpoint,
+A line gives when the request arrived (its end, `ts`, minus its `duration_s` and the `queued_s` the gateway
+held it for room), what it asked for (endpoint,
 model, prompt tokens, `max_tokens`, `n`, stream), what classified it (the gateway's prompt estimate,
 priority, class header, tenant, key id), hashes of its prompt's start (`affinity`, `prefix`) and what
 happened (output tokens, TTFT, duration, backend, class). Lines the gateway refused itself (no backend
@@ -45,6 +46,8 @@ class LogLine(msgspec.Struct, kw_only=True, rename={"request_class": "class"}):
     tenant: str | None = None
     affinity: str = ""
     prefix: list[str] | None = None
+    queued_s: float = 0.0
+    """Seconds the gateway held it for room (back-pressure) before sending it."""
 
 
 @dataclass(slots=True)
@@ -110,7 +113,7 @@ def read_log(path: str | Path, scale: float = 1.0) -> Trace:
             lines.append(line)
     if not lines:
         raise LogError(f"{path}: no request a backend served (is this a switchyard access log?)")
-    arrivals = [line.ts - (line.duration_s or 0.0) for line in lines]
+    arrivals = [line.ts - (line.duration_s or 0.0) - line.queued_s for line in lines]
     order = sorted(range(len(lines)), key=arrivals.__getitem__)
     origin = arrivals[order[0]]
     requests = [

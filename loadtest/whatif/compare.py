@@ -93,6 +93,7 @@ def replay_policy(
     report = policy_report(scenario, result.outcomes, rows, wall_s=trace.duration_s, max_lag_s=0.0)
     report["wall_s"] = round(wall, 3)
     report["replayed_per_s"] = round(len(result.outcomes) / wall, 1) if wall > 0 else None
+    report["held_for_room"] = result.held  # then sent, or refused (`error_kinds` counts the 429s)
     return PolicyRun(name, result, wall, report)
 
 

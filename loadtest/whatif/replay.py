@@ -3,12 +3,15 @@
 Discrete events on one simulated timeline, no HTTP and no sleeping. Each arrival is classified and routed
 by the policy engine (`PolicyEngine.choose`, the gateway's own) from the backend state the gateway would
 hold: its in-flight counts, the engine gauges of the last scrape (every `scrape_interval_s`) and the
-latency averages fed by the requests it saw finish (`observe`, as gateway/request/pipeline.py does). The
-chosen backend's scheduler (backends/sim/scheduler.py) admits it; each engine step is priced by the GPU
-performance model and applied at its end, exactly as `BatchEngine` runs it over HTTP.
+latency averages fed by the requests it saw finish (`observe`, as gateway/request/pipeline.py does). A
+request of a route with back-pressure that finds no room is held, decided again and sent or refused with
+429 as the gateway does it (loadtest/whatif/holds.py). The chosen backend's scheduler
+(backends/sim/scheduler.py) admits it; each engine step is priced by the GPU performance model and
+applied at its end, exactly as `BatchEngine` runs it over HTTP.
 
-Speed: a run of decode-only steps with nothing arriving and nothing finishing (`_coast`) is applied in
-one go: the same steps, the same durations, the same token times for everything a report reads.
+Speed: a run of decode-only steps with nothing arriving and nothing finishing is applied in one go
+(loadtest/whatif/coasting.py): the same steps, the same durations, the same token times for everything a
+report reads.
 """
 
 from __future__ import annotations
@@ -20,32 +23,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.models import Backend
-from backends.sim.perf import StepWork
 from backends.sim.scheduler import Group
 from loadtest.client import Outcome
 from loadtest.whatif.accesslog import Recorded
+from loadtest.whatif.coasting import coast
+from loadtest.whatif.holds import Held, Holds
 from loadtest.whatif.simfleet import SimBackend
+from loadtest.whatif.standins import BlockNames, profile_of
 from policies.engine import PolicyEngine
 from policies.framework import Decision
 from policies.profile import RequestProfile
 
 EMBEDDINGS = ("/v1/embeddings", "embeddings")
 """How the access log names the embeddings endpoint (`embeddings`; a path in older logs)."""
-PREFIX_BLOCK_CHARS = 1024
-"""Characters per `prefix` hash of the access log (gateway/telemetry/logs.py)."""
-
-
-class _AffinityKey:
-    """Stands in for the prompt: `prefix-affinity` hashes what `prompt_prefix` returns, so requests that
-    shared a key when recorded share one here (the same backend for the same key)."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def prompt_prefix(self, chars: int) -> str:
-        return self.key
 
 
 @dataclass(slots=True)
@@ -58,6 +48,9 @@ class _Flight:
     decision: Decision | None = None
     """Its routing decision, told when the gateway would see the answer start (`Decision.answered`)."""
     prompt_estimate: int = 0
+    forwarded_at: float = 0.0
+    """When the gateway sent it to the backend (its arrival, unless it was held for room): what the
+    gateway's own latency figures (`observe`) count from."""
 
     def answered(self) -> None:
         """The gateway's pipeline calls this at a stream's first chunk, or with a whole answer."""
@@ -75,6 +68,10 @@ class ReplayResult:
     steps: int = 0
     limits: Counter[str] = field(default_factory=Counter)
     """What the replay could not model, with counts (see `describe_limits`)."""
+    held: int = 0
+    """Requests held for room (back-pressure), then sent or refused."""
+    refused: int = 0
+    """Requests refused with 429 `overloaded` (at once, or after waiting `max_wait_ms`)."""
 
 
 class Replay:
@@ -100,20 +97,23 @@ class Replay:
         for sim in fleet:
             serving.setdefault(sim.model, []).append(sim.backend)
         self._serving = {model: tuple(backends) for model, backends in serving.items()}
-        self._events: list[tuple[float, int, SimBackend | _Flight]] = []
+        self._events: list[tuple[float, int, SimBackend | _Flight | Held]] = []
         self._seq = 0
         self._horizon = math.inf
         self.steps = 0
         self.limits: Counter[str] = Counter()
-        self._tokens_per_hash: dict[str, float] = {}
+        self._blocks = BlockNames()
         self._observed_per_simulated = 1.0 / clock_scale
+        self.holds = Holds(engine, self._serving, clock_scale)
+        self._outcomes: list[Outcome | None] = [None] * len(requests)
+        self._flights: dict[int, _Flight] = {}
+        self.refused = 0
 
     # --- the loop ------------------------------------------------------------------------------------
 
     def run(self) -> ReplayResult:
         requests, events = self.requests, self._events
-        outcomes: list[Outcome | None] = [None] * len(requests)
-        flights: dict[int, _Flight] = {}
+        outcomes, flights = self._outcomes, self._flights
         interval = self.scrape_interval_s
         next_scrape = 0.0
         last = requests[-1].at_s if requests else 0.0
@@ -131,85 +131,99 @@ class Replay:
                     sim.scrape(next_scrape)
                 next_scrape += interval
             if t_arrival <= t_event:
-                request = requests[i]
+                self._arrive(requests[i], now)
                 i += 1
-                flight = self._arrive(request, now)
-                if isinstance(flight, Outcome):
-                    outcomes[request.index] = flight
-                else:
-                    flights[request.index] = flight
                 continue
             self._horizon = min(next_scrape, t_arrival)
             _, _, item = heapq.heappop(events)
             if isinstance(item, SimBackend):
-                for done in self._step_end(item, now):
+                finished = self._step_end(item, now)
+                for done in finished:
                     outcomes[done.request.index] = done.outcome
                     flights.pop(done.request.index, None)
+                if finished:
+                    self._room_made(now)
+            elif isinstance(item, Held):
+                if item.queued and item.check_at == now:
+                    self._check(item, now)
             else:
                 self._fixed_end(item, now)
                 outcomes[item.request.index] = item.outcome
                 flights.pop(item.request.index, None)
+                self._room_made(now)
         for index, flight in flights.items():
             flight.outcome.error = "unfinished at deadline"
             flight.sim.backend.inflight -= 1
             outcomes[index] = flight.outcome
+        for held in self.holds.waiting():
+            held.outcome.error = "unfinished at deadline"
+            outcomes[held.request.index] = held.outcome
         return ReplayResult(
             outcomes=[o for o in outcomes if o is not None],
             duration_s=now if now != math.inf else last,
             busy_s={s.backend.name: s.busy_s for s in self.fleet},
             steps=self.steps,
             limits=self.limits,
+            held=self.holds.held,
+            refused=self.refused,
         )
 
-    def _push(self, when: float, item: SimBackend | _Flight) -> None:
+    def _push(self, when: float, item: SimBackend | _Flight | Held) -> None:
         self._seq += 1
         heapq.heappush(self._events, (when, self._seq, item))
 
     # --- arrivals ------------------------------------------------------------------------------------
 
-    def _arrive(self, request: Recorded, now: float) -> _Flight | Outcome:
+    def _arrive(self, request: Recorded, now: float) -> None:
         line = request.line
         outcome = Outcome(request.index, line.request_class or "default", now)
         if line.endpoint in EMBEDDINGS:
             self.limits["embeddings"] += 1
             outcome.error = "not modelled: embeddings"
-            return outcome
+            self._outcomes[request.index] = outcome
+            return
         serving = self._serving.get(line.model)
         if serving is None:
             self.limits[f"model:{line.model}"] += 1
             outcome.error = "not modelled: unknown model"
-            return outcome
-        estimate = line.prompt_estimate or line.prompt_tokens
-        profile = RequestProfile(
-            model=line.model,
-            prompt_tokens_estimate=estimate,
-            context_needed=estimate + (line.max_tokens or 1),
-            stream=line.stream,
-            key_id=line.key or "anonymous",
-            max_tokens=line.max_tokens,
-            n=line.n,
-            priority=line.priority,
-            tenant=line.tenant,
-            explicit_class=line.class_header,
-            parsed=_AffinityKey(line.affinity) if line.affinity else None,
-        )
+            self._outcomes[request.index] = outcome
+            return
+        profile = profile_of(line)
         decision = self.engine.choose(profile, serving)
+        holds = self.holds
+        limits = holds.limits(decision.request_class) if decision.candidates else None
+        if limits is None or not holds.must_wait(decision, limits):
+            self._send(request, profile, decision, outcome, now)
+            return
+        held = holds.join(request, profile, outcome, decision, limits, now)
+        if held is None:  # its class's queue is full: refused at once
+            self._refuse(outcome, decision, profile, now)
+            return
+        self._check(held, now)  # the gateway's wait loop starts at once: the head decides again
+
+    def _send(
+        self, request: Recorded, profile: RequestProfile, decision: Decision, outcome: Outcome, now: float
+    ) -> None:
+        """To the first candidate that takes it (the gateway fails over to the next on a refusal)."""
+        line = request.line
         outcome.route = decision.route
         steps = request.output_per_choice
-        for backend in decision.candidates:  # the gateway fails over to the next on a refusal
+        for backend in decision.candidates:
             sim = self._sim_of[backend]
             if not self._fits(sim, line.prompt_tokens, steps, line.n):
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
             backend.inflight += 1
-            flight = _Flight(request, sim, outcome, steps, None, decision, profile.prompt_tokens_estimate)
+            estimate = profile.prompt_tokens_estimate
+            flight = _Flight(request, sim, outcome, steps, None, decision, estimate, now)
+            self._flights[request.index] = flight
             if sim.scheduler is None:
                 flight.ttft_at = now + sim.ttft_s
                 self._push(flight.ttft_at + (steps - 1) * sim.tpot_s, flight)
                 sim.fixed_open += 1
             else:
                 self._submit(sim, flight, now)
-            return flight
+            return
         decision.answered(profile.prompt_tokens_estimate)  # the gateway ends the request: out of the estimate
         if decision.candidates or decision.rejected_for_context:
             self.limits["context"] += 1
@@ -217,7 +231,54 @@ class Replay:
         else:
             outcome.error = "no backend: " + (decision.why_none or "")
         outcome.status = 400 if decision.candidates or decision.rejected_for_context else 503
-        return outcome
+        self._outcomes[request.index] = outcome
+        self._room_made(now)
+
+    # --- back-pressure ---------------------------------------------------------------------------------
+
+    def _check(self, held: Held, now: float) -> None:
+        """One turn of the gateway's wait loop (`Pipeline._room`): past the deadline, refused; the head
+        decides again and goes if it has room; otherwise it waits for a wake-up or the next poll."""
+        holds = self.holds
+        if now >= held.deadline:
+            self._wake(holds.leave(held), now)
+            self._refuse(held.outcome, held.first, held.profile, now)
+            return
+        if holds.is_head(held):
+            decision, room = holds.decide_again(held)
+            if not decision.candidates:  # `decide` raised: the request ends with that error
+                self._wake(holds.leave(held), now)
+                held.first.answered(held.profile.prompt_tokens_estimate)
+                self._send(held.request, held.profile, decision, held.outcome, now)
+                return
+            if room:
+                self._wake(holds.leave(held), now)
+                self._send(held.request, held.profile, decision, held.outcome, now)
+                return
+        held.check_at = holds.next_check(held, now)
+        self._push(held.check_at, held)
+
+    def _refuse(self, outcome: Outcome, decision: Decision, profile: RequestProfile, now: float) -> None:
+        """429 `overloaded`, counted as the load test's client counts it; the gateway's `end` takes the
+        arrival's decision out of the prefill estimate and wakes the waiting heads."""
+        outcome.status = 429
+        outcome.error = "refused (429)"
+        outcome.e2e = now - outcome.sent_at
+        self._outcomes[outcome.index] = outcome
+        self.refused += 1
+        decision.answered(profile.prompt_tokens_estimate)
+        self._room_made(now)
+
+    def _wake(self, head: Held | None, now: float) -> None:
+        """A waiter is told to check at once (it is due now; an earlier pending check is superseded)."""
+        if head is not None and head.check_at != now:
+            head.check_at = now
+            self._push(now, head)
+
+    def _room_made(self, now: float) -> None:
+        """A request ended: the head of every queue checks again (`Pipeline._room_made`)."""
+        for head in self.holds.heads():
+            self._wake(head, now)
 
     def _fits(self, sim: SimBackend, prompt: int, steps: int, n: int) -> bool:
         if prompt + steps > sim.backend.max_model_len:
@@ -232,7 +293,7 @@ class Replay:
         n = max(1, line.n)
         group = Group(
             prompt_tokens=line.prompt_tokens,
-            hashes=self._block_hashes(flight.request, scheduler.limits.block_size),
+            hashes=self._blocks.names(flight.request, scheduler.limits.block_size),
             lengths=[flight.steps] * n,
             reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
             arrival=now,
@@ -241,34 +302,6 @@ class Replay:
         scheduler.add(group)
         if not sim.stepping:
             self._start_step(sim, now)
-
-    def _block_hashes(self, request: Recorded, block_size: int) -> list[int]:
-        """The prompt's KV block names: blocks inside a recorded `prefix` hash are named by it, so prompts
-        that shared a document share blocks (half a hash past the last shared one: where in the next hash's
-        span the prompts diverged is unknown); the rest are the request's own.
-
-        Tokens per hash come from the request (its tokens over its characters), but every prompt that opens
-        with the same first hash uses the first one's figure: the same block then gets the same name in
-        each, whatever the length of the rest of the prompt.
-        """
-        line = request.line
-        prompt = line.prompt_tokens
-        full = prompt // block_size
-        prefix = line.prefix or ()
-        chars = 4 * (line.prompt_estimate or prompt)  # the gateway's estimate is characters / 4
-        hashes: list[int] = []
-        if prefix and chars:
-            per_hash = self._tokens_per_hash.setdefault(prefix[0], PREFIX_BLOCK_CHARS * prompt / chars)
-            # A prompt sharing hashes 0..k-1 with another and not hash k shares some of block k too: on
-            # average half. So the first half of each hash's span is named by the hash before it.
-            shared = min(full, int((len(prefix) + 0.5) * per_hash) // block_size)
-            for b in range(shared):
-                at = ((b + 1) * block_size - 1) / per_hash
-                k = int(at)
-                hashes.append(hash((prefix[k - 1 if k and at - k < 0.5 else k], b)))
-        own = request.index + 1
-        hashes.extend(hash((-own, b)) for b in range(len(hashes), full))
-        return hashes
 
     # --- the engine ----------------------------------------------------------------------------------
 
@@ -314,39 +347,12 @@ class Replay:
         return finished
 
     def _coast(self, sim: SimBackend, start: float) -> float:
-        """Apply the decode-only steps that start before the next arrival or scrape and finish no request;
-        returns when the next step starts. Only when nothing waits and no new KV block would be missing."""
-        scheduler, perf = sim.scheduler, sim.perf
-        assert scheduler is not None and perf is not None
+        """Coasted decode steps up to the next arrival or scrape (loadtest/whatif/coasting.py)."""
         horizon = self._horizon
-        running = scheduler.running
-        if scheduler.waiting or not running or start >= horizon:
-            return start
-        room = min(g.steps - g.generated for g in running) - 1  # the finishing step runs on its own
-        if room < 2 or any(g.computed < g.target for g in running):
-            return start
-        seqs = sum(g.n for g in running)
-        context = sum(g.n * (g.prompt_tokens + g.generated) for g in running)
-        steps, t = 0, start
-        step_seconds = perf.step_seconds
-        while steps < room and t < horizon:
-            t += step_seconds(StepWork(decode_seqs=seqs, decode_context=context))
-            context += seqs
-            steps += 1
-        pool = scheduler.pool
-        grow = [
-            pool.blocks_for(g.prompt_tokens + g.n * (g.generated + steps)) - g.holding.blocks for g in running
-        ]
-        if steps < 2 or sum(grow) > pool.free:
-            return start
-        for group, blocks in zip(running, grow, strict=True):
-            if blocks > 0:
-                pool.grow(group.holding, blocks)
-            group.generated += steps
-            group.last_token_at = t
-        sim.stats.generation_tokens += seqs * steps
-        sim.stats.kv_tokens = pool.used * scheduler.limits.block_size
-        sim.busy_s += t - start
+        if self.holds.held_now and self._events:
+            # a held request may be sent whenever anything happens (a request ends, a poll): stop there
+            horizon = min(horizon, self._events[0][0])
+        t, steps = coast(sim, start, horizon)
         self.steps += steps
         return t
 
@@ -370,12 +376,17 @@ class Replay:
         outcome.completion_tokens = tokens
         outcome.e2e = end - outcome.sent_at
         ttft = outcome.ttft = (flight.ttft_at if flight.ttft_at is not None else end) - outcome.sent_at
-        if flight.steps > 1:
+        if not line.stream:  # the load test's client sees a whole answer: its time is its TTFT
+            ttft = outcome.ttft = outcome.e2e
+            outcome.tpot = outcome.e2e / flight.steps
+        elif flight.steps > 1:
             outcome.tpot = (outcome.e2e - ttft) / (flight.steps - 1)
-        seen = self._observed_per_simulated  # gateway/request/pipeline.py observe(), on the gateway's clock
+        # gateway/request/pipeline.py observe(), on the gateway's clock and from when it sent the request
+        seen = self._observed_per_simulated
         per_choice = flight.steps  # observe() times one choice's tokens: the n choices decode side by side
+        held = flight.forwarded_at - outcome.sent_at
         if line.stream:
             tpot = (outcome.e2e - ttft) / (per_choice - 1) * seen if per_choice > 1 else None
-            backend.observed.add(ttft * seen, tpot)
+            backend.observed.add((ttft - held) * seen, tpot)
         elif per_choice >= 16:
-            backend.observed.add(None, outcome.e2e / per_choice * seen)
+            backend.observed.add(None, (outcome.e2e - held) / per_choice * seen)

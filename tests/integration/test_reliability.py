@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -311,3 +312,25 @@ def test_backpressure_queues_briefly_then_429_with_retry_after(fleet: Fleet, tmp
         ledger = bench.wait_for_ledger(base, len(ok))
         assert ledger["requests"] == len(ok)
         assert ledger["completion_tokens"] == sum(r.json()["usage"]["completion_tokens"] for r in ok)
+
+
+def test_a_request_that_waited_for_room_logs_how_long(fleet: Fleet, tmp_path: Path) -> None:
+    """The access log's `queued_s`: a replay (loadtest/whatif) needs when a held request arrived."""
+    config = gateway_config(fleet, tmp_path, BACKPRESSURE.replace("max_wait_ms: 150", "max_wait_ms: 5000"))
+    access_log = tmp_path / "access.jsonl"
+    config["telemetry"] = {"access_log": {"destination": str(access_log)}}
+    with running_gateway(config, tmp_path) as base:
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=10) as client:
+                body = {"model": MODEL, "messages": SHORT, "max_tokens": 4}
+                return await asyncio.gather(
+                    *(client.post(base + "/v1/chat/completions", json=body) for _ in range(6))
+                )
+
+        replies = asyncio.run(burst())
+        assert [r.status_code for r in replies] == [200] * 6
+    lines = [json.loads(line) for line in access_log.read_text().splitlines()]
+    waited = [line["queued_s"] for line in lines if "queued_s" in line]
+    assert len(lines) == 6 and 1 <= len(waited) <= 4, lines  # at most 2 waited in the queue at once
+    assert all(0 < q < 5 for q in waited), waited

@@ -1,0 +1,77 @@
+"""What stands in for a recorded request's prompt, which the access log never keeps: the profile the policy
+engine classifies and routes (from the logged inputs of classification), the key `prefix-affinity` hashes,
+and the names of the prompt's KV-cache blocks (from the logged prefix hashes)."""
+
+from __future__ import annotations
+
+from loadtest.whatif.accesslog import LogLine, Recorded
+from policies.profile import RequestProfile
+
+PREFIX_BLOCK_CHARS = 1024
+"""Characters per `prefix` hash of the access log (gateway/telemetry/logs.py)."""
+
+
+class _AffinityKey:
+    """Stands in for the prompt: `prefix-affinity` hashes what `prompt_prefix` returns, so requests that
+    shared a key when recorded share one here (the same backend for the same key)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def prompt_prefix(self, chars: int) -> str:
+        return self.key
+
+
+def profile_of(line: LogLine) -> RequestProfile:
+    """The request as the gateway's classifier saw it."""
+    estimate = line.prompt_estimate or line.prompt_tokens
+    return RequestProfile(
+        model=line.model,
+        prompt_tokens_estimate=estimate,
+        context_needed=estimate + (line.max_tokens or 1),
+        stream=line.stream,
+        key_id=line.key or "anonymous",
+        max_tokens=line.max_tokens,
+        n=line.n,
+        priority=line.priority,
+        tenant=line.tenant,
+        explicit_class=line.class_header,
+        parsed=_AffinityKey(line.affinity) if line.affinity else None,
+    )
+
+
+class BlockNames:
+    """Names of prompts' KV blocks for the simulator's prefix cache, consistent across one replay."""
+
+    def __init__(self) -> None:
+        self._tokens_per_hash: dict[str, float] = {}
+
+    def names(self, request: Recorded, block_size: int) -> list[int]:
+        """The prompt's KV block names: blocks inside a recorded `prefix` hash are named by it, so prompts
+        that shared a document share blocks (half a hash past the last shared one: where in the next hash's
+        span the prompts diverged is unknown); the rest are the request's own.
+
+        Tokens per hash come from the request (its tokens over its characters), but every prompt that opens
+        with the same first hash uses the first one's figure: the same block then gets the same name in
+        each, whatever the length of the rest of the prompt.
+        """
+        line = request.line
+        prompt = line.prompt_tokens
+        full = prompt // block_size
+        prefix = line.prefix or ()
+        chars = 4 * (line.prompt_estimate or prompt)  # the gateway's estimate is characters / 4
+        hashes: list[int] = []
+        if prefix and chars:
+            per_hash = self._tokens_per_hash.setdefault(prefix[0], PREFIX_BLOCK_CHARS * prompt / chars)
+            # A prompt sharing hashes 0..k-1 with another and not hash k shares some of block k too: on
+            # average half. So the first half of each hash's span is named by the hash before it.
+            shared = min(full, int((len(prefix) + 0.5) * per_hash) // block_size)
+            for b in range(shared):
+                at = ((b + 1) * block_size - 1) / per_hash
+                k = int(at)
+                hashes.append(hash((prefix[k - 1 if k and at - k < 0.5 else k], b)))
+        own = request.index + 1
+        hashes.extend(hash((-own, b)) for b in range(len(hashes), full))
+        return hashes
