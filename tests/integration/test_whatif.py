@@ -93,7 +93,6 @@ def test_replay_of_the_gateways_access_log_agrees_with_the_http_load_test(tmp_pa
         whatif_scenario(trace, scenario.fleet, slos),
         trace,
         scrape_interval_s=SCRAPE_INTERVAL_S * TIME_SCALE,
-        clock_scale=TIME_SCALE,
     ).report
 
     summary = {
