@@ -108,6 +108,8 @@ class Backend:
     """An operator drained it: no new requests, the in-flight ones finish."""
     inflight: int = 0
     """Requests this gateway has sent and not yet finished."""
+    inflight_by_class: dict[str, int] = field(default_factory=dict)
+    """The same requests by their policy class (classes with none in flight may be absent or 0)."""
     measured_cost_per_mtok: float | None = None
     """Effective USD per million tokens measured by the ledger (None until it has data); kept fresh in the
     background so routing reads it without I/O."""

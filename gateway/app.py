@@ -143,6 +143,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
         ledger = ledger or build_ledger(settings.ledger, catalog.backends)
         self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
+        pipeline.clock_scale = settings.policy_options.clock_scale
         pipeline.tenants = build_tenants(settings, ledger)
         self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
         self.batches = build_batches(settings, pipeline)

@@ -44,8 +44,9 @@ class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     the tightest online SLO that may route there."""
     max_online_slowdown: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.02
     """While online requests run on a backend, its batch lines may slow their decode (time per output
-    token) by at most this fraction, by the estimate in gateway/batch/slowdown.py: a cap that protects
-    every online class, those whose SLO the policy does not know included."""
+    token) by at least this fraction, by the estimate in gateway/batch/slowdown.py; by more only when
+    every class running there has a TPOT SLO with that much headroom (gateway/batch/headroom.py). A
+    class the policy states no TPOT SLO for is held to this fraction."""
     tick_s: _Seconds = 0.05
     """How often the scheduler looks at the fleet for idle room."""
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 200 * 1024 * 1024

@@ -89,6 +89,11 @@ class PolicyOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     relative to this config file."""
     reload_interval: _Seconds = 1.0
     """How often the policy file is checked for changes; a valid change applies to new requests."""
+    clock_scale: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    """Backend seconds per second of the gateway's clock. 1 for real backends. A load test's simulated
+    fleet runs `time_scale` times faster than real time and writes that here, so the latencies routing
+    learns from (observe()) and compares with the policy's SLOs, and the back-pressure wait, are on
+    the fleet's clock."""
 
 
 _Count = Annotated[int, msgspec.Meta(ge=1)]

@@ -65,7 +65,8 @@ def gateway_config(fleet: Fleet, policy: Path, port: int) -> dict[str, Any]:
         health={"interval": 1.0},
         shutdown_grace=2.0,
     )
-    config["policy"] = {"file": str(policy), "reload_interval": 60.0}
+    # the gateway measures real seconds; the simulated fleet runs time_scale times faster
+    config["policy"] = {"file": str(policy), "reload_interval": 60.0, "clock_scale": fleet.spec.time_scale}
     config["ledger"] = {"store": "memory", "bucket_seconds": 10}
     return config
 

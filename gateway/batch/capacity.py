@@ -42,7 +42,7 @@ class FleetRoom:
         self._sent: dict[Backend, list[float]] = {}
         """Monotonic times lines were sent to each backend, since its last scrape."""
         self._router: object = None
-        self._online: list[Route] = []
+        self._online: dict[str, Route] = {}
         self._per_backend: dict[Backend, OnlineLimits] = {}
         self._scrape_seen: dict[Backend, float | None] = {}
         self._settled: dict[Backend, int] = {}
@@ -57,7 +57,7 @@ class FleetRoom:
         if router is not self._router:
             self._router = router
             routes = router.loaded.policy.routes if isinstance(router, PolicyEngine) else {}
-            self._online = [r for name, r in routes.items() if name != BATCH_CLASS]
+            self._online = {name: r for name, r in routes.items() if name != BATCH_CLASS}
             self._per_backend = {}
         online = self._per_backend.get(backend)
         if online is None:
@@ -74,9 +74,17 @@ class FleetRoom:
         if self._scrape_seen.get(backend) != scraped:  # a new scrape: the lines it saw running
             self._scrape_seen[backend] = scraped
             self._settled[backend] = lines - unseen
-        online = max(0, backend.inflight - held.get(backend, 0))
+        mine = held.get(backend, 0)
+        online = max(0, backend.inflight - mine)
+        classes = {cls: n for cls, n in backend.inflight_by_class.items() if n > 0}
+        if mine and BATCH_CLASS in classes:  # this replica's lines run as class batch: not online
+            left = classes[BATCH_CLASS] - mine
+            if left > 0:
+                classes[BATCH_CLASS] = left
+            else:
+                del classes[BATCH_CLASS]
         cost = line_cost(backend.pool.accelerator, self.shape)
-        return BatchLoad(lines, unseen, self._settled.get(backend), online, cost)
+        return BatchLoad(lines, unseen, self._settled.get(backend), online, cost, classes)
 
     def _held(self) -> dict[Backend, int]:
         """Batch lines holding each backend's in-flight slot (`backend.inflight` counts every request)."""

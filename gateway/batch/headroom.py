@@ -15,8 +15,12 @@ Per backend, from the tightest online route that may send requests there (its `p
         KV room     (online KV limit - reserve - scraped usage) / KV of one sequence (usage / running)
         TPOT room   (margin x TPOT SLO - predicted TPOT) / TPOT each running sequence has added over
                     the unloaded backend's
-    and, while online requests run on it, at most max_online_slowdown / (what one line slows their
-    decode: gateway/batch/slowdown.py), whatever their SLOs are or whether the policy knows them;
+    and, while online requests run on it, at most allowed slowdown / (what one line slows their
+    decode: gateway/batch/slowdown.py). The allowed slowdown is each running class's TPOT headroom,
+    `slo_margin` x its route's TPOT SLO over the predicted TPOT, less 1, the least of the classes
+    running there (the gateway counts its in-flight requests per backend and class); at least
+    `max_online_slowdown`, and only that when a class running there has no TPOT SLO in the policy
+    (it is protected whatever its SLO is);
     less the lines sent since the last scrape (not yet in the scraped figures); and at most
     `ramp_lines` more than ran at the last scrape (lines that end are replaced at once), so the room
     is measured again before more are added (additive increase), and a burst of batch prefills never
@@ -30,7 +34,7 @@ the reserve is what an online burst finds free when it arrives, and the pause ke
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.models import Backend
 from gateway.batch.slowdown import slowdown_cap
@@ -62,25 +66,29 @@ class OnlineLimits:
     ttft_s: float | None = None
     tpot_s: float | None = None
     max_kv: float = 0.95
+    class_tpot_s: dict[str, float | None] = field(default_factory=dict)
+    """Each online class that may run here: its route's TPOT SLO (None when it states none)."""
 
 
-def online_limits(routes: list[Route], backend: Backend, default_kv: float = 0.95) -> OnlineLimits:
+def online_limits(routes: dict[str, Route], backend: Backend, default_kv: float = 0.95) -> OnlineLimits:
     """The tightest SLO and KV limit of the online routes that may send requests to `backend`."""
     ttft: float | None = None
     tpot: float | None = None
     max_kv = default_kv
-    for route in routes:
+    class_tpot: dict[str, float | None] = {}
+    for name, route in routes.items():
         if not (selects(route.prefer, backend.pool) or selects(route.fallback, backend.pool)):
             continue
         max_kv = min(max_kv, route.saturation.max_kv_cache_usage)
         slo = route.slo
+        class_tpot[name] = slo.tpot_ms / 1000 if slo is not None and slo.tpot_ms is not None else None
         if slo is None:
             continue
         if slo.ttft_ms is not None:
             ttft = min(ttft, slo.ttft_ms / 1000) if ttft is not None else slo.ttft_ms / 1000
         if slo.tpot_ms is not None:
             tpot = min(tpot, slo.tpot_ms / 1000) if tpot is not None else slo.tpot_ms / 1000
-    return OnlineLimits(ttft, tpot, max_kv)
+    return OnlineLimits(ttft, tpot, max_kv, class_tpot)
 
 
 @dataclass(slots=True)
@@ -97,6 +105,8 @@ class BatchLoad:
     """Online (not batch) requests this replica has in flight on the backend."""
     line_cost: float = 0.0
     """The fraction of an online decode step one batch line adds there (gateway/batch/slowdown.py)."""
+    online_classes: dict[str, int] = field(default_factory=dict)
+    """The online requests by class (only classes with some in flight)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +162,27 @@ def new_lines(backend: Backend, online: OnlineLimits, limits: HeadroomLimits) ->
     return max(0, math.floor(room + 1e-9))
 
 
+def allowed_slowdown(
+    backend: Backend, running: dict[str, int], online: OnlineLimits, limits: HeadroomLimits
+) -> float:
+    """How much batch lines may slow the decode of the online classes running on `backend`: the least
+    TPOT headroom among them, never under `max_online_slowdown`, and only that when one of them has no
+    TPOT SLO (or is not a route of the policy that may run here)."""
+    floor = limits.max_online_slowdown
+    if not running:
+        return floor
+    predicted = predicted_tpot(backend)
+    if predicted <= 0:
+        return floor
+    allowed = math.inf
+    for cls in running:
+        slo = online.class_tpot_s.get(cls)
+        if slo is None:
+            return floor
+        allowed = min(allowed, limits.slo_margin * slo / predicted - 1.0)
+    return max(floor, allowed)
+
+
 def assess(
     backend: Backend, batch: BatchLoad, online: OnlineLimits, queued: int, limits: HeadroomLimits
 ) -> Room:
@@ -162,7 +193,8 @@ def assess(
     seen = batch.lines - batch.unseen
     ramped = (seen if batch.settled is None else batch.settled) + limits.ramp_lines
     cap = min(limits.max_per_backend, seen + new_lines(backend, online, limits), ramped)
-    slowed = slowdown_cap(batch.online, batch.line_cost, limits.max_online_slowdown)
+    allowed = allowed_slowdown(backend, batch.online_classes, online, limits)
+    slowed = slowdown_cap(batch.online, batch.line_cost, allowed)
     if slowed is not None:
         cap = min(cap, slowed)
     return Room(backend, max(cap, 0), max(0, cap - batch.lines), cost)

@@ -114,6 +114,8 @@ class RequestContext:
     """The backend the request was last sent to."""
     holding: bool = False
     """`backend.inflight` counts this request."""
+    held_class: str = ""
+    """The class `backend.inflight_by_class` counts this request under while it holds its slot."""
     concurrency: int = 0
     """Requests the backend was serving, this one included, when it was sent."""
     attempts: int = 0
@@ -139,13 +141,18 @@ class RequestContext:
         """The request is being sent to `backend`: one of its in-flight slots is taken."""
         self.backend = backend
         backend.inflight += 1
+        cls = self.held_class = self.decision.request_class if self.decision is not None else ""
+        by_class = backend.inflight_by_class
+        by_class[cls] = by_class.get(cls, 0) + 1
         self.holding = True
 
     def release(self) -> None:
         """Give the in-flight slot back (no-op when none is held)."""
         if self.holding:
             self.holding = False
-            self.backend.inflight -= 1  # type: ignore[union-attr]
+            backend: Backend = self.backend  # type: ignore[assignment]
+            backend.inflight -= 1
+            backend.inflight_by_class[self.held_class] -= 1
 
     def tried_names(self) -> list[str]:
         """The backends tried, in order."""

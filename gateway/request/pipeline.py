@@ -80,6 +80,9 @@ class Pipeline:
         """Metrics and the access log, told of requests that end in an error."""
         self.tenants: Tenants | None = None
         """Keys, limits and budgets (gateway/tenants/); None when `auth.mode` is open."""
+        self.clock_scale = 1.0
+        """Backend seconds per gateway second (`policy.clock_scale`): what observe() feeds routing and
+        the back-pressure wait are scaled by it, so both stay on the clock the SLOs are written for."""
 
     async def handle(self, ctx: RequestContext) -> Reply:
         """Serve one request whose body has been read; an error raised here is ended by the caller."""
@@ -220,7 +223,7 @@ class Pipeline:
                 admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
             )
         if observe_latency:
-            observe(served.backend, record)
+            observe(served.backend, record, self.clock_scale)
         if self.recorded is not None:
             self.recorded(record, parsed)
         ctx.trace.finish(ctx, record)
@@ -296,7 +299,7 @@ class Pipeline:
             queue.refused += 1
             raise overloaded(cls, options.retry_after_s, f"{len(queue)} requests already queued")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + options.max_wait_ms / 1000.0
+        deadline = loop.time() + options.max_wait_ms / 1000.0 / self.clock_scale
         waiter = queue.join(profile.priority)
         self.queued += 1
         try:
@@ -335,22 +338,25 @@ class Pipeline:
         raise no_backend(profile.model, why)
 
 
-def observe(backend: Backend, record: UsageRecord) -> None:
+def observe(backend: Backend, record: UsageRecord, clock_scale: float = 1.0) -> None:
     """Feed the backend's latency averages, which routing uses to predict the next request's latency.
 
     Streams give time to first token and time per output token; a non-streaming answer gives only a
     time per token that includes the prefill, so it is used only when the output is long enough to
     dominate. With `n` choices the backend decodes them side by side: a token of each choice per step, so
-    the time per step is the duration over the tokens of one choice.
+    the time per step is the duration over the tokens of one choice. Durations are multiplied by
+    `clock_scale` (backend seconds per gateway second) to be on the backends' clock, as the SLOs are.
     """
     tokens = record.completion_tokens // max(1, record.n)
     if record.status != 200 or tokens < 1:
         return
+    duration = record.duration_s * clock_scale
     if record.stream and record.ttft_s is not None:
-        tpot = (record.duration_s - record.ttft_s) / (tokens - 1) if tokens > 1 else None
-        backend.observed.add(record.ttft_s, tpot)
+        ttft = record.ttft_s * clock_scale
+        tpot = (duration - ttft) / (tokens - 1) if tokens > 1 else None
+        backend.observed.add(ttft, tpot)
     elif tokens >= 16:
-        backend.observed.add(None, record.duration_s / tokens)
+        backend.observed.add(None, duration / tokens)
 
 
 def _cost_of(ledger: Ledger, ctx: RequestContext) -> Callable[[Usage], float]:

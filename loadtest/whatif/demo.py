@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         out,
         None,  # the log's classes are the gateway's: each judged by its route's SLO in balanced
         scrape_interval_s=SCRAPE_INTERVAL_S * scale,
-        clock_scale=scale,
         command=f"switchyard whatif --log {log} --policy cheapest --baseline balanced (time scale {scale:g})",
     )
     print_report(report)

@@ -84,9 +84,10 @@ class Replay:
         drain_s: float = 600.0,
         clock_scale: float = 1.0,
     ) -> None:
-        """`clock_scale`: simulated seconds per second of the gateway's clock. A load test runs its fleet
-        `time_scale` times faster than real time while its gateway measures real time, so the latency
-        averages routing predicts from are that many times smaller than the simulated latencies."""
+        """`clock_scale`: simulated seconds per second of the gateway's scaled clock (its real seconds
+        times its `policy.clock_scale`). The load test writes its `time_scale` into the gateway's
+        `policy.clock_scale`, so its latency averages are on the fleet's clock and this is 1; a log of a
+        gateway that measured a faster-running fleet in real time needs the ratio of the two."""
         self.fleet = fleet
         self.engine = engine
         self.requests = requests

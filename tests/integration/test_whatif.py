@@ -5,8 +5,9 @@ p50 (within 10%), per class: under `balanced`, and under a policy that holds mos
 (back-pressure), where the replay must hold as many. Run by `make test-whatif` (~3 minutes with the plan).
 
 The replay is told what the load test does to time: the fleet runs `time_scale` times faster than real
-time, so the log's real times are divided by it, the gateway's 0.25 s scrape is that many simulated
-seconds, and the latency averages the gateway routes by are measured on its own (real) clock.
+time, so the log's real times are divided by it and the gateway's 0.25 s scrape is that many simulated
+seconds; the gateway routes by latencies on the fleet's clock (the load test sets its
+`policy.clock_scale`), so the replay's `clock_scale` is 1.
 
 Both classes' SLOs bind under `balanced`: chat meets its SLO about 78% of the time, RAG (5,200-6,000
 prompt tokens: long-context, a shedding route, on the MI300X, decoding ~100 ms per token beside its
@@ -118,7 +119,6 @@ def _agreement(
         whatif_scenario(trace, scenario.fleet, slos),
         trace,
         scrape_interval_s=SCRAPE_INTERVAL_S * TIME_SCALE,
-        clock_scale=TIME_SCALE,
     )
     replayed = run.report
     summary = {

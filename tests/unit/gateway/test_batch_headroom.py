@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +15,7 @@ from gateway.batch.headroom import (
     BatchLoad,
     HeadroomLimits,
     OnlineLimits,
+    allowed_slowdown,
     assess,
     fill_order,
     new_lines,
@@ -165,17 +167,21 @@ def test_unhealthy_or_drained_backends_get_nothing() -> None:
 
 
 def test_online_limits_are_the_tightest_of_routes_that_may_send_there() -> None:
-    routes = [
-        _route(prefer={"vendor": "nvidia"}, fallback={"vendor": "amd"}, slo={"ttft_ms": 800, "tpot_ms": 60}),
-        _route(prefer={"accelerator": "mi300x"}, saturation={"max_kv_cache_usage": 0.85}),
-        _route(prefer="any", slo={"ttft_ms": 2000, "tpot_ms": 100}),
-        _route(prefer={"accelerator": "h100"}, slo={"ttft_ms": 300}),
-    ]
+    routes = {
+        "chat": _route(
+            prefer={"vendor": "nvidia"}, fallback={"vendor": "amd"}, slo={"ttft_ms": 800, "tpot_ms": 60}
+        ),
+        "long": _route(prefer={"accelerator": "mi300x"}, saturation={"max_kv_cache_usage": 0.85}),
+        "default": _route(prefer="any", slo={"ttft_ms": 2000, "tpot_ms": 100}),
+        "fast": _route(prefer={"accelerator": "h100"}, slo={"ttft_ms": 300}),
+    }
     amd = online_limits(routes, _backend(MI300X))
-    assert amd == OnlineLimits(ttft_s=0.8, tpot_s=0.06, max_kv=0.85)
+    assert (amd.ttft_s, amd.tpot_s, amd.max_kv) == (0.8, 0.06, 0.85)
+    assert amd.class_tpot_s == {"chat": 0.06, "long": None, "default": 0.1}
     nvidia = online_limits(routes, _backend(H100))
     assert nvidia.ttft_s == 0.3 and nvidia.tpot_s == 0.06
-    assert online_limits([], _backend(H100)) == OnlineLimits(None, None, 0.95)
+    assert nvidia.class_tpot_s == {"chat": 0.06, "default": 0.1, "fast": None}
+    assert online_limits({}, _backend(H100)) == OnlineLimits(None, None, 0.95)
 
 
 def test_fill_order_is_cheapest_first_then_most_headroom_whatever_the_pool() -> None:
@@ -320,3 +326,67 @@ def test_a_line_answer_reports_the_usage_the_shape_learns_from() -> None:
     assert _usage_of({"usage": {"prompt_tokens": 900}}) == (900, 0)  # embeddings
     assert _usage_of({"choices": []}) is None
     assert _usage_of({"usage": {"prompt_tokens": "many"}}) is None
+
+
+CLASSES = OnlineLimits(
+    ttft_s=0.8, tpot_s=0.06, max_kv=0.9, class_tpot_s={"chat": 0.06, "default": 0.1, "long": None}
+)
+
+
+def test_classes_with_tpot_headroom_let_batch_lines_slow_them_within_their_slo() -> None:
+    backend = _backend(H100, running=6, kv=0.30, ttft=0.1, tpot=0.015)
+    limits = HeadroomLimits(kv_reserve=0.2, slo_margin=0.75, ramp_lines=100, max_online_slowdown=0.02)
+    # chat: 0.75 x 60 ms over 15 ms predicted = 3x, so 200% slowdown allowed; default: 0.75 x 100 / 15
+    assert allowed_slowdown(backend, {"chat": 3}, CLASSES, limits) == pytest.approx(2.0)
+    assert allowed_slowdown(backend, {"chat": 3, "default": 1}, CLASSES, limits) == pytest.approx(2.0)
+    flat = assess(backend, BatchLoad(lines=2, online=4, line_cost=0.02), CLASSES, 0, limits)
+    assert flat.cap == 1 and flat.free == 0  # no per-class counts: 2% / 2% per line, as before
+    by_class = BatchLoad(lines=2, online=4, line_cost=0.02, online_classes={"chat": 4})
+    room = assess(backend, by_class, CLASSES, 0, limits)
+    assert room.cap > 2 and room.free == room.cap - 2  # now KV and TPOT room decide, not the 2%
+    assert room.cap == min(new_lines(backend, CLASSES, limits) + 2, math.floor(2.0 / 0.02))
+
+
+def test_a_class_without_a_tpot_slo_or_near_it_keeps_the_flat_cap() -> None:
+    backend = _backend(MI300X, running=6, kv=0.30, ttft=0.1, tpot=0.015)
+    limits = HeadroomLimits(slo_margin=0.75, max_online_slowdown=0.02)
+    assert allowed_slowdown(backend, {"chat": 2, "long": 1}, CLASSES, limits) == 0.02
+    assert allowed_slowdown(backend, {"unknown": 1}, CLASSES, limits) == 0.02
+    assert allowed_slowdown(backend, {}, CLASSES, limits) == 0.02
+    near = _backend(MI300X, running=6, kv=0.30, ttft=0.1, tpot=0.046)  # past 0.75 x 60 ms
+    assert allowed_slowdown(near, {"chat": 2}, CLASSES, limits) == 0.02
+
+
+def test_requests_hold_and_release_their_backends_count_by_class() -> None:
+    from gateway.request.context import RequestContext
+
+    backend = _backend(H100)
+    contexts = []
+    for cls in ("chat", "chat", "batch"):
+        ctx = RequestContext(endpoint="chat", caller=SimpleNamespace())  # type: ignore[arg-type]
+        ctx.decision = SimpleNamespace(request_class=cls)  # type: ignore[assignment]
+        ctx.hold(backend)
+        contexts.append(ctx)
+    assert backend.inflight == 3 and backend.inflight_by_class == {"chat": 2, "batch": 1}
+    contexts[0].release()
+    contexts[0].release()  # once only
+    contexts[2].release()
+    assert backend.inflight == 1 and backend.inflight_by_class == {"chat": 1, "batch": 0}
+
+
+def test_fleet_room_sees_online_classes_but_not_its_own_lines() -> None:
+    backend = _backend(H100, running=6, kv=0.30, ttft=0.1, tpot=0.015, inflight=5)
+    backend.inflight_by_class.update({"chat": 3, "batch": 2})
+    pipeline = SimpleNamespace(
+        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
+    )
+    room = FleetRoom(pipeline, LIMITS)  # type: ignore[arg-type]
+    for line in range(2):
+        room.started(backend)
+        room.contexts[line] = _line_context(backend, holding=True)
+    load = room._load(backend, room._held())
+    assert (load.online, load.online_classes) == (3, {"chat": 3})
+    backend.inflight_by_class["batch"] = 3  # one more: an online request of class batch
+    backend.inflight = 6
+    load = room._load(backend, room._held())
+    assert (load.online, load.online_classes) == (4, {"chat": 3, "batch": 1})
