@@ -89,12 +89,12 @@ routes:
     prefer: {vendor: amd}
     shed: true
     saturation: {max_inflight: 3}
-    backpressure: {max_queued: 64, max_wait_ms: 10000, retry_after_s: 1}
+    backpressure: {max_queued: 64, max_wait_ms: 30000, retry_after_s: 1}
   default:
     prefer: {vendor: nvidia}
 """
 """RAG requests wait whenever the MI300X has three in flight (most of them, at this load) and go as one
-ends; none waits long enough to be refused."""
+ends; none waits long enough to be refused (30 s on the fleet's clock, which the gateway keeps)."""
 
 
 def _agreement(
