@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
 # minutes): `make test-whatif` runs them (and .ci/run).
 .PHONY: test-whatif whatif-demo bench-whatif
-.PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
+.PHONY: demo test test-hostile lint fmt venv browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
 
 venv: $(STAMP)
 
@@ -142,3 +142,14 @@ cluster: venv haproxy
 # Drain propagation, a replica killed under load, a rolling restart, and `--workers` (about a minute).
 test-cluster: venv haproxy
 	SWITCHYARD_CLUSTER=1 $(PY) -m pytest tests/cluster -p no:cacheprovider $(PYTEST_ARGS)
+
+# What keys mode costs on the peers harness: Switchyard `open` and `keys` (a key and a team with RPM, TPM,
+# parallel and budget limits the load never reaches, on the local Redis) one after the other, JSON only.
+PEERS_KEY ?= sy-peers-bench-key-not-secret-0123456789abcdef
+bench-peers-keys: venv wrk
+	bash $(PEERS)/bench.sh --reps 1 --duration 10 --lat-conns 8 --no-direct --modes json $(ARGS) \
+	  --name switchyard-open --port 15000 --model tiny --no-stream \
+	  --cmd 'exec $(CURDIR)/$(VENV)/bin/switchyard serve --config $(CURDIR)/loadtest/configs/peers-mock.yaml --port {PORT} --log-level warning' \
+	  --name switchyard-keys --port 15001 --model tiny --no-stream --api-key $(PEERS_KEY) \
+	  --cmd 'cd $(CURDIR) && exec $(CURDIR)/$(PY) -m loadtest.bench.peers_keys --port {PORT} --key $(PEERS_KEY)'; \
+	  status=$$?; $(PY) -m loadtest.bench.peers_keys --cleanup; exit $$status
