@@ -1,0 +1,137 @@
+"""A real three-node Redis Cluster on loopback for the tests (`redis-server` 7, no replicas).
+
+The nodes die with the process that started them (PR_SET_PDEATHSIG) and are killed, with their folder,
+when the context ends, whatever happened inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from redis.crc import key_slot
+
+from backends.lifetime import die_with_parent
+from tests.support import free_port_block
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+
+
+@dataclass
+class RedisCluster:
+    ports: list[int]
+    folder: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """What an operator writes: `redis+cluster://` and a startup node (the rest is discovered)."""
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=5)
+
+    def client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=5)
+
+    def owner(self, slot: int) -> int:
+        """The port of the node serving `slot`."""
+        for start, end, primary, *_ in self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+        raise LookupError(slot)
+
+    def move_slot(self, slot: int, to_port: int) -> None:
+        """Migrate `slot` and its keys to the node on `to_port` (what `redis-cli --cluster reshard` does
+        for one slot): SETSLOT IMPORTING/MIGRATING, MIGRATE the keys, SETSLOT NODE on every node."""
+        source_port = self.owner(slot)
+        if source_port == to_port:
+            return
+        source, target = self.node(source_port), self.node(to_port)
+        source_id = source.execute_command("CLUSTER", "MYID").decode()
+        target_id = target.execute_command("CLUSTER", "MYID").decode()
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+        for port in self.ports:
+            self.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        _wait(lambda: all(self._sees(port, slot, to_port) for port in self.ports), "slot moved")
+
+    def _sees(self, port: int, slot: int, owner: int) -> bool:
+        for start, end, primary, *_ in self.node(port).execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1]) == owner
+        return False
+
+    def slot_keys(self, pattern: str) -> dict[int, list[bytes]]:
+        """Every key matching `pattern` on every node, by slot."""
+        found: dict[int, list[bytes]] = {}
+        for port in self.ports:
+            for key in self.node(port).scan_iter(match=pattern, count=1000):
+                found.setdefault(key_slot(key), []).append(key)
+        return found
+
+
+def _wait(ready: object, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(redis.RedisError, OSError):
+            if ready():  # type: ignore[operator]
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Redis Cluster: {what} not within {timeout} s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def redis_cluster(nodes: int = 3) -> Iterator[RedisCluster]:
+    folder = Path(tempfile.mkdtemp(prefix="sy-redis-cluster-"))
+    base = free_port_block(nodes)
+    cluster = RedisCluster([base + i for i in range(nodes)], folder)
+    try:
+        for i, port in enumerate(cluster.ports):
+            log = (folder / f"node-{i}.log").open("wb")
+            command = [
+                REDIS_SERVER,
+                "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+                "--cluster-enabled", "yes", "--cluster-config-file", str(folder / f"nodes-{i}.conf"),
+                "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+            ]  # fmt: skip
+            cluster.processes.append(
+                subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+            )
+            log.close()
+        for port in cluster.ports:
+            _wait(lambda p=port: cluster.node(p).ping(), f"node {port} up")
+        addresses = [f"127.0.0.1:{port}" for port in cluster.ports]
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
+        def ok() -> bool:
+            return all(
+                b"cluster_state:ok" in cluster.node(p).execute_command("CLUSTER", "INFO")
+                for p in cluster.ports
+            )
+
+        _wait(ok, "cluster_state:ok")
+        yield cluster
+    finally:
+        for process in cluster.processes:
+            process.kill()
+        for process in cluster.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
