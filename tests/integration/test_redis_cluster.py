@@ -24,7 +24,7 @@ from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from tests.integration.test_batches import _line, _upload, _wait
 from tests.integration.test_tenants import _call
-from tests.redis_cluster import RedisCluster, redis_cluster
+from tests.redis_cluster import RedisCluster
 from tests.support import running_replicas
 
 MODEL = "llama-3.1-8b"
@@ -68,11 +68,12 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(tmp_path_factory: pytest.TempPathFactory, cluster_redis: RedisCluster) -> Iterator[Deployment]:
     spec = parse_fleet_spec(FLEET, "<cluster fleet>")
     prefix = f"itest-rc-{uuid.uuid4().hex[:8]}"
     files = tmp_path_factory.mktemp("rc-batch-files")
-    with redis_cluster() as redis, Fleet(spec, log_dir=tmp_path_factory.mktemp("rc-fleet")) as fleet:
+    redis = cluster_redis
+    with Fleet(spec, log_dir=tmp_path_factory.mktemp("rc-fleet")) as fleet:
         configs = []
         for _ in range(2):
             config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
