@@ -16,7 +16,6 @@ import pytest
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
-from tests.redis_cluster import RedisCluster, redis_cluster
 from tests.support import RecordingBackend, free_port, running_gateway
 
 MODEL = "llama-3.1-8b"
@@ -95,10 +94,3 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         ]
         with running_gateway(config, workdir, env={"SY_TEST_BACKEND_KEY": "sk-backend-secret"}) as base:
             yield Env(base_url=base, fleet=fleet, recorder=recorder, workdir=workdir)
-
-
-@pytest.fixture(scope="session")
-def cluster_redis() -> Iterator[RedisCluster]:
-    """A real three-node Redis Cluster (tests/redis_cluster.py), started once for the session."""
-    with redis_cluster() as cluster:
-        yield cluster
