@@ -52,8 +52,7 @@ class _Call:
         self.timer: asyncio.TimerHandle | None = None
         self.evaled = False
         self.redialled = False
-        self.deadline = 0.0
-        """Cluster only: when redirections stop being retried (loop time)."""
+        # `deadline` (cluster only: when redirections stop being retried) is set at the first one.
 
 
 class ScriptClient(asyncio.Protocol):
@@ -272,9 +271,10 @@ class ScriptClient(asyncio.Protocol):
             return False
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if not call.deadline:
+        deadline = getattr(call, "deadline", None)
+        if deadline is None:
             call.deadline = now + self._timeout
-        elif now > call.deadline:
+        elif now > deadline:
             return False
         if is_stale_node(text):
             self._stale = True

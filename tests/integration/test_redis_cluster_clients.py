@@ -1,19 +1,24 @@
 """The Redis clients of gateway/redis_client.py and the raw script client on a real Redis Cluster, alone:
 the script client finds its hash tag's slot and follows it when the slot moves (a script that names its
 keys is answered MOVED; one that names none, "non local key"); the fleet's pub/sub reaches a subscriber
-whichever node it is published on."""
+whichever node it is published on; the batch state's claims, leases and watched updates (the tests of
+tests/unit/gateway/test_batch_state.py, on the cluster)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
+from typing import Any
 
+import pytest
 from redis.crc import key_slot
 
+from gateway.batch.redis_state import RedisBatchState
 from gateway.redis_client import redis_client, subscriber
 from gateway.tenants.script_client import ScriptClient, bulk
 from tests.redis_cluster import RedisCluster
+from tests.unit.gateway import test_batch_state
 
 COUNT = "return redis.call('INCR', ARGV[1] .. ':n')"
 """Names no key (as `limits.ADMIT`): Redis cannot redirect it, only refuse a key it does not serve."""
@@ -84,5 +89,25 @@ def test_fleet_pubsub_reaches_a_subscriber_from_every_node(cluster_redis: RedisC
             await pubsub.aclose()
             await publisher.aclose()
             await listener.aclose()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        test_batch_state.test_a_lapsed_lease_is_claimed_again_and_a_result_counts_once,
+        test_batch_state.test_a_released_line_waits_its_backoff,
+        test_batch_state.test_status_changes_happen_once_and_listing_pages,
+    ],
+    ids=["claims", "backoff", "status-and-pages"],
+)
+def test_batch_state_on_a_cluster(cluster_redis: RedisCluster, test: Any) -> None:
+    async def run() -> None:
+        state = RedisBatchState(redis_client(cluster_redis.url), f"utest-batch-{uuid.uuid4().hex[:8]}")
+        try:
+            await test.body(state)
+        finally:
+            await state.close()
 
     asyncio.run(run())
