@@ -29,7 +29,7 @@ def _private_state_home() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def cluster_redis() -> Iterator[RedisCluster]:
+def cluster_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     """A real three-node Redis Cluster (tests/redis_cluster.py), started once, when a test first asks."""
-    with redis_cluster() as cluster:
+    with redis_cluster(under=tmp_path_factory.getbasetemp()) as cluster:
         yield cluster

@@ -93,8 +93,10 @@ def _wait(ready: object, what: str, timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def redis_cluster(nodes: int = 3) -> Iterator[RedisCluster]:
-    folder = Path(tempfile.mkdtemp(prefix="sy-redis-cluster-"))
+def redis_cluster(nodes: int = 3, under: Path | None = None) -> Iterator[RedisCluster]:
+    """`under`: where the nodes' folder goes (pytest's temporary tree, which pytest prunes, so even a
+    killed session leaves no folder behind for long); the system's temporary folder by default."""
+    folder = Path(tempfile.mkdtemp(prefix="sy-redis-cluster-", dir=under))
     base = free_port_block(nodes)
     cluster = RedisCluster([base + i for i in range(nodes)], folder)
     try:
