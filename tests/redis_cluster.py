@@ -7,7 +7,9 @@ when the context ends, whatever happened inside it.
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -19,10 +21,11 @@ import redis
 from redis.crc import key_slot
 
 from backends.lifetime import die_with_parent
-from tests.support import free_port_block
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+BUS_OFFSET = 10000
+"""A cluster node also listens on its port + 10000 (the cluster bus)."""
 
 
 @dataclass
@@ -81,15 +84,87 @@ class RedisCluster:
         return found
 
 
-def _wait(ready: object, what: str, timeout: float = 20.0) -> None:
+def _within(ready: object, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(redis.RedisError, OSError):
             if ready():  # type: ignore[operator]
-                return
+                return True
         if time.monotonic() > deadline:
-            raise RuntimeError(f"Redis Cluster: {what} not within {timeout} s")
+            return False
         time.sleep(0.05)
+
+
+def _wait(ready: object, what: str, timeout: float = 20.0) -> None:
+    if not _within(ready, timeout):
+        raise RuntimeError(f"Redis Cluster: {what} not within {timeout} s")
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` ports free both as client ports and as cluster bus ports (port + 10000), all below the
+    ephemeral range (32768 and up), so no outgoing connection takes one between this check and its use."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, 22700 - count)
+        wanted = [base + i for i in range(count)] + [base + i + BUS_OFFSET for i in range(count)]
+        sockets: list[socket.socket] = []
+        try:
+            for port in wanted:
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return wanted[:count]
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} free port pairs found")
+
+
+class _NodeExited(Exception):
+    pass
+
+
+def _start_nodes(cluster: RedisCluster) -> bool:
+    """Start a node per port; False (nodes killed) if one exits: a port was taken after all."""
+    folder = cluster.folder
+    for i, port in enumerate(cluster.ports):
+        log = (folder / f"node-{i}.log").open("wb")
+        command = [
+            REDIS_SERVER,
+            "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+            "--cluster-enabled", "yes", "--cluster-config-file", str(folder / f"nodes-{i}.conf"),
+            "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+        ]  # fmt: skip
+        cluster.processes.append(
+            subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        )
+        log.close()
+    for i, (port, process) in enumerate(zip(cluster.ports, cluster.processes, strict=True)):
+
+        def up(p: int = port, proc: subprocess.Popen[bytes] = process) -> bool:
+            if proc.poll() is not None:
+                raise _NodeExited(p)
+            return bool(cluster.node(p).ping())
+
+        try:
+            if not _within(up, 20.0):
+                log_text = (folder / f"node-{i}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"Redis Cluster: node {port} not up within 20 s; its log:\n{log_text}")
+        except _NodeExited:
+            _stop(cluster)
+            return False
+    return True
+
+
+def _stop(cluster: RedisCluster) -> None:
+    for process in cluster.processes:
+        process.kill()
+    for process in cluster.processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+    cluster.processes.clear()
 
 
 @contextlib.contextmanager
@@ -97,23 +172,14 @@ def redis_cluster(nodes: int = 3, under: Path | None = None) -> Iterator[RedisCl
     """`under`: where the nodes' folder goes (pytest's temporary tree, which pytest prunes, so even a
     killed session leaves no folder behind for long); the system's temporary folder by default."""
     folder = Path(tempfile.mkdtemp(prefix="sy-redis-cluster-", dir=under))
-    base = free_port_block(nodes)
-    cluster = RedisCluster([base + i for i in range(nodes)], folder)
+    cluster = RedisCluster(_free_ports(nodes), folder)
     try:
-        for i, port in enumerate(cluster.ports):
-            log = (folder / f"node-{i}.log").open("wb")
-            command = [
-                REDIS_SERVER,
-                "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                "--cluster-enabled", "yes", "--cluster-config-file", str(folder / f"nodes-{i}.conf"),
-                "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
-            ]  # fmt: skip
-            cluster.processes.append(
-                subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
-            )
-            log.close()
-        for port in cluster.ports:
-            _wait(lambda p=port: cluster.node(p).ping(), f"node {port} up")
+        for _ in range(3):
+            if _start_nodes(cluster):
+                break
+            cluster.ports = _free_ports(nodes)
+        else:
+            raise RuntimeError("Redis Cluster: nodes kept exiting at start (ports taken?)")
         addresses = [f"127.0.0.1:{port}" for port in cluster.ports]
         subprocess.run(
             [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
@@ -131,9 +197,5 @@ def redis_cluster(nodes: int = 3, under: Path | None = None) -> Iterator[RedisCl
         _wait(ok, "cluster_state:ok")
         yield cluster
     finally:
-        for process in cluster.processes:
-            process.kill()
-        for process in cluster.processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=10)
+        _stop(cluster)
         shutil.rmtree(folder, ignore_errors=True)

@@ -44,8 +44,9 @@ async def slot_owner(slot: int, nodes: Sequence[Address], hello: Sequence[bytes]
                     raise answer
             for start, end, primary, *_ in slots:
                 if start <= slot <= end:
-                    owner = primary[0].decode() or host  # an empty host: the node we asked
-                    return owner, int(primary[1])
+                    owner = primary[0].decode() or host  # empty: the address we asked on
+                    if owner != "?":  # "?": the node does not know the owner's address (yet)
+                        return owner, int(primary[1])
             failures.append(f"{host}:{port}: slot {slot} is not served")
         except (OSError, ScriptReplyError, ValueError, TypeError) as exc:
             failures.append(f"{host}:{port}: {exc}")
