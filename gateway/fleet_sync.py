@@ -30,9 +30,9 @@ from dataclasses import asdict
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from backends.models import Backend
+from gateway.redis_client import REDIS_ERRORS, redis_client, subscriber
 from gateway.request.pipeline import Pipeline
 
 log = logging.getLogger("switchyard.fleet")
@@ -78,8 +78,8 @@ class FleetSync:
         self.k_recent = f"{tag}:fleet:recent"
         self._view_prefix = f"{tag}:fleet:replica:"
         common: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": timeout}
-        self.client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, **common)
-        self._listen_client = aioredis.Redis.from_url(redis_url, **common)
+        self.client = redis_client(redis_url, socket_timeout=timeout, **common)
+        self._listen_client = redis_client(redis_url, **common)
         self.connected = False
         self.listening = False
         self.errors = 0
@@ -107,7 +107,7 @@ class FleetSync:
         self._pending[name] = draining
         try:
             await self._write_pending()
-        except (aioredis.RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
             return False
         return True
@@ -119,7 +119,7 @@ class FleetSync:
         try:
             await self._push_recent()
             rows = await self.client.lrange(self.k_recent, -limit, -1)
-        except (aioredis.RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
             return None
         return [json.loads(row) for row in rows]
@@ -176,7 +176,7 @@ class FleetSync:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        with contextlib.suppress(aioredis.RedisError, OSError):
+        with contextlib.suppress(*REDIS_ERRORS):
             await self._push_recent()
             await self.client.zrem(self.k_replicas, self.replica)
             await self.client.delete(self._view_prefix + self.replica)
@@ -185,8 +185,9 @@ class FleetSync:
 
     async def _listen(self) -> None:
         while True:
-            pubsub = self._listen_client.pubsub(ignore_subscribe_messages=True)
+            pubsub = None
             try:
+                pubsub = await subscriber(self._listen_client)
                 await pubsub.subscribe(self.k_events)
                 self.listening = True
                 await self._read_drains()  # catch up on what was missed while away
@@ -195,14 +196,15 @@ class FleetSync:
                         await self._on_event(json.loads(message["data"]))
             except asyncio.CancelledError:
                 raise
-            except (aioredis.RedisError, OSError, ValueError) as exc:
+            except (*REDIS_ERRORS, ValueError) as exc:
                 self.listening = False
                 self._failed(exc)
                 await asyncio.sleep(self.interval)
             finally:
                 self.listening = False
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("kind")
@@ -227,7 +229,7 @@ class FleetSync:
                 self.connected = True
             except asyncio.CancelledError:
                 raise
-            except (aioredis.RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 self._failed(exc)
             await asyncio.sleep(self.interval)
 

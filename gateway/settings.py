@@ -14,6 +14,8 @@ from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from gateway.batch_options import BatchOptions
+from gateway.redis_client import URL_PATTERN as REDIS_URL_PATTERN
+from gateway.redis_client import parse_redis_url
 from gateway.request_bounds import RequestLimits
 from policies import presets
 from policies.engine import PolicyEngine, load_engine
@@ -143,7 +145,7 @@ class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     store: Literal["auto", "redis", "memory", "none"] = "auto"
     """`auto`: Redis when `redis_url` is set, else in memory; `none` records nothing (benchmarks only)."""
-    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(rediss?|unix)://")] | None = None
+    redis_url: Annotated[str, msgspec.Meta(pattern=REDIS_URL_PATTERN)] | None = None
     key_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = "switchyard"
     bucket_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60
     retention: _Seconds = 48 * 3600.0
@@ -211,7 +213,7 @@ class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Environment variable holding the bootstrap admin key (read at start; may be unset)."""
     store: Literal["auto", "redis", "memory"] = "auto"
     """`auto`: Redis when `redis_url` (or `ledger.redis_url`) is set, else memory (one replica)."""
-    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(rediss?|unix)://")] | None = None
+    redis_url: Annotated[str, msgspec.Meta(pattern=REDIS_URL_PATTERN)] | None = None
     """Defaults to `ledger.redis_url`; the key prefix is `ledger.key_prefix`."""
     window_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60
     """The rate-limit window: `rpm` and `tpm` count requests and tokens per this many seconds."""
@@ -321,6 +323,13 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
             raise ConfigError(source, line, f"gateway.health.pools names an unknown pool `{pool_name}`")
     if config.ledger.store == "redis" and not config.ledger.redis_url:
         raise ConfigError(source, lines.get(("ledger", "store")), "ledger.store is redis but no redis_url")
+    for section, url in (("ledger", config.ledger.redis_url), ("auth", config.auth.redis_url)):
+        try:
+            parse_redis_url(url or "")
+        except ValueError as exc:
+            raise ConfigError(
+                source, lines.get((section, "redis_url")), f"{section}.redis_url: {exc}"
+            ) from None
     backends = build_backends(config.pools)
     return Settings(
         source=source,

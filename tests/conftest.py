@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_cluster import RedisCluster, redis_cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -24,3 +26,10 @@ os.environ["XDG_STATE_HOME"] = _STATE
 def _private_state_home() -> Iterator[None]:
     yield
     shutil.rmtree(_STATE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real three-node Redis Cluster (tests/redis_cluster.py), started once, when a test first asks."""
+    with redis_cluster(under=tmp_path_factory.getbasetemp()) as cluster:
+        yield cluster

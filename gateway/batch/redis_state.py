@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import msgspec
-import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from gateway.batch.objects import TERMINAL, StoredBatch, StoredFile
 from gateway.batch.state import Change
+from gateway.redis_client import AnyRedis
 
 _CLAIM = """
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1)
@@ -66,7 +66,7 @@ KEEP_S = 30 * 24 * 3600
 
 
 class RedisBatchState:
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: AnyRedis, prefix: str) -> None:
         self.client = client
         self.ns = "{syb:" + prefix + "}"
         self._claim = client.register_script(_CLAIM)

@@ -6,14 +6,13 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-import redis.asyncio as aioredis
-
 from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.memory_state import MemoryBatchState
 from gateway.batch.objects import StoredBatch
 from gateway.batch.redis_state import RedisBatchState
 from gateway.batch.state import BatchState
 from gateway.batch_options import BatchOptions
+from gateway.redis_client import redis_client
 from gateway.request.pipeline import Pipeline
 from gateway.settings import Settings
 from gateway.tenants.admission import Tenant
@@ -60,7 +59,7 @@ def build_batches(settings: Settings, pipeline: Pipeline) -> BatchService | None
     if options.store == "redis" or (options.store == "auto" and url):
         if not url:
             raise ValueError("batches.store is redis but ledger.redis_url is not set")
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        client = redis_client(url, socket_connect_timeout=2.0, socket_timeout=5.0)
         state = RedisBatchState(client, settings.ledger.key_prefix)
     else:
         state = MemoryBatchState()

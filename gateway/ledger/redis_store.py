@@ -22,11 +22,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.models import Backend
@@ -38,6 +36,7 @@ from gateway.ledger.keys import Keys
 from gateway.ledger.records import GPU_DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.ledger.scripts import CLAIM_PAID, RECORD
 from gateway.ledger.spill import LedgerSpill, default_spill_path
+from gateway.redis_client import REDIS_ERRORS, AnyRedis, redis_client
 from gateway.settings import LedgerOptions
 
 log = logging.getLogger("switchyard.ledger")
@@ -53,14 +52,14 @@ class RedisLedger(LedgerBase):
         self,
         options: LedgerOptions,
         backends: Sequence[Backend] = (),
-        client: aioredis.Redis | None = None,
+        client: AnyRedis | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(options, backends, clock)
         if client is None:
             if not options.redis_url:
                 raise ValueError("the Redis ledger needs ledger.redis_url")
-            client = aioredis.Redis.from_url(
+            client = redis_client(
                 options.redis_url,
                 decode_responses=True,
                 socket_connect_timeout=options.redis_timeout,
@@ -264,7 +263,7 @@ class RedisLedger(LedgerBase):
                     for dim in dims:
                         pipe.hgetall(self.keys.bucket(start, dim))
                 replies = await pipe.execute()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise ledger_unavailable(f"Redis: {exc}") from exc
         # Pool and vendor allocations are their backends' (the script keeps no allocation sums for them).
         shares_dim = "backend" if by in GPU_DIMENSIONS else by
@@ -292,7 +291,7 @@ class RedisLedger(LedgerBase):
     async def read_totals(self, by: Dimension) -> dict[str, Totals]:
         try:
             raw: dict[str, str] = await self.client.hgetall(self.keys.totals(by))
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise ledger_unavailable(f"Redis: {exc}") from exc
         counters: dict[str, Counters] = {}
         for field, value in raw.items():

@@ -17,11 +17,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import redis.asyncio as aioredis
-
 from backends.models import Backend
 from gateway.errors import GatewayError
 from gateway.ledger.records import Ledger
+from gateway.redis_client import AnyRedis
 from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
@@ -87,7 +86,7 @@ class Tenants:
     store: TenantStore
     ledger: Ledger
     prefix: str
-    client: aioredis.Redis | None = None
+    client: AnyRedis | None = None
     """Redis for the shared counters; None: this replica's counters are the whole truth (memory store)."""
     admin_hash: str | None = None
     _cache: dict[str, _Cached] = field(default_factory=dict)
@@ -109,10 +108,10 @@ class Tenants:
         """This process's id in the parallel-slot hashes; its slots count while its lease lives."""
         self._lease_key = f"{ns}:lease:{self.replica}"
         client, timeout = self.client, self.options.redis_timeout
-        self.settler = Settler(client, timeout, self.replica) if client is not None else None
+        self.settler = Settler(client, timeout, self.replica, ns) if client is not None else None
         self._lease_task: asyncio.Task[None] | None = None
         self.watch = BudgetWatch()
-        self._admit = ScriptClient.like(client, ADMIT, timeout) if client is not None else None
+        self._admit = ScriptClient.like(client, ADMIT, timeout, ns) if client is not None else None
         self._batcher = (
             AdmitBatcher(self._admit, self.window_ms, self.replica, ns, self.settler)
             if self._admit is not None

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from litestar import Litestar
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.ledger.records import Ledger
+from gateway.redis_client import redis_client
 from gateway.settings import Settings
 from gateway.tenants.admission import Tenants
 from gateway.tenants.store import TenantStore
@@ -32,7 +32,7 @@ def build_tenants(settings: Settings, ledger: Ledger) -> Tenants | None:
             raise ValueError("auth.store is redis but neither auth.redis_url nor ledger.redis_url is set")
         # One immediate reconnect: after Redis (or the path to it) comes back, every pooled connection is
         # stale once; without the retry each would fail one request.
-        client = aioredis.Redis.from_url(
+        client = redis_client(
             url,
             socket_connect_timeout=options.redis_timeout,
             socket_timeout=options.redis_timeout,

@@ -10,6 +10,13 @@ NOSCRIPT (Redis restarted or flushed its scripts) resends the call as `EVAL`, wh
 lost connection is redialled once for the calls it had in flight (as the redis-py client this replaces
 retried once); a call not answered within `timeout_s` fails with TimeoutError and the connection is
 dropped (answers after it could no longer be matched to their calls).
+
+On a Redis Cluster (`cluster_slot` set: the slot of the caller's hash tag) each dial first asks a node
+for the slot map (`CLUSTER SLOTS`, see `cluster_slots.py`) and connects to the slot's primary. A call
+answered with a redirection (MOVED, or "non local key": the script named no key, so Redis cannot send
+MOVED) is sent again once the connection has been redialled to the slot's current owner; ASK, TRYAGAIN
+and CLUSTERDOWN (a slot being migrated, a failover) are retried on the same node after a short pause,
+until the call's timeout. Single-node mode pays none of this: only error replies are inspected.
 """
 
 from __future__ import annotations
@@ -17,73 +24,35 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-Reply = Any
-"""bytes, int, None, a list of replies, or a `ScriptReplyError`."""
-OnReply = Callable[[Reply | BaseException], None]
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
-_INCOMPLETE = object()
+from gateway.tenants.cluster_slots import Address, is_redirect, is_stale_node, slot_owner
+from gateway.tenants.resp import (
+    INCOMPLETE,
+    OnReply,
+    Reply,
+    ScriptReplyError,
+    bulk,
+    bulk_int,
+    command,
+    parse,
+)
 
-
-class ScriptReplyError(Exception):
-    """An error Redis answered (`-ERR ...`)."""
-
-
-def bulk(value: bytes | str | int) -> bytes:
-    """One argument in RESP (`$<len>\\r\\n<data>\\r\\n`)."""
-    data = value if isinstance(value, bytes) else str(value).encode()
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-def bulk_int(value: int) -> bytes:
-    data = b"%d" % value
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-def _command(*args: bytes | str | int) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
+__all__ = ["ScriptClient", "ScriptReplyError", "bulk", "bulk_int"]
 
 
 class _Call:
-    __slots__ = ("argc", "body", "evaled", "numkeys", "on_reply", "redialled", "timer")
+    __slots__ = ("argc", "body", "deadline", "evaled", "numkeys", "on_reply", "redialled", "timer")
 
     def __init__(self, argc: int, body: bytes, numkeys: int, on_reply: OnReply) -> None:
         self.argc, self.body, self.numkeys, self.on_reply = argc, body, numkeys, on_reply
         self.timer: asyncio.TimerHandle | None = None
         self.evaled = False
         self.redialled = False
-
-
-def _parse(buf: bytearray, pos: int) -> tuple[Reply, int] | object:
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        return _INCOMPLETE
-    kind, line = buf[pos], buf[pos + 1 : end]
-    if kind == 36:  # $ bulk string
-        size = int(line)
-        if size < 0:
-            return None, end + 2
-        stop = end + 2 + size
-        if len(buf) < stop + 2:
-            return _INCOMPLETE
-        return bytes(buf[end + 2 : stop]), stop + 2
-    if kind == 42:  # * array
-        size, pos = int(line), end + 2
-        items: list[Reply] = []
-        for _ in range(max(size, 0)):
-            parsed = _parse(buf, pos)
-            if parsed is _INCOMPLETE:
-                return _INCOMPLETE
-            item, pos = parsed  # type: ignore[misc]
-            items.append(item)
-        return (items if size >= 0 else None), pos
-    if kind == 58:  # : integer
-        return int(line), end + 2
-    if kind == 45:  # - error
-        return ScriptReplyError(line.decode(errors="replace")), end + 2
-    return bytes(line), end + 2  # + simple string (and RESP3 types a script never answers)
+        # `deadline` (cluster only: when redirections stop being retried) is set at the first one.
 
 
 class ScriptClient(asyncio.Protocol):
@@ -99,15 +68,17 @@ class ScriptClient(asyncio.Protocol):
         password: str | None = None,
         db: int = 0,
         timeout_s: float = 1.0,
+        cluster_slot: int | None = None,
+        seeds: tuple[Address, ...] = (),
     ) -> None:
         self._script = script.encode()
         self._sha = hashlib.sha1(self._script).hexdigest().encode()
         self._address = (host, port, path, ssl)
         self._hello: list[bytes] = []
         if password:
-            self._hello.append(_command("AUTH", *([username] if username else []), password))
+            self._hello.append(command("AUTH", *([username] if username else []), password))
         if db:
-            self._hello.append(_command("SELECT", db))
+            self._hello.append(command("SELECT", db))
         self._timeout = timeout_s
         self._transport: asyncio.Transport | None = None
         self._dialling: asyncio.Task[None] | None = None
@@ -115,10 +86,28 @@ class ScriptClient(asyncio.Protocol):
         self._sent: deque[_Call] = deque()
         self._buffer = bytearray()
         self._closed = False
+        self._slot = cluster_slot
+        self._seeds = seeds
+        self._stale = False
+        """Cluster: the connection is to a node that no longer owns the slot (redial once drained)."""
+        self._dialled = False
 
     @classmethod
-    def like(cls, client: Any, script: str, timeout_s: float) -> ScriptClient:
-        """A client to the Redis that `client` (redis-py's asyncio client) talks to."""
+    def like(cls, client: Any, script: str, timeout_s: float, tag: str = "") -> ScriptClient:
+        """A client to the Redis that `client` (redis-py's asyncio client) talks to; on a cluster, to the
+        node that owns hash tag `tag` (e.g. `{syt:prefix}`: every key the script touches has it)."""
+        if isinstance(client, RedisCluster):
+            kw = client.connection_kwargs
+            nodes = client.nodes_manager.startup_nodes.values()
+            return cls(
+                script,
+                ssl="SSL" in kw["connection_class"].__name__,
+                username=kw.get("username"),
+                password=kw.get("password"),
+                timeout_s=timeout_s,
+                cluster_slot=key_slot(tag.encode()),
+                seeds=tuple((n.host, int(n.port)) for n in nodes),
+            )
         pool = client.connection_pool
         kw = pool.connection_kwargs
         return cls(
@@ -139,15 +128,18 @@ class ScriptClient(asyncio.Protocol):
         """Run the script with `argc` arguments (keys then args), `body` their RESP encoding; `on_reply`
         gets the answer or the exception, once, from the event loop."""
         call = _Call(argc, body, numkeys, on_reply)
-        if self._transport is not None:
+        if self._transport is not None and not self._stale:
             self._write(call)
         else:
             self._queue(call)
 
     def _queue(self, call: _Call) -> None:
         self._queued.append(call)
-        if self._dialling is None:
-            self._dialling = asyncio.get_running_loop().create_task(self._dial())
+        if self._dialling is None and self._transport is None:
+            self._queue_dial()
+
+    def _queue_dial(self) -> None:
+        self._dialling = asyncio.get_running_loop().create_task(self._dial())
 
     def _write(self, call: _Call) -> None:
         if call.evaled:
@@ -170,16 +162,19 @@ class ScriptClient(asyncio.Protocol):
 
     async def _dial(self) -> None:
         loop = asyncio.get_running_loop()
-        host, port, path, ssl = self._address
         try:
             async with asyncio.timeout(self._timeout):
+                if self._slot is not None:
+                    owner = await slot_owner(self._slot, self._candidates(), self._hello, self._ssl)
+                    self._address = (*owner, None, self._ssl)
+                host, port, path, ssl = self._address
                 if path:
                     await loop.create_unix_connection(lambda: self, path)
                 else:
                     await loop.create_connection(lambda: self, host, port, ssl=ssl or None)
-                for command in self._hello:
+                for hello in self._hello:
                     answered: asyncio.Future[Reply] = loop.create_future()
-                    self._handshake(command, answered)
+                    self._handshake(hello, answered)
                     reply = await answered
                     if isinstance(reply, BaseException):
                         raise reply
@@ -200,6 +195,15 @@ class ScriptClient(asyncio.Protocol):
         finally:
             self._dialling = None
 
+    @property
+    def _ssl(self) -> bool:
+        return self._address[3]
+
+    def _candidates(self) -> list[Address]:
+        """Where to ask for the slot map: the last owner first, then the configured startup nodes."""
+        last = (self._address[0], self._address[1])
+        return [last, *(seed for seed in self._seeds if seed != last)] if self._dialled else list(self._seeds)
+
     def _handshake(self, command: bytes, answered: asyncio.Future[Reply]) -> None:
         def done(reply: Reply | BaseException) -> None:
             if not answered.done():
@@ -212,6 +216,8 @@ class ScriptClient(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         self._buffer.clear()
+        self._stale = False
+        self._dialled = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -226,32 +232,64 @@ class ScriptClient(asyncio.Protocol):
             else:
                 call.redialled = True
                 self._queue(call)
+        if self._queued and self._dialling is None and not self._closed:
+            self._queue_dial()
 
     def data_received(self, data: bytes) -> None:
         buf = self._buffer
         buf += data
         pos, sent = 0, self._sent
         while sent:
-            parsed = _parse(buf, pos)
-            if parsed is _INCOMPLETE:
+            parsed = parse(buf, pos)
+            if parsed is INCOMPLETE:
                 break
             reply, pos = parsed  # type: ignore[misc]
             call = sent.popleft()
             if call.timer is not None:
                 call.timer.cancel()
                 call.timer = None
-            if (
-                isinstance(reply, ScriptReplyError)
-                and not call.evaled
-                and call.argc
-                and str(reply).startswith("NOSCRIPT")
-            ):
-                call.evaled = True
-                self._write(call)
-                continue
+            if isinstance(reply, ScriptReplyError) and call.argc:
+                if not call.evaled and str(reply).startswith("NOSCRIPT"):
+                    call.evaled = True
+                    self._write(call)
+                    continue
+                if self._slot is not None and self._redirected(call, reply):
+                    continue
             call.on_reply(reply)
         if pos:
             del buf[:pos]
+        if self._stale and not sent and self._transport is not None:
+            self._transport.close()  # connection_lost redials, to the slot's owner, for what waits
+
+    def _redirected(self, call: _Call, reply: ScriptReplyError) -> bool:
+        """Cluster: if `reply` says the slot is elsewhere or busy, send `call` again (True) unless its
+        time is up. Redis refuses a script at its first access to a key it does not serve, so a refused
+        call did nothing, except in the instant the slot is being migrated (some of its keys moved, not
+        all), where the writes before that access stand and the call's settlements may count twice."""
+        text = str(reply)
+        if not is_redirect(text):
+            return False
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = getattr(call, "deadline", None)
+        if deadline is None:
+            call.deadline = now + self._timeout
+        elif now > deadline:
+            return False
+        if is_stale_node(text):
+            self._stale = True
+            self._queued.append(call)
+        else:  # ASK, TRYAGAIN, CLUSTERDOWN: the slot is moving or the cluster is failing over
+            loop.call_later(0.02, self._again, call)
+        return True
+
+    def _again(self, call: _Call) -> None:
+        if self._closed:
+            call.on_reply(ConnectionError("closed"))
+        elif self._transport is not None and not self._stale:
+            self._write(call)
+        else:
+            self._queue(call)
 
     async def close(self) -> None:
         self._closed = True

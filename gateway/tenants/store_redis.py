@@ -11,8 +11,8 @@ Layout (all under one hash tag, so Redis Cluster keeps them in one slot):
 from __future__ import annotations
 
 import msgspec
-import redis.asyncio as aioredis
 
+from gateway.redis_client import AnyRedis
 from gateway.tenants.keys import KeyRecord, TeamRecord
 
 _key_decoder = msgspec.json.Decoder(KeyRecord)
@@ -27,7 +27,7 @@ def tenant_namespace(prefix: str) -> str:
 class RedisTenantStore:
     kind = "redis"
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: AnyRedis, prefix: str) -> None:
         self.client = client
         self.ns = tenant_namespace(prefix)
 

@@ -51,6 +51,7 @@ def _each_state(test):  # type: ignore[no-untyped-def]
         asyncio.run(all_states())
 
     run.__name__ = test.__name__
+    run.body = test  # type: ignore[attr-defined]  # tests/integration/test_redis_cluster_clients.py
     return run
 
 

@@ -1,4 +1,5 @@
-"""The contract every ledger store keeps, run on the in-memory store and on the real Redis at 6379.
+"""The contract every ledger store keeps, run on the in-memory store, on the real Redis at 6379 and on a
+real three-node Redis Cluster (`redis+cluster://`, tests/redis_cluster.py).
 
 Each Redis test uses a private key prefix, deleted afterwards. "Replicas" are separate ledger objects
 sharing one store (for the in-memory store: the same object, since it cannot be shared).
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 
@@ -19,7 +23,9 @@ from gateway.ledger.keys import Keys
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import DIMENSIONS, UsageRecord
 from gateway.ledger.redis_store import RedisLedger
+from gateway.ledger.spill import LedgerSpill
 from gateway.settings import LedgerOptions
+from tests.redis_cluster import RedisCluster
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 T0 = 1_800_000_000.0  # a bucket boundary for 60 s buckets
@@ -73,15 +79,16 @@ def rec(request_id: str, **fields: object) -> UsageRecord:
 Make = Callable[..., Awaitable[list[LedgerBase]]]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Make]:
     """`await replicas(n)`: n ledgers sharing one store, all on the same backends and a fixed clock."""
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     made: list[LedgerBase] = []
     backends = _backends()
+    url = request.getfixturevalue("cluster_redis").url if request.param == "cluster" else REDIS_URL
 
     async def make(n: int = 1, **overrides: object) -> list[LedgerBase]:
-        options = LedgerOptions(key_prefix=prefix, redis_url=REDIS_URL, **overrides)  # type: ignore[arg-type]
+        options = LedgerOptions(key_prefix=prefix, redis_url=url, **overrides)  # type: ignore[arg-type]
         if request.param == "memory":
             ledgers: list[LedgerBase] = [
                 InMemoryLedger(options=options, backends=backends, clock=lambda: NOW)
@@ -245,3 +252,25 @@ async def test_close_flushes(replicas: Make) -> None:
     await writer.close()
     assert (await reader.read_totals("pool"))["h100"].requests == 3
     assert dataclasses.asdict((await reader.read_totals("vendor"))["amd"])["errors"] == 1
+
+
+async def test_spilled_records_are_replayed_into_a_cluster(
+    cluster_redis: RedisCluster, tmp_path: Path
+) -> None:
+    """What a replica spilled while its Redis was away is written at its next start, on a cluster too."""
+    path = tmp_path / "ledger.spill"
+    earlier = LedgerSpill(path)
+    assert earlier.claim()
+    await earlier.append_new(deque(RECORDS))
+    earlier.release()
+    options = LedgerOptions(key_prefix=f"test-{uuid.uuid4().hex[:12]}", redis_url=cluster_redis.url)
+    options = msgspec.structs.replace(options, spill_path=str(path))
+    ledger = RedisLedger(options, _backends(), clock=lambda: NOW)
+    await ledger.start()
+    try:
+        assert await ledger.flush()
+        assert (await ledger.read_totals("pool"))["h100"].requests == 3
+        assert ledger.stats()["replayed"] == len(RECORDS)
+    finally:
+        await ledger.close()
+    assert not path.exists() or path.stat().st_size == 0  # acknowledged: nothing left to replay
