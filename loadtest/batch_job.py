@@ -56,23 +56,26 @@ def submit(base_url: str, scenario: Scenario) -> str:
     return str(created.json()["id"])
 
 
-def wait(base_url: str, batch_id: str, until: float) -> dict[str, Any]:
-    """Poll until the batch ends or the monotonic time `until`; its last state."""
+def wait(base_url: str, batch_id: str, until: float) -> tuple[dict[str, Any], float | None]:
+    """Poll until the batch ends or the monotonic time `until`: its last state, and the monotonic time
+    it was first seen completed (None if it was not). Run beside the online traffic (a thread), so the
+    time is the batch's own, not the end of the online drain."""
     base = require_loopback(base_url).rstrip("/")
     with httpx.Client(base_url=base, timeout=10, trust_env=False) as client:
         while True:
             batch = client.get(f"/v1/batches/{batch_id}").json()
-            if (
-                batch["status"] in ("completed", "failed", "expired", "cancelled")
-                or time.monotonic() >= until
-            ):
-                return batch
+            if batch["status"] == "completed":
+                return batch, time.monotonic()
+            if batch["status"] in ("failed", "expired", "cancelled") or time.monotonic() >= until:
+                return batch, None
             time.sleep(0.25)
 
 
 def batch_report(
-    batch: dict[str, Any], started: float, ended: float | None, time_scale: float
+    batch: dict[str, Any], started: float, ended: float | None, run_s: float, time_scale: float
 ) -> dict[str, Any]:
+    """The batch's outcome; times in simulated seconds from the start of the run (`run_s` real seconds
+    long, the time the fleet was paid for)."""
     counts = batch.get("request_counts") or {}
     return {
         "id": batch["id"],
@@ -81,4 +84,5 @@ def batch_report(
         "completed": counts.get("completed"),
         "failed": counts.get("failed"),
         "finished_after_s": None if ended is None else round((ended - started) * time_scale, 1),
+        "run_s": round(run_s * time_scale, 1),
     }

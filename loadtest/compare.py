@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,18 +29,19 @@ def run_policy(scenario: Scenario, policy: str, requests: list[Any], workdir: Pa
     limits = RunLimits(time_scale=scenario.time_scale, max_inflight=spec.max_inflight, drain_s=spec.drain_s)
     real_duration = spec.duration_s / scenario.time_scale
     batch = None
-    with running_stack(scenario.fleet, policy, workdir) as base:
+    with running_stack(scenario.fleet, policy, workdir) as base, ThreadPoolExecutor(1) as poller:
         progress = Progress(policy, len(requests), real_duration)
         began = time.monotonic()
         batch_id = submit(base, scenario) if scenario.spec.batch and scenario.spec.batch.lines else None
+        # The batch must end within the run: the online drain is the longest it may take.
+        until = began + (spec.duration_s + spec.drain_s) / scenario.time_scale
+        waiting = poller.submit(wait, base, batch_id, until) if batch_id is not None else None
         result = asyncio.run(run_open_loop(base, requests, limits, progress))
         wall = result.wall_s
-        if batch_id is not None:
-            # The batch must end within the run: the online drain is the longest it may take.
-            state = wait(base, batch_id, began + (spec.duration_s + spec.drain_s) / scenario.time_scale)
-            ended = time.monotonic() if state["status"] == "completed" else None
+        if waiting is not None:
+            state, ended = waiting.result()
             wall = max(wall, time.monotonic() - began)
-            batch = batch_report(state, began, ended, scenario.time_scale)
+            batch = batch_report(state, began, ended, wall, scenario.time_scale)
         time.sleep(0.3)  # let the gateway account the last streams
         costs = get_json(f"{base}/admin/v1/costs?by=vendor&window=15m")
     report = policy_report(scenario, result.outcomes, costs["rows"], wall, result.max_lag_s)

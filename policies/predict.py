@@ -84,9 +84,15 @@ class RecentSends:
         pool = backend.pool
         speed = self.speeds.get(pool.name)
         if speed is None:
-            speed = accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend
-            speed = self.speeds[pool.name] = speed * PREFILL_PER_DECODE_TOKEN
+            speed = self.speeds[pool.name] = prefill_speed(backend)
         return speed
+
+
+def prefill_speed(backend: Backend) -> float:
+    """Prompt tokens per second `backend` prefills: its accelerators' saturated decode throughput times
+    PREFILL_PER_DECODE_TOKEN."""
+    pool = backend.pool
+    return accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend * PREFILL_PER_DECODE_TOKEN
 
 
 def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> float:

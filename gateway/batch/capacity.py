@@ -2,9 +2,10 @@
 first, whatever pool the online routes prefer. Tracks the lines it has on each backend, so the headroom
 counts them, and the lines sent since each backend's last scrape, which the scraped figures do not show.
 
-A paused backend resumes only once it has gone `resume_after_s` without a reason to pause: predicted
-latency is an average of recent requests, and one that dips under the margin for a moment (a few short
-answers) must not reopen a backend online traffic is using.
+A backend paused on its predicted latency resumes only once it has gone `resume_after_s` without a
+reason to pause: predicted latency is an average of recent requests, and one that dips under the margin
+for a moment (a few short answers) must not reopen a backend online traffic is using. A backend paused on
+a queue (vLLM's, or the gateway's) resumes as soon as the queue is seen empty: a scrape measures it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from gateway.batch.headroom import (
     OnlineLimits,
     Room,
     assess,
-    fill_order,
     online_limits,
+    picks,
 )
 from gateway.batch.slowdown import LineShape, line_cost
 from gateway.request.context import RequestContext
@@ -42,7 +43,7 @@ class FleetRoom:
         self._sent: dict[Backend, list[float]] = {}
         """Monotonic times lines were sent to each backend, since its last scrape."""
         self._router: object = None
-        self._online: dict[str, Route] = {}
+        self._routes: dict[str, Route] = {}
         self._per_backend: dict[Backend, OnlineLimits] = {}
         self._scrape_seen: dict[Backend, float | None] = {}
         self._settled: dict[Backend, int] = {}
@@ -57,11 +58,11 @@ class FleetRoom:
         if router is not self._router:
             self._router = router
             routes = router.loaded.policy.routes if isinstance(router, PolicyEngine) else {}
-            self._online = {name: r for name, r in routes.items() if name != BATCH_CLASS}
+            self._routes = dict(routes)
             self._per_backend = {}
         online = self._per_backend.get(backend)
         if online is None:
-            online = online_limits(self._online, backend, self.limits.default_kv_limit)
+            online = online_limits(self._routes, backend, self.limits.default_kv_limit, BATCH_CLASS)
             self._per_backend[backend] = online
         return online
 
@@ -84,7 +85,8 @@ class FleetRoom:
             else:
                 del classes[BATCH_CLASS]
         cost = line_cost(backend.pool.accelerator, self.shape)
-        return BatchLoad(lines, unseen, self._settled.get(backend), online, cost, classes)
+        settled = self._settled.get(backend)
+        return BatchLoad(lines, unseen, settled, online, cost, classes, self.shape.prompt_tokens)
 
     def _held(self) -> dict[Backend, int]:
         """Batch lines holding each backend's in-flight slot (`backend.inflight` counts every request)."""
@@ -107,13 +109,11 @@ class FleetRoom:
         open_rooms = []
         for room in self.rooms(model):
             if room.paused is not None:
-                self._paused_at[room.backend] = now
+                if room.averaged:
+                    self._paused_at[room.backend] = now
             elif now - self._paused_at.get(room.backend, -1e9) >= self.resume_after_s:
                 open_rooms.append(room)
-        picks: list[Backend] = []
-        for room in fill_order(open_rooms):
-            picks.extend([room.backend] * room.free)
-        return picks
+        return picks(open_rooms)
 
     def started(self, backend: Backend) -> None:
         self.lines[backend] = self.lines.get(backend, 0) + 1

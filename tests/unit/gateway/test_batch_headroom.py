@@ -15,12 +15,14 @@ from gateway.batch.headroom import (
     BatchLoad,
     HeadroomLimits,
     OnlineLimits,
+    Room,
     allowed_slowdown,
     assess,
     fill_order,
     new_lines,
     online_limits,
     pause_reason,
+    picks,
 )
 from gateway.batch.slowdown import LineShape, line_cost, slowdown_cap
 from policies.config import Route
@@ -93,13 +95,13 @@ def test_a_backend_never_measured_gets_ramp_lines_only() -> None:
     assert assess(backend, BatchLoad(lines=2, unseen=2), ONLINE, 0, RAMPED).free == 0
 
 
-def test_room_is_filled_a_ramp_at_a_time_per_scrape() -> None:
+def test_room_is_filled_a_ramp_at_a_time_per_scrape_while_online_requests_run() -> None:
     backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)  # room for 8
-    assert assess(backend, BatchLoad(lines=2), ONLINE, 0, RAMPED).free == 2
-    assert assess(backend, BatchLoad(lines=3, unseen=1), ONLINE, 0, RAMPED).free == 1
-    assert assess(backend, BatchLoad(lines=4, unseen=2), ONLINE, 0, RAMPED).free == 0
+    assert assess(backend, BatchLoad(lines=2, online=1), ONLINE, 0, RAMPED).free == 2
+    assert assess(backend, BatchLoad(lines=3, unseen=1, online=1), ONLINE, 0, RAMPED).free == 1
+    assert assess(backend, BatchLoad(lines=4, unseen=2, online=1), ONLINE, 0, RAMPED).free == 0
     full = _backend(running=14, kv=0.70, ttft=0.1, tpot=0.01)
-    assert assess(full, BatchLoad(lines=10), ONLINE, 0, RAMPED).free == 0
+    assert assess(full, BatchLoad(lines=10, online=1), ONLINE, 0, RAMPED).free == 0
 
 
 def test_cap_never_exceeds_the_per_backend_ceiling() -> None:
@@ -153,7 +155,7 @@ def test_kv_at_the_online_limit_less_the_reserve_takes_no_new_line_without_pausi
 def test_lines_that_end_are_replaced_at_once_only_growth_waits_for_a_scrape() -> None:
     backend = _backend(running=10, kv=0.30, ttft=0.1, tpot=0.01)  # KV room for 13 more
     # 10 ran at the last scrape, 4 ended since: 4 replacements + the ramp's 2.
-    ended = assess(backend, BatchLoad(lines=6, settled=10), ONLINE, 0, RAMPED)
+    ended = assess(backend, BatchLoad(lines=6, settled=10, online=1), ONLINE, 0, RAMPED)
     assert (ended.cap, ended.free) == (12, 6)
 
 
@@ -224,19 +226,43 @@ def test_fleet_room_counts_its_own_lines_and_those_the_scrape_has_not_seen() -> 
     assert room.lines[backend] == 2
 
 
-def test_a_paused_backend_resumes_only_after_a_quiet_spell() -> None:
-    backend = _backend(running=6, kv=0.30, waiting=1, ttft=0.1, tpot=0.01)
+def _policy_router(routes: dict[str, Route]) -> Any:
+    from policies.engine import PolicyEngine
+
+    router = PolicyEngine.__new__(PolicyEngine)
+    router.loaded = SimpleNamespace(policy=SimpleNamespace(routes=routes))  # type: ignore[attr-defined]
+    return router
+
+
+def test_a_backend_paused_on_predicted_latency_resumes_only_after_a_quiet_spell() -> None:
+    backend = _backend(running=6, kv=0.30, ttft=0.7, tpot=0.01)  # past 0.75 x 800 ms
+    routes = {"chat": _route(prefer="any", slo={"ttft_ms": 800}, saturation={"max_kv_cache_usage": 0.95})}
     pipeline = SimpleNamespace(
-        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
+        router=_policy_router(routes), catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
     )
     held = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
     at_once = FleetRoom(pipeline, LIMITS, resume_after_s=0)  # type: ignore[arg-type]
     assert held.plan("m") == [] and at_once.plan("m") == []
-    backend.load.waiting = 0  # the queue emptied a moment ago
+    backend.observed.ttft = 0.1  # the average dipped a moment ago
     assert held.plan("m") == []
     assert len(at_once.plan("m")) == 9
     never_paused = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
     assert len(never_paused.plan("m")) == 9
+
+
+def test_a_backend_paused_on_a_queue_resumes_once_a_scrape_shows_it_empty() -> None:
+    backend = _backend(running=6, kv=0.30, waiting=1, ttft=0.1, tpot=0.01)
+    pipeline = SimpleNamespace(
+        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
+    )
+    room = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    assert room.plan("m") == []
+    backend.load.waiting = 0  # a long prompt filled a step's token budget for a moment
+    assert len(room.plan("m")) == 9
+    pipeline.queued = 2
+    assert room.plan("m") == []
+    pipeline.queued = 0
+    assert len(room.plan("m")) == 9
 
 
 # --- the online slowdown cap (gateway/batch/slowdown.py) -----------------------------------------------
@@ -390,3 +416,77 @@ def test_fleet_room_sees_online_classes_but_not_its_own_lines() -> None:
     backend.inflight = 6
     load = room._load(backend, room._held())
     assert (load.online, load.online_classes) == (4, {"chat": 3, "batch": 1})
+
+
+# --- classes without a TPOT SLO, the idle ramp and the end of a batch -----------------------------------
+
+TTFT_ONLY = OnlineLimits(
+    ttft_s=0.8,
+    tpot_s=0.06,
+    max_kv=0.9,
+    class_tpot_s={"chat": 0.06, "long": None, "bare": None},
+    class_ttft_s={"chat": 0.8, "long": 3.0, "bare": None},
+)
+
+
+def test_a_class_with_only_a_ttft_slo_is_protected_by_its_ttft_headroom() -> None:
+    # Long prompts on an MI300X: predicted TTFT 300 ms against 0.75 x 3 s: lines may slow it 6.5x over.
+    backend = _backend(MI300X, running=20, kv=0.05, ttft=0.3, tpot=0.015)
+    limits = HeadroomLimits(slo_margin=0.75, max_online_slowdown=0.02)
+    assert allowed_slowdown(backend, {"long": 4}, TTFT_ONLY, limits) == pytest.approx(6.5)
+    # With chat there too, the tighter of the two: 0.75 x 60 / 15 - 1 = 2.
+    assert allowed_slowdown(backend, {"long": 4, "chat": 1}, TTFT_ONLY, limits) == pytest.approx(2.0)
+    # A class with no SLO at all keeps the flat fraction, and so does one near its TTFT SLO.
+    assert allowed_slowdown(backend, {"long": 4, "bare": 1}, TTFT_ONLY, limits) == 0.02
+    near = _backend(MI300X, running=20, kv=0.05, ttft=2.3, tpot=0.015)
+    assert allowed_slowdown(near, {"long": 4}, TTFT_ONLY, limits) == 0.02
+    # So long prompts no longer hold a backend with lots of KV room to one line (2% / 1.9%).
+    load = BatchLoad(lines=1, online=4, line_cost=0.019, online_classes={"long": 4})
+    assert assess(backend, load, TTFT_ONLY, 0, LIMITS).cap == 48
+
+
+def test_the_batch_route_protects_online_requests_of_its_class_but_sets_no_limit_of_its_own() -> None:
+    routes = {
+        "chat": _route(prefer={"vendor": "nvidia"}, slo={"ttft_ms": 800, "tpot_ms": 60}),
+        "long": _route(prefer={"accelerator": "mi300x"}, slo={"ttft_ms": 3000}),
+        "batch": _route(
+            prefer={"accelerator": "mi300x"}, slo={"tpot_ms": 100}, saturation={"max_kv_cache_usage": 0.5}
+        ),
+    }
+    amd = online_limits(routes, _backend(MI300X), lowest="batch")
+    assert (amd.ttft_s, amd.tpot_s, amd.max_kv) == (3.0, None, 0.95)
+    assert amd.class_tpot_s == {"long": None, "batch": 0.1}
+    assert amd.class_ttft_s == {"long": 3.0, "batch": None}
+    backend = _backend(MI300X, running=20, kv=0.05, ttft=0.3, tpot=0.015)
+    limits = HeadroomLimits(slo_margin=0.75, max_online_slowdown=0.02)
+    # A client's own unstreamed jobs (class batch): 0.75 x 100 ms over 15 ms, less 1.
+    assert allowed_slowdown(backend, {"batch": 3}, amd, limits) == pytest.approx(4.0)
+
+
+def test_an_idle_backend_ramps_as_fast_as_it_prefills_within_the_ttft_headroom() -> None:
+    backend = _backend(H100, running=1, kv=0.001, ttft=0.1, tpot=0.01)
+    # Two H100s prefill 2 x 17,700 x 2.2 tokens/s; 0.75 x 800 ms - 100 ms = 0.5 s of it is 38,940
+    # tokens: 38 lines of 1000 prompt tokens at once, 19 of 2000.
+    idle = assess(backend, BatchLoad(lines=0, settled=0), ONLINE, 0, RAMPED)
+    assert (idle.cap, idle.free) == (38, 38)
+    long = assess(backend, BatchLoad(settled=0, prompt_tokens=2000), ONLINE, 0, RAMPED)
+    assert long.free == 19
+    # Online requests on it: two new lines per scrape, as before.
+    busy = assess(backend, BatchLoad(settled=0, online=1), ONLINE, 0, RAMPED)
+    assert busy.free == 2
+    # No TTFT headroom left: the ramp never falls under ramp_lines; no TTFT SLO here: the ceiling.
+    slow = _backend(H100, running=1, kv=0.001, ttft=0.59, tpot=0.01)
+    assert assess(slow, BatchLoad(settled=0), ONLINE, 0, RAMPED).free == 2
+    assert assess(backend, BatchLoad(settled=0), OnlineLimits(max_kv=0.9), 0, RAMPED).free == 48
+
+
+def test_the_last_lines_spread_over_every_backend_with_room() -> None:
+    cheap = _backend(MI300X, cost=1.0, name="cheap")
+    dear = _backend(H100, cost=4.0, name="dear")
+    rooms = [
+        Room(dear, cap=2, free=2, cost_per_mtok=4.0),
+        Room(cheap, cap=4, free=4, cost_per_mtok=1.0),
+    ]
+    # Cheapest first in each turn, one slot of each backend per turn: 3 lines go cheap, dear, cheap.
+    assert [b.name for b in picks(rooms)] == ["cheap", "dear", "cheap", "dear", "cheap", "cheap"]
+    assert picks([Room(dear, cap=0, free=0, cost_per_mtok=4.0)]) == []
