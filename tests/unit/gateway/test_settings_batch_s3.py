@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from backends.yamlfile import ConfigError
@@ -83,3 +86,13 @@ batches:
     expected = r"gw\.yaml:13: batches\.s3\.access_key_id_env: environment variable `MY_S3_KEY`"
     with pytest.raises(ConfigError, match=expected):
         settings_from_text(text, "gw.yaml")
+
+
+def test_the_example_configs_commented_bucket_loads(keys: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/switchyard.example.yaml with its `batches.s3` lines uncommented is a valid config."""
+    monkeypatch.setenv("H100_A_KEY", "sk-example")
+    text = (Path(__file__).resolve().parents[3] / "deploy" / "switchyard.example.yaml").read_text()
+    text = re.sub(r"(?m)^  # s3:", "  s3:", text)
+    text = re.sub(r"(?m)^  #   ([a-z_]+:)", r"    \1", text)
+    s3 = settings_from_text(text, "switchyard.example.yaml").batches.s3
+    assert s3 is not None and s3.bucket == "switchyard-batches" and s3.prefix == "prod/"
