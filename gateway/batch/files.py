@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Protocol
 
 
+class FileStoreError(RuntimeError):
+    """The store could not do a call (a bucket that refused or stayed unreachable); says which and why."""
+
+
 class FileStore(Protocol):
     async def put(self, name: str, data: bytes) -> None: ...
 

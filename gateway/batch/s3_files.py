@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
-from gateway.batch.files import check_name
+from gateway.batch.files import FileStoreError, check_name
 from gateway.batch.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, Credentials, encode_path, sign
 from gateway.batch_options import S3Options
 
@@ -33,7 +33,7 @@ _KEY_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "In
 _CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 
 
-class S3StoreError(RuntimeError):
+class S3StoreError(FileStoreError):
     """The bucket refused or failed a call (after retries); the message says which and why."""
 
 

@@ -19,7 +19,7 @@ from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from tests.integration.test_batches import FLEET, _jsonl, _line, _upload, _wait
 from tests.s3_server import REGION, S3Server, s3_server
-from tests.support import clean_redis, running_replicas
+from tests.support import clean_redis, free_port, running_gateway, running_replicas
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,35 @@ def test_a_batch_with_its_files_in_the_bucket(s3: S3Server, tmp_path_factory: py
     assert f"switchyard/files/{file_id}" in keys
     assert sum(key.startswith(f"switchyard/batches/{batch.id}/lines/") for key in keys) == 6
     assert not any(unused.iterdir())
+
+
+def test_a_missing_bucket_is_a_503_and_a_log_line(
+    s3: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    workdir = tmp_path_factory.mktemp("s3-gw-missing")
+    config: dict[str, Any] = {
+        "pools": [
+            {
+                "name": "h100",
+                "vendor": "nvidia",
+                "accelerator": "h100",
+                "price_per_gpu_hour": 2.9,
+                "backends": [
+                    {"url": f"http://127.0.0.1:{free_port()}", "models": ["m"], "max_model_len": 4096}
+                ],
+            }
+        ],
+        "batches": {"s3": {"endpoint": s3.endpoint, "bucket": "no-such-bucket", "region": REGION}},
+    }
+    with running_gateway(config, workdir, env=s3.env) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-open", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as refused:
+            _upload(client, [_line("req-0")])
+    assert refused.value.status_code == 503
+    assert refused.value.body["code"] == "file_store_unavailable"  # type: ignore[index]
+    log = (workdir / "gateway.log").read_text()
+    assert "bucket `no-such-bucket`" in log and "does not exist" in log
+    assert s3.secret_access_key not in log
 
 
 def clean_redis_batches(prefix: str) -> None:
