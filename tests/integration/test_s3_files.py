@@ -7,10 +7,14 @@ secret, a dead endpoint, each a clear error that carries no secret.
 
 from __future__ import annotations
 
+import http.client
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import pytest
@@ -132,6 +136,83 @@ async def test_a_dead_endpoint_is_tried_again_then_a_clear_error(bucket: str) ->
         assert "secret-value" not in str(failed.value)
     finally:
         await store.close()
+
+
+class _FlakyProxy:
+    """In front of the S3 server: answers the next `failures` requests with 503 SlowDown, forwards the rest
+    as they came (Host header included, so the signature still holds)."""
+
+    def __init__(self, target: str) -> None:
+        self.failures = 0
+        self.requests = 0
+        proxy = self
+        upstream = urlsplit(target)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                proxy.requests += 1
+                if proxy.failures > 0:
+                    proxy.failures -= 1
+                    error = b"<Error><Code>SlowDown</Code></Error>"
+                    self.send_response(503)
+                    self.send_header("content-length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error)
+                    return
+                connection = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=30)
+                connection.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for name, value in self.headers.items():
+                    connection.putheader(name, value)
+                connection.endheaders(body or None)
+                answer = connection.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("content-length", str(len(data) if self.command != "HEAD" else 0))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_PUT = do_HEAD = _relay
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_5xx_answers_are_tried_again_then_a_clear_error(s3: S3Server, bucket: str) -> None:
+    proxy = _FlakyProxy(s3.endpoint)
+    options = msgspec.convert(
+        {"endpoint": proxy.endpoint, "bucket": bucket, "region": REGION, "retry_backoff_s": 0.01}, S3Options
+    )
+    store = S3FileStore(options, credentials_from_env(options, s3.env))
+    try:
+        proxy.failures = 2
+        await store.put("files/flaky", b"landed")  # twice 503, then the whole PUT again, newly signed
+        assert proxy.requests == 3
+        assert s3.client().get_object(Bucket=bucket, Key="files/flaky")["Body"].read() == b"landed"
+        proxy.failures, proxy.requests = 10, 0
+        with pytest.raises(S3StoreError, match="failed 4 times, last: HTTP 503 SlowDown"):
+            await store.get("files/flaky")
+        assert proxy.requests == 4
+        proxy.failures = 0
+        assert await store.get("files/flaky") == b"landed"
+    finally:
+        await store.close()
+        proxy.close()
 
 
 def test_credentials_come_from_the_variables_the_config_names() -> None:

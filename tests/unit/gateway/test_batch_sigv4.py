@@ -75,3 +75,25 @@ def test_headers_match_botocore(
 def test_the_secret_never_shows_in_a_repr() -> None:
     credentials = Credentials(KEY_ID, SECRET, TOKEN)
     assert SECRET not in repr(credentials) and TOKEN not in repr(credentials)
+
+
+@pytest.mark.parametrize(
+    ("url", "path", "query"),
+    [
+        ("http://127.0.0.1:9000/bucket?location", "/bucket", "location="),  # the bucket's location
+        ("https://bkt.s3.eu-central-1.amazonaws.com/files/a%20b", "/files/a%20b", ""),  # virtual-host style
+    ],
+)
+def test_a_query_and_a_virtual_host_match_botocore(url: str, path: str, query: str) -> None:
+    host = url.split("://", 1)[1].split("/", 1)[0]
+    ours = sign(
+        "GET",
+        host,
+        path,
+        credentials=Credentials(KEY_ID, SECRET, TOKEN),
+        region="eu-central-1",
+        query=query,
+        now=NOW,
+    )
+    theirs = _botocore("GET", url, b"", TOKEN, "eu-central-1", signed_payload=True)
+    assert ours["authorization"] == theirs["authorization"]
