@@ -87,7 +87,7 @@ class S3FileStore:
         else:
             digest = hashlib.sha256(data).hexdigest()
         status, body = await self._send("PUT", key, data, digest)
-        if status != 200:
+        if not 200 <= status < 300:
             raise self._refused("PUT", key, status, body)
 
     async def get(self, name: str) -> bytes | None:
