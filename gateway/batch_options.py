@@ -11,6 +11,34 @@ from typing import Annotated, Literal
 import msgspec
 
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]
+_EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class S3Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """An S3-compatible bucket for file bodies and results, instead of `batches.directory`
+    (gateway/batch/s3_files.py). The keys come from the environment, never from this file."""
+
+    endpoint: Annotated[str, msgspec.Meta(pattern=r"^https?://[^/?#\s]+/?$")]
+    """`https://s3.<region>.amazonaws.com`, or a MinIO, Ceph, R2 or Garage URL (`http://minio:9000`)."""
+    bucket: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{2,254}$")]
+    region: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9-]+$")] = "us-east-1"
+    prefix: Annotated[str, msgspec.Meta(pattern=r"^([^/.][^/]*/)*$")] = ""
+    """Object names start with this (`switchyard/prod/`; ends with `/`, no `.` or `..` parts)."""
+    addressing: Literal["path", "virtual"] = "path"
+    """`path`: `<endpoint>/<bucket>/<name>` (every S3-compatible store); `virtual`: `<bucket>.<host>`."""
+    sign_payload: bool = True
+    """Sign each body's SHA-256 (the store checks it); false sends `UNSIGNED-PAYLOAD` (use with https)."""
+    access_key_id_env: _EnvName = "AWS_ACCESS_KEY_ID"
+    secret_access_key_env: _EnvName = "AWS_SECRET_ACCESS_KEY"
+    session_token_env: _EnvName = "AWS_SESSION_TOKEN"
+    """Temporary credentials' token, sent when this variable is set."""
+    connect_timeout_s: _Seconds = 5.0
+    read_timeout_s: _Seconds = 30.0
+    """Longest wait for the next bytes of an answer (a large object may take longer as a whole)."""
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=10)] = 4
+    """Tries per call on a 5xx, a 429 or a broken connection (writes are whole objects: safe to repeat)."""
+    retry_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 0.2
+    """The first retry's wait at most (full jitter); it doubles each retry, up to 5 s."""
 
 
 class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -18,7 +46,9 @@ class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Serve `/v1/files` and `/v1/batches`, and run batches from this replica."""
     directory: Annotated[str, msgspec.Meta(min_length=1)] = "switchyard-files"
     """Where uploaded files, per-line results and output files live (relative to the config file).
-    Replicas that share batches must share this directory (a volume)."""
+    Replicas that share batches must share this directory (a volume). Unused when `s3` is set."""
+    s3: S3Options | None = None
+    """File bodies and results in an S3-compatible bucket instead of `directory`."""
     store: Literal["auto", "redis", "memory"] = "auto"
     """Batch state: `auto` is Redis when `ledger.redis_url` is set (any replica can take over a batch),
     else memory (one replica; batches are lost with it)."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import msgspec
@@ -12,6 +15,7 @@ from litestar.enums import RequestEncodingType
 from litestar.handlers import BaseRouteHandler
 from litestar.params import Body, FromPath, FromQuery
 
+from gateway.batch.files import FileStoreError
 from gateway.batch.finalize import split_lines
 from gateway.batch.objects import (
     COMPLETION_WINDOW,
@@ -33,6 +37,7 @@ from gateway.errors import GatewayError, invalid_request
 from gateway.request.classify import key_id
 
 _MAX_LIST = 100
+log = logging.getLogger("switchyard.batch")
 
 
 class CreateBatch(msgspec.Struct, forbid_unknown_fields=False):
@@ -44,6 +49,22 @@ class CreateBatch(msgspec.Struct, forbid_unknown_fields=False):
 
 def _not_found(what: str, ident: str) -> GatewayError:
     return GatewayError(404, f"No such {what}: '{ident}'.", "invalid_request_error", code="not_found")
+
+
+@contextlib.contextmanager
+def _store_usable() -> Iterator[None]:
+    """A file store that fails is a 503 to the client; the log says which call failed and why."""
+    try:
+        yield
+    except FileStoreError as exc:
+        log.error("batch file store: %s", exc)
+        raise GatewayError(
+            503,
+            "The batch file store cannot be used right now. Retry shortly.",
+            "server_error",
+            code="file_store_unavailable",
+            headers={"retry-after": "5"},
+        ) from None
 
 
 def _json(obj: Any) -> Response[bytes]:
@@ -120,7 +141,8 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             purpose="batch",
         )
         path = f"files/{file_id}"
-        await files.put(path, content)
+        with _store_usable():
+            await files.put(path, content)
         await state.put_file(StoredFile(file=meta, owner=owner, path=path))
         return _json(meta)
 
@@ -131,7 +153,8 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
     @get("/v1/files/{file_id:str}/content", name="files-content")
     async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
         stored = await own_file(request, file_id)
-        content = await files.get(stored.path)
+        with _store_usable():
+            content = await files.get(stored.path)
         if content is None:
             raise _not_found("file", file_id)
         return Response(content, media_type="application/octet-stream")

@@ -1,7 +1,8 @@
 """Where file bodies live: a small interface, and a local directory behind it.
 
-Replicas that share batches share the directory (a volume). An S3-compatible store would implement the
-same three calls; it is not built yet (README "Batches").
+Replicas that share batches share the directory (a volume), or an S3-compatible bucket
+(gateway/batch/s3_files.py, the same calls). Both take the same names: relative, `/`-separated, no `.` or
+`..` parts (`files/<id>`, `batches/<id>/lines/...`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,28 @@ from pathlib import Path
 from typing import Protocol
 
 
+class FileStoreError(RuntimeError):
+    """The store could not do a call (a bucket that refused or stayed unreachable); says which and why."""
+
+
 class FileStore(Protocol):
     async def put(self, name: str, data: bytes) -> None: ...
 
     async def get(self, name: str) -> bytes | None: ...
 
     async def exists(self, name: str) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+def check_name(name: str) -> str:
+    """The name if a store may hold it: relative, no empty, `.` or `..` parts, no control characters."""
+    parts = name.split("/")
+    if not name or any(part in ("", ".", "..") for part in parts) or "\\" in name:
+        raise ValueError(f"file name `{name}` leaves the store")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise ValueError("a file name has a control character")
+    return name
 
 
 class LocalFileStore:
@@ -54,3 +71,6 @@ class LocalFileStore:
 
     async def exists(self, name: str) -> bool:
         return await asyncio.to_thread(self._path(name).is_file)
+
+    async def close(self) -> None:
+        return None

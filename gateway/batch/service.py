@@ -10,6 +10,7 @@ from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.memory_state import MemoryBatchState
 from gateway.batch.objects import StoredBatch
 from gateway.batch.redis_state import RedisBatchState
+from gateway.batch.s3_files import S3FileStore, credentials_from_env
 from gateway.batch.state import BatchState
 from gateway.batch_options import BatchOptions
 from gateway.redis_client import redis_client
@@ -63,7 +64,15 @@ def build_batches(settings: Settings, pipeline: Pipeline) -> BatchService | None
         state = RedisBatchState(client, settings.ledger.key_prefix)
     else:
         state = MemoryBatchState()
+    return BatchService(options, state, _file_store(settings), pipeline)
+
+
+def _file_store(settings: Settings) -> FileStore:
+    """The bucket `batches.s3` names, else the directory `batches.directory` (relative to the config)."""
+    options: BatchOptions = settings.batches
+    if options.s3 is not None:
+        return S3FileStore(options.s3, credentials_from_env(options.s3))
     directory = options.directory
     if not os.path.isabs(directory) and not settings.source.startswith("<"):
         directory = os.path.join(os.path.dirname(os.path.abspath(settings.source)), directory)
-    return BatchService(options, state, LocalFileStore(directory), pipeline)
+    return LocalFileStore(directory)

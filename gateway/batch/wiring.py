@@ -25,5 +25,6 @@ def batch_lifespan(service: BatchService):
         finally:
             await runner.stop()
             await service.state.close()
+            await service.files.close()
 
     return run
