@@ -243,8 +243,9 @@ def redis_cluster(
         else:
             raise RuntimeError("Redis Cluster: nodes kept exiting at start (ports taken?)")
         addresses = [f"127.0.0.1:{port}" for port in cluster.ports]
+        create = [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
         subprocess.run(
-            [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"],
+            [*create, "--cluster-yes"],
             check=True,
             capture_output=True,
             timeout=30,
