@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 from redis.crc import key_slot
 
@@ -154,8 +155,14 @@ def _rides_out(deployment: Deployment, label: str, fail_over: Any) -> float:
     return back - started
 
 
+def _sync(url: str) -> str:
+    return str(httpx.get(url + "/ready", timeout=5).json()["fleet"]["sync"])
+
+
 def _limits_and_fleet_view_work(deployment: Deployment, label: str) -> None:
     urls = deployment.urls
+    # The fleet view's pub/sub is subscribed again (on a live node) on both replicas.
+    _wait_for(lambda: all(_sync(url) == "connected" for url in urls), f"{label}: fleet sync not back", 5.0)
     poor, _ = deployment.create_key(name=f"{label}-poor", budget_usd=1e-9)
     assert [_call(url, poor) for url in urls] == ["insufficient_quota"] * 2
     limited, _ = deployment.create_key(name=f"{label}-rpm", rpm=4)
