@@ -33,3 +33,12 @@ def cluster_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
     """A real three-node Redis Cluster (tests/redis_cluster.py), started once, when a test first asks."""
     with redis_cluster(under=tmp_path_factory.getbasetemp()) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def cluster_redis_replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of three primaries, each with a replica, that fails a silent primary over after
+    1 s (`cluster-node-timeout`): for the failover tests, which kill nodes, so it is not `cluster_redis`."""
+    under = tmp_path_factory.getbasetemp()
+    with redis_cluster(under=under, replicas=1, node_timeout_ms=1000) as cluster:
+        yield cluster

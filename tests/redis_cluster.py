@@ -1,4 +1,5 @@
-"""A real three-node Redis Cluster on loopback for the tests (`redis-server` 7, no replicas).
+"""A real Redis Cluster on loopback for the tests (`redis-server` 7): three primaries, and optionally a
+replica of each (for failover: `failover` for a manual `CLUSTER FAILOVER`, `kill` for a primary's death).
 
 The nodes die with the process that started them (PR_SET_PDEATHSIG) and are killed, with their folder,
 when the context ends, whatever happened inside it.
@@ -33,6 +34,8 @@ class RedisCluster:
     ports: list[int]
     folder: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    node_timeout_ms: int = 2000
+    """`cluster-node-timeout`: how long a primary may be silent before its replica takes over."""
 
     @property
     def url(self) -> str:
@@ -45,12 +48,55 @@ class RedisCluster:
     def client(self) -> redis.RedisCluster:
         return redis.RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=5)
 
+    def alive(self) -> list[int]:
+        """The ports of the nodes still running."""
+        return [port for port, p in zip(self.ports, self.processes, strict=True) if p.poll() is None]
+
     def owner(self, slot: int) -> int:
-        """The port of the node serving `slot`."""
-        for start, end, primary, *_ in self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS"):
+        """The port of the node serving `slot`, as the first live node says."""
+        return self._slot_row(self.alive()[0], slot)[0]
+
+    def replica_of(self, slot: int) -> int:
+        """The port of a replica of the node serving `slot`."""
+        return self._slot_row(self.alive()[0], slot)[1][0]
+
+    def owners(self) -> list[tuple[int, int, int]]:
+        """(first slot, last slot, primary's port) for every range, as the first live node says."""
+        with self.node(self.alive()[0]) as node:
+            return [(int(a), int(b), int(p[1])) for a, b, p, *_ in node.execute_command("CLUSTER", "SLOTS")]
+
+    def _slot_row(self, port: int, slot: int) -> tuple[int, list[int]]:
+        with self.node(port) as node:
+            rows = node.execute_command("CLUSTER", "SLOTS")
+        for start, end, primary, *replicas in rows:
             if start <= slot <= end:
-                return int(primary[1])
+                return int(primary[1]), [int(r[1]) for r in replicas]
         raise LookupError(slot)
+
+    def failover(self, slot: int) -> int:
+        """A manual `CLUSTER FAILOVER` (no data lost: the primary pauses its clients until the replica has
+        caught up) by the replica of the node serving `slot`; returns the new primary once every live node
+        sees it."""
+        replica = self.replica_of(slot)
+        self.node(replica).execute_command("CLUSTER", "FAILOVER")
+        _wait(lambda: all(self._slot_row(p, slot)[0] == replica for p in self.alive()), "failover")
+        return replica
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on `port` (its replica, if it has one, is promoted after the node timeout)."""
+        process = self.processes[self.ports.index(port)]
+        process.kill()
+        process.wait(timeout=10)
+
+    def promoted(self, slot: int, dead: int, timeout: float = 20.0) -> int:
+        """Wait until every live node names a live primary other than `dead` for `slot`; its port."""
+
+        def moved() -> bool:
+            owners = {self._slot_row(p, slot)[0] for p in self.alive()}
+            return len(owners) == 1 and dead not in owners
+
+        _wait(moved, "promotion", timeout)
+        return self.owner(slot)
 
     def move_slot(self, slot: int, to_port: int) -> None:
         """Migrate `slot` and its keys to the node on `to_port` (what `redis-cli --cluster reshard` does
@@ -65,9 +111,9 @@ class RedisCluster:
         source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
         while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
             source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
-        for port in self.ports:
+        for port in {port for _, _, port in self.owners()} | {to_port}:  # primaries (replicas: gossip)
             self.node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-        _wait(lambda: all(self._sees(port, slot, to_port) for port in self.ports), "slot moved")
+        _wait(lambda: all(self._sees(port, slot, to_port) for port in self.alive()), "slot moved")
 
     def _sees(self, port: int, slot: int, owner: int) -> bool:
         for start, end, primary, *_ in self.node(port).execute_command("CLUSTER", "SLOTS"):
@@ -135,7 +181,7 @@ def _start_nodes(cluster: RedisCluster) -> bool:
             REDIS_SERVER,
             "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
             "--cluster-enabled", "yes", "--cluster-config-file", str(folder / f"nodes-{i}.conf"),
-            "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+            "--cluster-node-timeout", str(cluster.node_timeout_ms), "--save", "", "--appendonly", "no",
         ]  # fmt: skip
         cluster.processes.append(
             subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
@@ -158,6 +204,18 @@ def _start_nodes(cluster: RedisCluster) -> bool:
     return True
 
 
+def _ready(node: redis.Redis, replicas: int) -> bool:
+    """The node sees the cluster ok and every slot range with its replicas, and as a replica it has its
+    primary's data."""
+    with node:
+        if b"cluster_state:ok" not in node.execute_command("CLUSTER", "INFO"):
+            return False
+        if any(len(row) < 3 + replicas for row in node.execute_command("CLUSTER", "SLOTS")):
+            return False
+        info = node.info("replication")
+        return bool(info["role"] == "master" or info.get("master_link_status") == "up")
+
+
 def _stop(cluster: RedisCluster) -> None:
     for process in cluster.processes:
         process.kill()
@@ -168,11 +226,15 @@ def _stop(cluster: RedisCluster) -> None:
 
 
 @contextlib.contextmanager
-def redis_cluster(nodes: int = 3, under: Path | None = None) -> Iterator[RedisCluster]:
-    """`under`: where the nodes' folder goes (pytest's temporary tree, which pytest prunes, so even a
-    killed session leaves no folder behind for long); the system's temporary folder by default."""
+def redis_cluster(
+    nodes: int = 3, under: Path | None = None, replicas: int = 0, node_timeout_ms: int = 2000
+) -> Iterator[RedisCluster]:
+    """`nodes` primaries, each with `replicas` replicas. `under`: where the nodes' folder goes (pytest's
+    temporary tree, which pytest prunes, so even a killed session leaves no folder behind for long); the
+    system's temporary folder by default. `node_timeout_ms`: a primary silent this long is failed over."""
     folder = Path(tempfile.mkdtemp(prefix="sy-redis-cluster-", dir=under))
-    cluster = RedisCluster(_free_ports(nodes), folder)
+    nodes *= 1 + replicas
+    cluster = RedisCluster(_free_ports(nodes), folder, node_timeout_ms=node_timeout_ms)
     try:
         for _ in range(3):
             if _start_nodes(cluster):
@@ -181,18 +243,16 @@ def redis_cluster(nodes: int = 3, under: Path | None = None) -> Iterator[RedisCl
         else:
             raise RuntimeError("Redis Cluster: nodes kept exiting at start (ports taken?)")
         addresses = [f"127.0.0.1:{port}" for port in cluster.ports]
+        create = [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
         subprocess.run(
-            [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [*create, "--cluster-yes"],
             check=True,
             capture_output=True,
             timeout=30,
         )
 
         def ok() -> bool:
-            return all(
-                b"cluster_state:ok" in cluster.node(p).execute_command("CLUSTER", "INFO")
-                for p in cluster.ports
-            )
+            return all(_ready(cluster.node(p), replicas) for p in cluster.ports)
 
         _wait(ok, "cluster_state:ok")
         yield cluster

@@ -25,6 +25,7 @@ from gateway.batch.lines import run_line
 from gateway.batch.objects import ErrorData, StoredBatch
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_failed, to_finalizing, to_in_progress
+from gateway.redis_client import REDIS_ERRORS
 
 log = logging.getLogger("switchyard.batch")
 
@@ -75,14 +76,24 @@ class BatchRunner:
                 await self.service.state.release(batch_id, line, self.token, 0.0)
 
     async def _loop(self) -> None:
+        away = False
         while True:
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
+            except REDIS_ERRORS as exc:  # an outage or a failover, not a bug: one line, not a traceback
+                if not away:
+                    log.warning("batch scheduler: Redis unreachable (%s); retrying every second", exc)
+                away = True
+                await asyncio.sleep(1.0)
             except Exception:
                 log.exception("batch scheduler tick failed")
                 await asyncio.sleep(1.0)
+            else:
+                if away:
+                    log.warning("batch scheduler: Redis reachable again")
+                away = False
             await asyncio.sleep(self.options.tick_s)
 
     async def tick(self) -> None:

@@ -93,6 +93,9 @@ class Tenants:
     _version: int = -1
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
+    _closing: bool = False
+    """Set by `close`: the background loops stop on it, not only on a cancellation (redis-py can swallow
+    one that lands while it reconnects: the call then returns and the loop would go on forever)."""
     _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
     _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
     _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
@@ -137,6 +140,7 @@ class Tenants:
             self._lease_task = asyncio.create_task(self._keep_lease())
 
     async def close(self) -> None:
+        self._closing = True
         for task in (self._task, self._lease_task):
             if task is not None:
                 task.cancel()
@@ -154,7 +158,7 @@ class Tenants:
 
     async def _watch_versions(self) -> None:
         failing = False
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.options.refresh_interval)
             try:
                 async with asyncio.timeout(self.options.redis_timeout):
@@ -175,7 +179,7 @@ class Tenants:
 
     async def _keep_lease(self) -> None:
         """Keep this replica's parallel slots counted (limits.ADMIT); a dead replica's lapse in seconds."""
-        while True:
+        while not self._closing:
             await asyncio.sleep(SLOT_LEASE_S / 3)
             try:
                 await self._renew_lease()

@@ -1,8 +1,10 @@
 """Where a hash slot lives on a Redis Cluster, for `script_client` (which keeps one raw connection).
 
 `slot_owner` asks the given nodes in turn for `CLUSTER SLOTS` on a short-lived connection and returns
-the primary serving the slot. `is_redirect` and `is_stale_node` read the error replies that say a call
-went to the wrong node, or to a slot in motion.
+the primary serving the slot, and every node the map names (primaries and replicas: where to ask next
+time, should the configured startup nodes be gone, e.g. a startup node that died and was failed over).
+`is_redirect` and `is_stale_node` read the error replies that say a call went to the wrong node, or to
+a slot in motion.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ def is_stale_node(error: str) -> bool:
     return error.startswith(_STALE) or "non local key" in error
 
 
-async def slot_owner(slot: int, nodes: Sequence[Address], hello: Sequence[bytes], ssl: bool) -> Address:
-    """The primary serving `slot`, as the first of `nodes` that answers says. `hello`: AUTH, sent first."""
+async def slot_owner(
+    slot: int, nodes: Sequence[Address], hello: Sequence[bytes], ssl: bool
+) -> tuple[Address, list[Address]]:
+    """The primary serving `slot`, as the first of `nodes` that answers says, and every node its map
+    names. `hello`: AUTH, sent first."""
     failures: list[str] = []
     for host, port in nodes:
         writer = None
@@ -42,11 +47,17 @@ async def slot_owner(slot: int, nodes: Sequence[Address], hello: Sequence[bytes]
             for answer in (*answers, slots):
                 if isinstance(answer, ScriptReplyError):
                     raise answer
-            for start, end, primary, *_ in slots:
-                if start <= slot <= end:
-                    owner = primary[0].decode() or host  # empty: the address we asked on
-                    if owner != "?":  # "?": the node does not know the owner's address (yet)
-                        return owner, int(primary[1])
+            found: Address | None = None
+            known: list[Address] = []
+            for start, end, *served in slots:
+                for node in served:
+                    address = node[0].decode() or host  # empty: the address we asked on
+                    if address != "?" and (address, int(node[1])) not in known:  # "?": not known yet
+                        known.append((address, int(node[1])))
+                if start <= slot <= end and served[0][0] != b"?":
+                    found = (served[0][0].decode() or host, int(served[0][1]))
+            if found is not None:
+                return found, known
             failures.append(f"{host}:{port}: slot {slot} is not served")
         except (OSError, ScriptReplyError, ValueError, TypeError) as exc:
             failures.append(f"{host}:{port}: {exc}")

@@ -88,6 +88,8 @@ class ScriptClient(asyncio.Protocol):
         self._closed = False
         self._slot = cluster_slot
         self._seeds = seeds
+        self._known: list[Address] = []
+        """Cluster: every node of the last slot map (asked after the seeds, which may all be gone)."""
         self._stale = False
         """Cluster: the connection is to a node that no longer owns the slot (redial once drained)."""
         self._dialled = False
@@ -165,8 +167,8 @@ class ScriptClient(asyncio.Protocol):
         try:
             async with asyncio.timeout(self._timeout):
                 if self._slot is not None:
-                    owner = await slot_owner(self._slot, self._candidates(), self._hello, self._ssl)
-                    self._address = (*owner, None, self._ssl)
+                    owner, known = await slot_owner(self._slot, self._candidates(), self._hello, self._ssl)
+                    self._address, self._known = (*owner, None, self._ssl), known
                 host, port, path, ssl = self._address
                 if path:
                     await loop.create_unix_connection(lambda: self, path)
@@ -200,9 +202,10 @@ class ScriptClient(asyncio.Protocol):
         return self._address[3]
 
     def _candidates(self) -> list[Address]:
-        """Where to ask for the slot map: the last owner first, then the configured startup nodes."""
-        last = (self._address[0], self._address[1])
-        return [last, *(seed for seed in self._seeds if seed != last)] if self._dialled else list(self._seeds)
+        """Where to ask for the slot map: the last owner first, then the configured startup nodes, then
+        every other node of the last map."""
+        first = [(self._address[0], self._address[1])] if self._dialled else []
+        return list(dict.fromkeys([*first, *self._seeds, *self._known]))
 
     def _handshake(self, command: bytes, answered: asyncio.Future[Reply]) -> None:
         def done(reply: Reply | BaseException) -> None:

@@ -4,6 +4,7 @@ share while Redis is away), and the reconcile with the shared counters when Redi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -176,6 +177,36 @@ def test_fail_open_admits_from_the_share_and_reconciles_when_redis_returns(prefi
     finally:
         proxy.close()
         shared.close()
+
+
+def test_close_returns_when_the_redis_client_swallows_the_cancellation(prefix: str) -> None:
+    """redis-py can swallow a cancellation that lands while it reconnects (seen after a cut, under CPU
+    load): the call returns normally and the task is never cancelled. `close` must not wait for a
+    cancellation that never comes (it hung the test above, once in ten runs on two busy cores)."""
+
+    async def run() -> None:
+        client = aioredis.Redis(socket_timeout=0.3, socket_connect_timeout=0.3)
+        options = AuthOptions(mode="keys", window_s=3600, replicas=3, redis_timeout=0.3)
+        ledger = build_ledger(LedgerOptions(store="memory"), [])
+        tenants = Tenants(options, MemoryTenantStore(), ledger, prefix, client=client)
+        renewing = asyncio.Event()
+
+        async def swallowing_set(*args: object, **kwargs: object) -> bool:
+            renewing.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.5)
+            return True
+
+        await tenants.start()
+        client.set = swallowing_set  # type: ignore[method-assign]
+        try:
+            await asyncio.wait_for(renewing.wait(), 5)  # the lease task is inside the Redis call
+        finally:
+            async with asyncio.timeout(5):
+                await tenants.close()
+            await client.aclose()
+
+    asyncio.run(run())
 
 
 def test_settlements_ride_with_the_next_admission_and_wait_again_if_it_fails(prefix: str) -> None:
