@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     capacity.add_argument(
         "--overload", type=float, default=1.25, help="also run at this multiple of each capacity (0: skip)"
     )
+    capacity.add_argument(
+        "--virtual",
+        action="store_true",
+        help="replay each point on a virtual clock (no HTTP, seconds per policy) instead of serving it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +133,10 @@ def _find_capacity(args: argparse.Namespace, scenario: Any, policies: list[str],
     def run(point: Any, policy: str, workdir: Path) -> dict[str, Any]:
         return run_policy(point, policy, plan(point), workdir)
 
+    if args.virtual:
+        from loadtest.whatif.points import replay_point
+
+        run = replay_point
     find_capacity(scenario, policies, settings, run, out)
     print(f"\ncapacity report: {out / 'capacity.html'} (and capacity.json)")
 

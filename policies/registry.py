@@ -26,7 +26,7 @@ from policies.pickers import BestScore
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest
 from policies.scorers.latency import SloPredicted
-from policies.scorers.load import KvHeadroom, LeastOutstanding
+from policies.scorers.load import ClassOutstanding, KvHeadroom, LeastOutstanding
 
 Kind = Literal["filter", "scorer", "picker"]
 
@@ -72,6 +72,7 @@ register("context-fits", "filter", ContextFits)
 register("exclude-saturated", "filter", ExcludeSaturated)
 register("least-outstanding", "scorer", LeastOutstanding)
 register("kv-headroom", "scorer", KvHeadroom)
+register("class-outstanding", "scorer", ClassOutstanding)
 register("cheapest", "scorer", Cheapest)
 register("slo-predicted", "scorer", SloPredicted)
 register("prefix-affinity", "scorer", PrefixAffinity, PrefixAffinityParams)

@@ -58,6 +58,13 @@ class _Flight:
             self.decision.answered(self.prompt_estimate)
 
 
+def _release(flight: _Flight) -> None:
+    """The gateway's `release`: the request's in-flight slot (and its class's) is given back."""
+    backend, cls = flight.sim.backend, flight.decision.request_class if flight.decision else ""
+    backend.inflight -= 1
+    backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 1) - 1
+
+
 @dataclass(slots=True)
 class ReplayResult:
     outcomes: list[Outcome]
@@ -154,7 +161,7 @@ class Replay:
                 self._room_made(now)
         for index, flight in flights.items():
             flight.outcome.error = "unfinished at deadline"
-            flight.sim.backend.inflight -= 1
+            _release(flight)
             outcomes[index] = flight.outcome
         for held in self.holds.waiting():
             held.outcome.error = "unfinished at deadline"
@@ -206,15 +213,15 @@ class Replay:
         self, request: Recorded, profile: RequestProfile, decision: Decision, outcome: Outcome, now: float
     ) -> None:
         """To the first candidate that takes it (the gateway fails over to the next on a refusal)."""
-        line = request.line
+        line, cls, steps = request.line, decision.request_class, request.output_per_choice
         outcome.route = decision.route
-        steps = request.output_per_choice
         for backend in decision.candidates:
             sim = self._sim_of[backend]
             if not self._fits(sim, line.prompt_tokens, steps, line.n):
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
-            backend.inflight += 1
+            backend.inflight += 1  # the gateway's `hold`: in flight, and by class
+            backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + 1
             estimate = profile.prompt_tokens_estimate
             flight = _Flight(request, sim, outcome, steps, None, decision, estimate, now)
             self._flights[request.index] = flight
@@ -368,7 +375,7 @@ class Replay:
         outcome = flight.outcome
         line = flight.request.line
         backend = flight.sim.backend
-        backend.inflight -= 1
+        _release(flight)
         flight.answered()  # a whole answer (or a stream on a fixed-latency backend): no-op if told already
         n = max(1, line.n)
         tokens = flight.steps * n

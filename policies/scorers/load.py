@@ -40,3 +40,22 @@ class KvHeadroom:
         if most <= 0:
             return [0.0] * len(room)
         return [r / most for r in room]
+
+
+class ClassOutstanding:
+    """Like `least-outstanding`, counting only this gateway's requests of the request's own class in flight.
+
+    Spreads a class's work evenly whatever else a backend runs: requests of one class cost alike (a
+    long-context request's prefill slows every sequence decoding beside it), while a count of all requests
+    treats an n=4 batch job as one and a scrape's running sequences count it four times, so a class
+    balanced by the total piles onto one backend.
+    """
+
+    name = "class-outstanding"
+    scores_in_unit_range = True
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
+        cls = ctx.request_class
+        work = [b.inflight_by_class.get(cls, 0) for b in candidates]
+        least = min(work)
+        return [(1.0 + least) / (1.0 + w) for w in work]

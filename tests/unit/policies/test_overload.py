@@ -172,7 +172,8 @@ def test_non_streaming_batch_rows_are_batch(preset, n):
     for max_tokens in (512, 1024):
         decision = engine.choose(_request(_chat(200, max_tokens=max_tokens, n=n)), backends)
         assert decision.request_class == "batch"
-        assert decision.candidates[0].pool.vendor == "amd"
+        if preset == "latency-first":
+            assert decision.candidates[0].pool.vendor == "amd"
     streamed = engine.choose(_request(_chat(200, stream=True, max_tokens=300)), backends)
     assert streamed.request_class == "interactive"
     assert streamed.candidates[0].pool.vendor == "nvidia"
@@ -231,3 +232,52 @@ def test_answered_requests_leave_the_prefill_estimate_even_without_scrapes():
     # Requests still waiting for their answer do count (a burst between scrapes).
     pending = [engine.choose(_request(_chat(2000, max_tokens=50)), backends) for _ in range(200)]
     assert any(d.hold or d.candidates[0].pool.vendor == "amd" for d in pending)
+
+
+# --- where balanced puts batch and long-context work ---------------------------------------------------
+
+
+def _running(backend: Backend, cls: str, count: int) -> None:
+    """`count` requests of class `cls` in flight on `backend`, as the gateway's `hold` counts them."""
+    backend.inflight += count
+    backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + count
+
+
+def test_batch_goes_where_it_delays_the_others_least_not_to_the_busy_mi300x():
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    batch = _request(_chat(200, max_tokens=800, n=4))
+    # An idle fleet: batch may use any backend (the fleet is paid for busy or idle).
+    used = Counter(engine.choose(batch, backends).candidates[0].pool.vendor for _ in range(8))
+    assert used["amd"] and used["nvidia"]
+    # The MI300X run long-context work (the one class only they can serve): batch goes to the H100s.
+    for b in backends[2:]:
+        _running(b, "long-context", 12)
+    for b in backends[:2]:
+        _running(b, "interactive", 3)
+    assert {engine.choose(batch, backends).candidates[0].pool.vendor for _ in range(8)} == {"nvidia"}
+
+
+def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total():
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    mi0, mi1 = backends[2], backends[3]
+    # mi300x-0 runs 6 batch jobs and 4 long-context requests; mi300x-1 runs 8 long-context requests. By
+    # the total (10 vs 8) the next long prompt would go to mi300x-1, whose decoding it slows most.
+    _running(mi0, "batch", 6)
+    _running(mi0, "long-context", 4)
+    _running(mi1, "long-context", 8)
+    for doc in range(8):  # different documents: whatever their prefixes hash to
+        body = {
+            "messages": [{"role": "user", "content": f"document {doc} " + "text " * 9000}],
+            "max_tokens": 100,
+        }
+        decision = engine.choose(_request(body), backends)
+        assert decision.request_class == "long-context"
+        assert decision.candidates[0] is mi0
+
+
+def test_batch_is_held_through_a_burst_not_refused_at_once():
+    route = load_policy(resolve("balanced")).policy.routes["batch"]
+    assert route.shed and route.backpressure is not None
+    assert route.backpressure.max_wait_ms >= 10_000  # its SLO is minutes, a burst lasts seconds

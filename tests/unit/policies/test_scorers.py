@@ -19,7 +19,7 @@ from policies.profile import RequestProfile
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest, cost_per_mtok
 from policies.scorers.latency import SloPredicted
-from policies.scorers.load import KvHeadroom, LeastOutstanding, outstanding
+from policies.scorers.load import ClassOutstanding, KvHeadroom, LeastOutstanding, outstanding
 
 MODEL = "m"
 
@@ -68,6 +68,17 @@ def test_least_outstanding_relative_to_the_least_busy():
     a, b = _fleet(h100=2, mi300x=0)
     a.inflight, b.inflight = 2, 5
     assert LeastOutstanding().score(_ctx(), [a, b]) == pytest.approx([1.0, 3 / 6])
+
+
+def test_class_outstanding_counts_only_the_requests_own_class():
+    a, b = _fleet(h100=1, mi300x=1)
+    a.inflight, a.inflight_by_class = 9, {"batch": 7, "long-context": 2}
+    b.inflight, b.inflight_by_class = 5, {"long-context": 5}
+    ctx = _ctx()
+    ctx.request_class = "long-context"
+    assert ClassOutstanding().score(ctx, [a, b]) == pytest.approx([1.0, 3 / 6])
+    ctx.request_class = "chat"  # none in flight anywhere: a tie
+    assert ClassOutstanding().score(ctx, [a, b]) == [1.0, 1.0]
 
 
 # --- kv-headroom --------------------------------------------------------------------------------------
