@@ -105,13 +105,9 @@ def _draining(url: str, name: str) -> bool:
     return bool(next(r for r in rows["data"] if r["name"] == name)["draining"])
 
 
-def _checks_every_component(deployment: Deployment, label: str) -> None:
+def limits_and_fleet_view_work(deployment: Deployment, label: str) -> None:
+    """Budgets, a shared rate limit, revocation and a drain, between the deployment's two replicas."""
     urls = deployment.urls
-    # Keys and the ledger: requests on both replicas succeed and are counted once each.
-    key, key_id = deployment.create_key(name=f"{label}-usage", budget_usd=100.0)
-    for i in range(6):
-        assert _call(urls[i % 2], key, stream=i % 3 == 0) == "ok"
-    _wait_for(lambda: deployment.requests_of(key_id) == 6, f"{label}: the ledger did not count 6 requests")
     # A budget is answered only through the shared counters (the script client's round trip): a key
     # whose budget cannot pay one request is refused on both replicas.
     poor, _ = deployment.create_key(name=f"{label}-poor", budget_usd=1e-9)
@@ -137,6 +133,16 @@ def _checks_every_component(deployment: Deployment, label: str) -> None:
     with deployment.admin(1) as admin:
         assert not admin.post(f"/admin/v1/backends/{name}/undrain").json()["draining"]
     _wait_for(lambda: not _draining(urls[0], name), f"{label}: the undrain did not reach replica A", 2.0)
+
+
+def _checks_every_component(deployment: Deployment, label: str) -> None:
+    urls = deployment.urls
+    # Keys and the ledger: requests on both replicas succeed and are counted once each.
+    key, key_id = deployment.create_key(name=f"{label}-usage", budget_usd=100.0)
+    for i in range(6):
+        assert _call(urls[i % 2], key, stream=i % 3 == 0) == "ok"
+    _wait_for(lambda: deployment.requests_of(key_id) == 6, f"{label}: the ledger did not count 6 requests")
+    limits_and_fleet_view_work(deployment, label)
     # A batch, created on one replica, runs (leases and counters in Redis) and is seen from the other.
     sdk = openai.OpenAI(base_url=urls[0] + "/v1", api_key=key, max_retries=0, timeout=30)
     file_id = _upload(sdk, [_line(f"{label}-{i}") for i in range(4)])

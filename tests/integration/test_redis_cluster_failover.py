@@ -30,8 +30,8 @@ from tests.integration.test_redis_cluster import (
     FLEET,
     WINDOW_S,
     Deployment,
-    _draining,
     _wait_for,
+    limits_and_fleet_view_work,
 )
 from tests.integration.test_tenants import _call
 from tests.redis_cluster import RedisCluster
@@ -160,29 +160,13 @@ def _sync(url: str) -> str:
 
 
 def _limits_and_fleet_view_work(deployment: Deployment, label: str) -> None:
-    urls = deployment.urls
     # The fleet view's pub/sub is subscribed again (on a live node) on both replicas.
-    _wait_for(lambda: all(_sync(url) == "connected" for url in urls), f"{label}: fleet sync not back", 5.0)
-    poor, _ = deployment.create_key(name=f"{label}-poor", budget_usd=1e-9)
-    assert [_call(url, poor) for url in urls] == ["insufficient_quota"] * 2
-    limited, _ = deployment.create_key(name=f"{label}-rpm", rpm=4)
-    left = WINDOW_S - time.time() % WINDOW_S
-    if left < 5:
-        time.sleep(left + 0.05)  # all seven requests in one window
-    outcomes = [_call(urls[i % 2], limited) for i in range(7)]
-    assert outcomes.count("ok") == 4 and outcomes.count("rate_limit_exceeded") == 3, outcomes
-    revoked, revoked_id = deployment.create_key(name=f"{label}-revoked")
-    assert _call(urls[1], revoked) == "ok"
-    with deployment.admin(0) as admin:
-        assert admin.post(f"/admin/v1/keys/{revoked_id}/revoke").status_code == 200
-    _wait_for(lambda: _call(urls[1], revoked) == "401:invalid_api_key", f"{label}: revocation not seen")
-    with deployment.admin(0) as admin:
-        name = admin.get("/admin/v1/backends").json()["data"][0]["name"]
-        assert admin.post(f"/admin/v1/backends/{name}/drain").json()["draining"]
-    _wait_for(lambda: _draining(urls[1], name), f"{label}: the drain did not reach replica B", 2.0)
-    with deployment.admin(1) as admin:
-        assert not admin.post(f"/admin/v1/backends/{name}/undrain").json()["draining"]
-    _wait_for(lambda: not _draining(urls[0], name), f"{label}: the undrain did not reach replica A", 2.0)
+    _wait_for(
+        lambda: all(_sync(url) == "connected" for url in deployment.urls),
+        f"{label}: fleet sync not back",
+        5.0,
+    )
+    limits_and_fleet_view_work(deployment, label)
 
 
 def test_a_manual_failover_fails_no_request(deployment: Deployment) -> None:
