@@ -23,6 +23,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+ONE_POOL = """\
+pools:
+  - name: h100
+    vendor: nvidia
+    accelerator: h100
+    price_per_gpu_hour: 3
+    backends:
+      - {url: "http://127.0.0.1:8003", models: [m], max_model_len: 4096}
+"""
+"""The smallest config a settings test can load: one H100 pool of one backend (nothing listens there)."""
+
 
 def free_port() -> int:
     with socket.socket() as s:

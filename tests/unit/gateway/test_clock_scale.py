@@ -15,16 +15,7 @@ from gateway.settings import settings_from_text
 from loadtest.scenario import DEMO_FLEET, load_fleet_spec
 from loadtest.stack import gateway_config
 from policies.predict import predicted_tpot, predicted_ttft
-
-POOLS = """\
-pools:
-  - name: h100
-    vendor: nvidia
-    accelerator: h100
-    price_per_gpu_hour: 3
-    backends:
-      - {url: "http://127.0.0.1:8003", models: [m], max_model_len: 4096}
-"""
+from tests.support import ONE_POOL as POOLS
 
 
 def _stream(ttft: float, duration: float, tokens: int) -> UsageRecord:

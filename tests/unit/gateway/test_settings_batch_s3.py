@@ -9,16 +9,7 @@ import pytest
 
 from backends.yamlfile import ConfigError
 from gateway.settings import settings_from_text
-
-POOLS = """\
-pools:
-  - name: h100
-    vendor: nvidia
-    accelerator: h100
-    price_per_gpu_hour: 3
-    backends:
-      - {url: "http://127.0.0.1:8003", models: [m], max_model_len: 4096}
-"""
+from tests.support import ONE_POOL as POOLS
 
 
 @pytest.fixture
