@@ -153,10 +153,6 @@ def cost_per_mtok(backend: Backend) -> float:
     return measured if measured is not None else backend.pool.cost_floor_per_mtok
 
 
-def pause_reason(backend: Backend, online: OnlineLimits, queued: int, limits: HeadroomLimits) -> str | None:
-    return queue_reason(backend, queued) or latency_reason(backend, online, limits)
-
-
 def queue_reason(backend: Backend, queued: int) -> str | None:
     """A pause on what is measured now: the backend is unavailable, or requests queue for it."""
     if not backend.healthy or backend.draining:

@@ -19,10 +19,11 @@ from gateway.batch.headroom import (
     allowed_slowdown,
     assess,
     fill_order,
+    latency_reason,
     new_lines,
     online_limits,
-    pause_reason,
     picks,
+    queue_reason,
 )
 from gateway.batch.slowdown import LineShape, line_cost, slowdown_cap
 from policies.config import Route
@@ -121,8 +122,8 @@ def test_waiting_in_vllm_pauses_and_resumes_when_the_queue_empties() -> None:
 
 def test_a_request_queued_in_the_gateway_pauses_every_backend() -> None:
     backend = _backend(running=1, kv=0.05, ttft=0.1, tpot=0.01)
-    assert pause_reason(backend, ONLINE, 1, LIMITS) == "1 requests wait in the gateway's queues"
-    assert pause_reason(backend, ONLINE, 0, LIMITS) is None
+    assert queue_reason(backend, 1) == "1 requests wait in the gateway's queues"
+    assert queue_reason(backend, 0) is None and latency_reason(backend, ONLINE, LIMITS) is None
 
 
 @pytest.mark.parametrize(
@@ -136,12 +137,13 @@ def test_a_request_queued_in_the_gateway_pauses_every_backend() -> None:
 )
 def test_predicted_online_latency_near_the_slo_pauses(ttft: float, tpot: float, paused: bool) -> None:
     backend = _backend(running=2, kv=0.1, ttft=ttft, tpot=tpot)
-    assert (pause_reason(backend, ONLINE, 0, LIMITS) is not None) is paused
+    assert queue_reason(backend, 0) is None
+    assert (latency_reason(backend, ONLINE, LIMITS) is not None) is paused
 
 
 def test_waiting_pauses_a_backend_no_online_slo_covers() -> None:
     backend = _backend(running=2, kv=0.1, ttft=0.3, waiting=2)
-    assert pause_reason(backend, OnlineLimits(max_kv=0.9), 0, LIMITS) == "2 requests wait in its queue"
+    assert queue_reason(backend, 0) == "2 requests wait in its queue"
 
 
 def test_kv_at_the_online_limit_less_the_reserve_takes_no_new_line_without_pausing() -> None:
