@@ -95,7 +95,7 @@ class ScriptClient(asyncio.Protocol):
         self._dialled = False
 
     @classmethod
-    def like(cls, client: Any, script: str, timeout_s: float, tag: str = "") -> ScriptClient:
+    def like(cls, client: Any, script: str, timeout_s: float, tag: str) -> ScriptClient:
         """A client to the Redis that `client` (redis-py's asyncio client) talks to; on a cluster, to the
         node that owns hash tag `tag` (e.g. `{syt:prefix}`: every key the script touches has it)."""
         if isinstance(client, RedisCluster):

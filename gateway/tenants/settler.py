@@ -23,7 +23,7 @@ _MAX_BACKOFF_S = 2.0
 
 
 class Settler:
-    def __init__(self, client: Any, timeout_s: float, replica: str, tag: str = "") -> None:
+    def __init__(self, client: Any, timeout_s: float, replica: str, tag: str) -> None:
         """`client`: redis-py's asyncio client to the Redis of the counters (`ScriptClient.like`);
         `tag`: the counters' hash tag (on a cluster, the script goes to the node owning its slot)."""
         self._script = ScriptClient.like(client, SETTLE, timeout_s, tag)
