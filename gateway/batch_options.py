@@ -6,6 +6,7 @@ A module of its own, outside gateway/batch/, so the settings import it without i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 import msgspec
@@ -39,6 +40,13 @@ class S3Options(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Tries per call on a 5xx, a 429 or a broken connection (writes are whole objects: safe to repeat)."""
     retry_backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 0.2
     """The first retry's wait at most (full jitter); it doubles each retry, up to 5 s."""
+
+    def unset_key_variable(self, environ: Mapping[str, str]) -> str | None:
+        """The first of `access_key_id_env` and `secret_access_key_env` whose variable is unset or empty."""
+        for field in ("access_key_id_env", "secret_access_key_env"):
+            if not environ.get(getattr(self, field)):
+                return field
+        return None
 
 
 class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -331,15 +331,14 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
                 source, lines.get((section, "redis_url")), f"{section}.redis_url: {exc}"
             ) from None
     s3 = config.batches.s3
-    if config.batches.enabled and s3 is not None:
-        for field in ("access_key_id_env", "secret_access_key_env"):
-            if getattr(s3, field) not in os.environ:
-                raise ConfigError(
-                    source,
-                    lines.get(("batches", "s3", field), lines.get(("batches", "s3"))),
-                    f"batches.s3.{field}: environment variable `{getattr(s3, field)}` is not set",
-                    hint="export the bucket's access key before starting the gateway",
-                )
+    unset = s3.unset_key_variable(os.environ) if config.batches.enabled and s3 is not None else None
+    if unset is not None:
+        raise ConfigError(
+            source,
+            lines.get(("batches", "s3", unset), lines.get(("batches", "s3"))),
+            f"batches.s3.{unset}: environment variable `{getattr(s3, unset)}` is not set",
+            hint="export the bucket's access key before starting the gateway",
+        )
     backends = build_backends(config.pools)
     return Settings(
         source=source,

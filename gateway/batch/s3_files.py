@@ -40,12 +40,12 @@ class S3StoreError(FileStoreError):
 def credentials_from_env(options: S3Options, environ: Mapping[str, str] | None = None) -> Credentials:
     """The keys from the variables `batches.s3` names (by default the standard AWS ones)."""
     env = os.environ if environ is None else environ
-    key_id, secret = env.get(options.access_key_id_env), env.get(options.secret_access_key_env)
-    if not key_id or not secret:
+    if options.unset_key_variable(env) is not None:
         raise S3StoreError(
             f"batches.s3: set the environment variables {options.access_key_id_env} and "
             f"{options.secret_access_key_env}"
         )
+    key_id, secret = env[options.access_key_id_env], env[options.secret_access_key_env]
     return Credentials(key_id, secret, env.get(options.session_token_env) or None)
 
 
