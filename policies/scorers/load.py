@@ -15,6 +15,12 @@ def outstanding(backend: Backend) -> float:
     return max(float(backend.inflight), load.running + load.waiting)
 
 
+def fewest_first(work: Sequence[float]) -> list[float]:
+    """The least work scores 1; k more scores (1 + least) / (1 + k + least)."""
+    least = min(work)
+    return [(1.0 + least) / (1.0 + w) for w in work]
+
+
 class LeastOutstanding:
     """Fewest requests ahead scores 1; a backend with k more scores (1 + least) / (1 + k + least)."""
 
@@ -22,9 +28,7 @@ class LeastOutstanding:
     scores_in_unit_range = True
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
-        work = [max(b.inflight, b.load.running + b.load.waiting) for b in candidates]
-        least = min(work)
-        return [(1.0 + least) / (1.0 + w) for w in work]
+        return fewest_first([max(b.inflight, b.load.running + b.load.waiting) for b in candidates])
 
 
 class KvHeadroom:
@@ -56,6 +60,4 @@ class ClassOutstanding:
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         cls = ctx.request_class
-        work = [b.inflight_by_class.get(cls, 0) for b in candidates]
-        least = min(work)
-        return [(1.0 + least) / (1.0 + w) for w in work]
+        return fewest_first([b.inflight_by_class.get(cls, 0) for b in candidates])
