@@ -45,7 +45,7 @@ class LocalFileStore:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, name: str) -> Path:
-        path = (self.root / name).resolve()
+        path = (self.root / check_name(name)).resolve()  # resolved too: a symlink may not lead out
         if self.root not in path.parents:
             raise ValueError(f"file name `{name}` leaves the store")
         return path
