@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from loadtest.processes import Child, ProcessGroup, free_port, wait_until
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -164,3 +166,15 @@ def start_static_backend(group: ProcessGroup, model: str, cpu: int, work: Path) 
     if which("nginx", "/usr/sbin", "/usr/local/sbin"):
         return start_upstream(group, "nginx", cpu, work).json_base
     return start_zero_delay_backend(group, model, cpu)
+
+
+def delete_prefix(redis_url: str, prefix: str) -> int:
+    """Delete every Redis key whose name holds `prefix` (what a benchmark left); how many there were."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        names = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+        if names:
+            client.delete(*names)
+        return len(names)
+    finally:
+        client.close()

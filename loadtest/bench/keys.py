@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 import yaml
 
 from loadtest.bench._util import (
     bench_pools,
+    delete_prefix,
     http_post,
     pick_cpus,
     process_cpu_seconds,
@@ -139,11 +139,7 @@ def run(duration: float, rounds: int, connections: int) -> dict[str, Any]:
                     group.stop(child)
         finally:
             group.close()
-            client = redis.Redis.from_url(REDIS_URL)
-            names = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-            if names:
-                client.delete(*names)
-            client.close()
+            delete_prefix(REDIS_URL, prefix)
     return {
         "rps_sharing_the_core": {m: statistics.median(rates[m]) for m in MODES},
         "cpu_us_per_req": {m: statistics.median(cpu_us[m]) for m in MODES},

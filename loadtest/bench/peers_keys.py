@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
 import redis.asyncio as aioredis
 import yaml
 
 from gateway.tenants.keys import KeyRecord, TeamRecord, hash_key, new_key_id
 from gateway.tenants.store_redis import RedisTenantStore
+from loadtest.bench._util import delete_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -57,12 +57,7 @@ def _config_path(prefix: str) -> Path:
 
 def _cleanup(prefix: str) -> int:
     _config_path(prefix).unlink(missing_ok=True)
-    client = redis.Redis.from_url(REDIS_URL)
-    names = list(client.scan_iter(match=f"*{prefix}*", count=1000))
-    if names:
-        client.delete(*names)
-    client.close()
-    return len(names)
+    return delete_prefix(REDIS_URL, prefix)
 
 
 def main(argv: list[str] | None = None) -> int:
