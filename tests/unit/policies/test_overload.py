@@ -275,3 +275,50 @@ def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total()
         decision = engine.choose(_request(body), backends)
         assert decision.request_class == "long-context"
         assert decision.candidates[0] is mi0
+
+
+def test_batch_leaves_seats_for_a_burst_of_interactive_work():
+    """A backend with 64 requests in flight takes no more batch, though its queue is empty and its KV cache
+    half free: vLLM runs up to 256 sequences, and a batch job holds its seats for its whole (long) output,
+    so the rest are kept for interactive bursts. Batch waits (it is held, up to 20 s) instead."""
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    for b in backends:
+        b.load = EngineLoad(running=64, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
+        _running(b, "batch", 40)
+        _running(b, "interactive", 24)
+    batch = engine.choose(_request(_chat(200, max_tokens=800, n=4)), backends)
+    assert batch.request_class == "batch" and batch.hold
+    chat = engine.choose(_request(_chat(200, stream=True, max_tokens=100)), backends)
+    assert chat.request_class == "interactive" and not chat.hold
+    assert chat.candidates[0].pool.vendor == "nvidia"
+    # One backend drains below the mark: batch goes there, not to the others.
+    backends[3].inflight -= 1
+    backends[3].inflight_by_class["batch"] -= 1
+    batch = engine.choose(_request(_chat(200, max_tokens=800, n=4)), backends)
+    assert not batch.hold and batch.candidates[0] is backends[3]
+    policy = load_policy(resolve("balanced")).policy
+    assert policy.routes["batch"].backpressure.max_wait_ms >= 10_000  # a job waits, a chat would not
+
+
+def test_long_context_is_refused_when_the_mi300x_decode_too_slowly_chat_is_not():
+    """Past the MI300X's capacity for long prompts their prefills slow every decode beside them: once the
+    time per token measured there is above the route's 80 ms, a long prompt that fits nowhere else is held
+    (then refused with 429), one that fits an H100 goes there, and chat keeps its H100s."""
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    for b in backends[2:]:
+        b.load = EngineLoad(running=30, waiting=0, kv_cache_usage=0.4, scraped_at=100.0)
+        b.observed.add(0.9, 0.110)
+        _running(b, "long-context", 30)
+    too_long = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
+    assert too_long.request_class == "long-context" and too_long.hold
+    fits_h100 = engine.choose(_request(_chat(4_500, max_tokens=200)), backends)  # ~6,750 tokens
+    assert fits_h100.request_class == "long-context" and not fits_h100.hold
+    assert fits_h100.candidates[0].pool.vendor == "nvidia"
+    chat = engine.choose(_request(_chat(200, stream=True, max_tokens=100)), backends)
+    assert not chat.hold and chat.candidates[0].pool.vendor == "nvidia"
+    # Decoding is back within the SLO: long prompts are admitted again.
+    for b in backends[2:]:
+        b.observed.tpot = 0.05
+    assert not engine.choose(_request(_chat(12_000, max_tokens=200)), backends).hold
