@@ -64,6 +64,9 @@ def gateway_config(fleet: Fleet, policy: Path, port: int) -> dict[str, Any]:
         scrape={"interval": 0.25, "timeout": 1.0},
         health={"interval": 1.0},
         shutdown_grace=2.0,
+        # the load generator is one address standing for many clients: its open requests (up to the
+        # scenario's max_inflight, held ones included) must not meet the per-client connection cap
+        connections={"max_per_client": 10_000},
     )
     # the gateway measures real seconds; the simulated fleet runs time_scale times faster
     config["policy"] = {"file": str(policy), "reload_interval": 60.0, "clock_scale": fleet.spec.time_scale}
