@@ -278,15 +278,15 @@ def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total()
 
 
 def test_batch_leaves_seats_for_a_burst_of_interactive_work():
-    """A backend with 64 requests in flight takes no more batch, though its queue is empty and its KV cache
+    """A backend with 96 requests in flight takes no more batch, though its queue is empty and its KV cache
     half free: vLLM runs up to 256 sequences, and a batch job holds its seats for its whole (long) output,
     so the rest are kept for interactive bursts. Batch waits (it is held, up to 20 s) instead."""
     backends = _fleet()
     engine = _preset("balanced", backends)
     for b in backends:
-        b.load = EngineLoad(running=64, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
-        _running(b, "batch", 40)
-        _running(b, "interactive", 24)
+        b.load = EngineLoad(running=96, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
+        _running(b, "batch", 60)
+        _running(b, "interactive", 36)
     batch = engine.choose(_request(_chat(200, max_tokens=800, n=4)), backends)
     assert batch.request_class == "batch" and batch.hold
     chat = engine.choose(_request(_chat(200, stream=True, max_tokens=100)), backends)
