@@ -67,6 +67,24 @@ class Deployment:
         return ["{sy:" + self.prefix + "}", "{syt:" + self.prefix + "}", "{syb:" + self.prefix + "}"]
 
 
+def replica_configs(fleet: Fleet, redis_url: str, prefix: str) -> list[dict[str, Any]]:
+    """The configs of two gateway replicas in keys mode sharing the ledger and counters on `redis_url`."""
+    configs = []
+    for _ in range(2):
+        config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
+        config["gateway"] = {**config.get("gateway", {}), "shutdown_grace": 1.0}
+        config["ledger"] = {
+            "redis_url": redis_url,
+            "key_prefix": prefix,
+            "flush_interval": 0.05,
+            "refresh_interval": 0.3,
+            "spill": False,
+        }
+        config["auth"] = {"mode": "keys", "window_s": WINDOW_S, "replicas": 2, "redis_timeout": 1.0}
+        configs.append(config)
+    return configs
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory, cluster_redis: RedisCluster) -> Iterator[Deployment]:
     spec = parse_fleet_spec(FLEET, "<cluster fleet>")
@@ -74,20 +92,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, cluster_redis: RedisClu
     files = tmp_path_factory.mktemp("rc-batch-files")
     redis = cluster_redis
     with Fleet(spec, log_dir=tmp_path_factory.mktemp("rc-fleet")) as fleet:
-        configs = []
-        for _ in range(2):
-            config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
-            config["gateway"] = {**config.get("gateway", {}), "shutdown_grace": 1.0}
-            config["ledger"] = {
-                "redis_url": redis.url,
-                "key_prefix": prefix,
-                "flush_interval": 0.05,
-                "refresh_interval": 0.3,
-                "spill": False,
-            }
-            config["auth"] = {"mode": "keys", "window_s": WINDOW_S, "replicas": 2, "redis_timeout": 1.0}
+        configs = replica_configs(fleet, redis.url, prefix)
+        for config in configs:
             config["batches"] = {"directory": str(files), "lease_s": 1.5}
-            configs.append(config)
         workdirs = [tmp_path_factory.mktemp(f"rc-gw-{n}") for n in "ab"]
         with running_replicas(configs, workdirs, {"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}) as urls:
             yield Deployment(redis, urls, prefix, [w / "gateway.log" for w in workdirs])

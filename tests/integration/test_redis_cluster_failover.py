@@ -28,10 +28,10 @@ from backends.sim.fleet_spec import parse_fleet_spec
 from tests.integration.test_redis_cluster import (
     ADMIN_KEY,
     FLEET,
-    WINDOW_S,
     Deployment,
     _wait_for,
     limits_and_fleet_view_work,
+    replica_configs,
 )
 from tests.integration.test_tenants import _call
 from tests.redis_cluster import RedisCluster
@@ -75,19 +75,7 @@ def deployment(
     # manual failover promotes): afterwards they must find the cluster through the nodes they learned.
     seed = redis.replica_of(key_slot(("{syt:" + prefix + "}").encode()))
     with Fleet(spec, log_dir=tmp_path_factory.mktemp("fo-fleet")) as fleet:
-        configs = []
-        for _ in range(2):
-            config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
-            config["gateway"] = {**config.get("gateway", {}), "shutdown_grace": 1.0}
-            config["ledger"] = {
-                "redis_url": f"redis+cluster://127.0.0.1:{seed}",
-                "key_prefix": prefix,
-                "flush_interval": 0.05,
-                "refresh_interval": 0.3,
-                "spill": False,
-            }
-            config["auth"] = {"mode": "keys", "window_s": WINDOW_S, "replicas": 2, "redis_timeout": 1.0}
-            configs.append(config)
+        configs = replica_configs(fleet, f"redis+cluster://127.0.0.1:{seed}", prefix)
         workdirs = [tmp_path_factory.mktemp(f"fo-gw-{n}") for n in "ab"]
         with running_replicas(configs, workdirs, {"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}) as urls:
             yield Seeded(redis, urls, prefix, [w / "gateway.log" for w in workdirs], seed)
