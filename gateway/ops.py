@@ -103,6 +103,7 @@ def backend_state(backend: Backend) -> dict[str, Any]:
         "paused_s": round(max(0.0, breaker.paused_until - time.monotonic()), 3),
         "draining": backend.draining,
         "inflight": backend.inflight,
+        "inflight_seqs": backend.inflight_seqs,
         "load": {"running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage},
     }
 

@@ -47,6 +47,8 @@ class BackendState(msgspec.Struct, forbid_unknown_fields=True):
 
     healthy: bool = True
     inflight: Annotated[int, msgspec.Meta(ge=0)] = 0
+    inflight_seqs: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Sequences those requests hold (n per request with n choices); `inflight` when not given."""
     running: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     waiting: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     kv_cache_usage: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
@@ -83,6 +85,7 @@ def _apply_state(states: dict[Backend, BackendState]) -> None:
     for backend, state in states.items():
         backend.healthy = state.healthy
         backend.inflight = state.inflight
+        backend.inflight_seqs = state.inflight if state.inflight_seqs is None else state.inflight_seqs
         backend.load = EngineLoad(
             running=state.running, waiting=state.waiting, kv_cache_usage=state.kv_cache_usage, scraped_at=0.0
         )

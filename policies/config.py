@@ -93,6 +93,11 @@ class Saturation(msgspec.Struct, forbid_unknown_fields=True):
     max_waiting: _NonNegative = 4
     max_kv_cache_usage: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.95
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Requests this gateway has in flight on the backend."""
+    max_seqs: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Sequences this gateway has in flight on the backend (a request with `n` choices holds n): vLLM
+    decodes at most `max_num_seqs` (256 by default) at once, and one held by a long job is not free for
+    a burst of interactive work until the job ends."""
 
 
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]

@@ -257,6 +257,7 @@ class PolicyEngine:
         extra_filters = route.extra_filters
         limits = route.config.saturation
         max_waiting, max_kv, max_inflight = limits.max_waiting, limits.max_kv_cache_usage, limits.max_inflight
+        max_seqs = limits.max_seqs
         predicts, ttft_limit, tpot_limit = route.predicts, route.ttft_limit, route.tpot_limit
         in_route = route.members.get(id(serving))
         if in_route is None or in_route[0] is not serving:
@@ -288,6 +289,7 @@ class PolicyEngine:
                 queue <= max_waiting
                 and load.kv_cache_usage <= max_kv
                 and (max_inflight is None or b.inflight < max_inflight)
+                and (max_seqs is None or b.inflight_seqs < max_seqs)
             )
             if predicts:
                 observed, pool = b.observed, b.pool

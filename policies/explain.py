@@ -41,6 +41,8 @@ class Candidate(msgspec.Struct):
     why_not: str | None
     """Why it cannot take more (saturated, or predicted to miss the SLO): tried after the others."""
     inflight: int
+    inflight_seqs: int
+    """The sequences those requests hold (a request with n choices holds n of vLLM's seats)."""
     waiting: float
     running: float
     kv_cache_usage: float
@@ -133,6 +135,7 @@ def _candidate(trace: DecisionTrace, i: int) -> Candidate:
         can_take_more=trace.able[i],
         why_not=saturation_reason(b, config) or slo_miss_reason(b, config, prompt_tokens),
         inflight=b.inflight,
+        inflight_seqs=b.inflight_seqs,
         waiting=b.load.waiting,
         running=b.load.running,
         kv_cache_usage=b.load.kv_cache_usage,

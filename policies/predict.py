@@ -138,6 +138,8 @@ def saturation_reason(backend: Backend, route: Route, recent: RecentSends | None
         return f"KV cache {load.kv_cache_usage:.0%} full (limit {limits.max_kv_cache_usage:.0%})"
     if limits.max_inflight is not None and backend.inflight >= limits.max_inflight:
         return f"{backend.inflight} requests in flight (limit {limits.max_inflight})"
+    if limits.max_seqs is not None and backend.inflight_seqs >= limits.max_seqs:
+        return f"{backend.inflight_seqs} sequences in flight (limit {limits.max_seqs})"
     return None
 
 

@@ -33,6 +33,7 @@ def saturated(backend: Backend, limits: Saturation) -> bool:
         load.waiting > limits.max_waiting
         or load.kv_cache_usage > limits.max_kv_cache_usage
         or (limits.max_inflight is not None and backend.inflight >= limits.max_inflight)
+        or (limits.max_seqs is not None and backend.inflight_seqs >= limits.max_seqs)
     )
 
 

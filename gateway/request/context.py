@@ -137,10 +137,16 @@ class RequestContext:
     def request_id(self) -> str:
         return self.caller.request_id
 
+    @property
+    def seqs(self) -> int:
+        """The backend's sequences the request holds: one per choice."""
+        return self.profile.n if self.profile is not None else 1
+
     def hold(self, backend: Backend) -> None:
         """The request is being sent to `backend`: one of its in-flight slots is taken."""
         self.backend = backend
         backend.inflight += 1
+        backend.inflight_seqs += self.seqs
         cls = self.held_class = self.decision.request_class if self.decision is not None else ""
         by_class = backend.inflight_by_class
         by_class[cls] = by_class.get(cls, 0) + 1
@@ -152,6 +158,7 @@ class RequestContext:
             self.holding = False
             backend: Backend = self.backend  # type: ignore[assignment]
             backend.inflight -= 1
+            backend.inflight_seqs -= self.seqs
             backend.inflight_by_class[self.held_class] -= 1
 
     def tried_names(self) -> list[str]:

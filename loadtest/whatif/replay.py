@@ -62,6 +62,7 @@ def _release(flight: _Flight) -> None:
     """The gateway's `release`: the request's in-flight slot (and its class's) is given back."""
     backend, cls = flight.sim.backend, flight.decision.request_class if flight.decision else ""
     backend.inflight -= 1
+    backend.inflight_seqs -= flight.request.line.n
     backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 1) - 1
 
 
@@ -221,6 +222,7 @@ class Replay:
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
             backend.inflight += 1  # the gateway's `hold`: in flight, and by class
+            backend.inflight_seqs += line.n
             backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + 1
             estimate = profile.prompt_tokens_estimate
             flight = _Flight(request, sim, outcome, steps, None, decision, estimate, now)

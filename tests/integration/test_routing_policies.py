@@ -195,7 +195,7 @@ classes:
 routes:
   batch:
     prefer: any
-    saturation: {max_inflight: 1}
+    saturation: {LIMIT}
     shed: true
     backpressure: {max_wait_ms: 300, retry_after_s: 3}
   default:
@@ -203,10 +203,14 @@ routes:
 """
 
 
-def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_served(tmp_path: Path) -> None:
+# One n=2 request per backend either way: one request, or the two sequences (seats) it holds.
+@pytest.mark.parametrize("limit", ["max_inflight: 1", "max_seqs: 2"])
+def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_served(
+    tmp_path: Path, limit: str
+) -> None:
     slow = FLEET.replace("ttft_ms: 5, tpot_ms: 1", "ttft_ms: 5, tpot_ms: 10")
     policy = tmp_path / "shedding.yaml"
-    policy.write_text(SHEDDING_POLICY)
+    policy.write_text(SHEDDING_POLICY.replace("LIMIT", limit))
     with (
         Fleet(parse_fleet_spec(slow, "<slow>"), log_dir=tmp_path / "fleet") as f,
         running_gateway(config(f, str(policy)), tmp_path / "gw") as base,
@@ -215,7 +219,7 @@ def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_s
         async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
             async with httpx.AsyncClient(base_url=base, timeout=30) as client:
                 body = {"model": MODEL, "messages": SHORT, "max_tokens": 200}
-                # Each of the 4 backends takes one batch request (max_inflight 1); the rest are held 300 ms,
+                # Each of the 4 backends takes one batch request (its limit); the rest are held 300 ms,
                 # then refused, while a request of the unshed class goes straight through.
                 batch = [
                     asyncio.create_task(client.post("/v1/chat/completions", json={**body, "n": 2}))
@@ -225,7 +229,11 @@ def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_s
                 started = time.monotonic()
                 plain = await client.post("/v1/chat/completions", json={**body, "max_tokens": 4})
                 assert time.monotonic() - started < 1.0
-                return list(await asyncio.gather(*batch)), plain
+                answers = list(await asyncio.gather(*batch))
+                # every slot and seat is given back once the answers are in
+                held = (await client.get("/admin/v1/backends")).json()["data"]
+                assert [(b["inflight"], b["inflight_seqs"]) for b in held] == [(0, 0)] * 4
+                return answers, plain
 
         batch, plain = asyncio.run(scenario())
     assert plain.status_code == 200 and plain.headers["x-switchyard-class"] == "default"

@@ -92,7 +92,7 @@ def test_policy_explain_rejects_unknown_state_fields(tmp_path, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "backend `h100-0`" in err and "unknown field `queue`" in err
-    assert "allowed fields: healthy, inflight, running, waiting, kv_cache_usage" in err
+    assert "allowed fields: healthy, inflight, inflight_seqs, running, waiting, kv_cache_usage" in err
 
 
 def test_policy_explain_rejects_a_state_value_of_the_wrong_type(tmp_path, capsys):

@@ -12,6 +12,7 @@ from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, buil
 from backends.yamlfile import ConfigError
 from policies.config import load_policy, parse_policy
 from policies.engine import PolicyEngine
+from policies.predict import saturation_reason
 from policies.presets import resolve
 from tests.unit.policies.test_engine import _request
 
@@ -237,9 +238,11 @@ def test_answered_requests_leave_the_prefill_estimate_even_without_scrapes():
 # --- where balanced puts batch and long-context work ---------------------------------------------------
 
 
-def _running(backend: Backend, cls: str, count: int) -> None:
-    """`count` requests of class `cls` in flight on `backend`, as the gateway's `hold` counts them."""
+def _running(backend: Backend, cls: str, count: int, n: int = 1) -> None:
+    """`count` requests of class `cls` with `n` choices each in flight on `backend`, as the gateway's
+    `hold` counts them."""
     backend.inflight += count
+    backend.inflight_seqs += count * n
     backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + count
 
 
@@ -278,27 +281,42 @@ def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total()
 
 
 def test_batch_leaves_seats_for_a_burst_of_interactive_work():
-    """A backend with 96 requests in flight takes no more batch, though its queue is empty and its KV cache
-    half free: vLLM runs up to 256 sequences, and a batch job holds its seats for its whole (long) output,
-    so the rest are kept for interactive bursts. Batch waits (it is held, up to 20 s) instead."""
+    """A backend whose requests from this gateway hold 128 sequences takes no more batch, though its queue
+    is empty and its KV cache half free: vLLM runs up to 256 sequences, and a batch job holds its seats for
+    its whole (long) output, so the rest are kept for interactive bursts. Batch waits instead."""
     backends = _fleet()
     engine = _preset("balanced", backends)
     for b in backends:
-        b.load = EngineLoad(running=96, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
-        _running(b, "batch", 60)
-        _running(b, "interactive", 36)
+        b.load = EngineLoad(running=128, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
+        _running(b, "batch", 30, n=4)  # 30 requests, 120 seats
+        _running(b, "interactive", 8)
     batch = engine.choose(_request(_chat(200, max_tokens=800, n=4)), backends)
     assert batch.request_class == "batch" and batch.hold
     chat = engine.choose(_request(_chat(200, stream=True, max_tokens=100)), backends)
     assert chat.request_class == "interactive" and not chat.hold
     assert chat.candidates[0].pool.vendor == "nvidia"
-    # One backend drains below the mark: batch goes there, not to the others.
+    # One backend finishes an n=4 job: below the mark, batch goes there, not to the others.
     backends[3].inflight -= 1
+    backends[3].inflight_seqs -= 4
     backends[3].inflight_by_class["batch"] -= 1
     batch = engine.choose(_request(_chat(200, max_tokens=800, n=4)), backends)
     assert not batch.hold and batch.candidates[0] is backends[3]
     policy = load_policy(resolve("balanced")).policy
     assert policy.routes["batch"].backpressure.max_wait_ms >= 10_000  # a job waits, a chat would not
+
+
+def test_the_seat_mark_counts_sequences_not_requests():
+    """38 requests in flight are few, but 30 of them with n=4 hold 128 of vLLM's seats: counted by
+    requests (the preset's mark before), a burst found those seats taken by jobs running for 20 s."""
+    backends = _fleet()
+    route = load_policy(resolve("balanced")).policy.routes["batch"]
+    assert route.saturation.max_seqs == 128
+    for b in backends:
+        _running(b, "batch", 30, n=4)
+        _running(b, "interactive", 8)
+    assert all(saturation_reason(b, route) == "128 sequences in flight (limit 128)" for b in backends)
+    backends[0].inflight_seqs -= 1
+    assert saturation_reason(backends[0], route) is None
 
 
 def test_long_context_is_refused_when_the_mi300x_decode_too_slowly_chat_is_not():
