@@ -23,14 +23,22 @@ def _classes(scenario: str, policy: str, rate: float, duration_s: float, where: 
 
 def test_batch_waits_for_seats_through_a_burst_and_chat_keeps_its_slo(tmp_path: Path) -> None:
     # 60/s with bursts of 180/s for 5 s at 0 and 30 s: the demo fleet's 4 x 256 sequences do not hold
-    # chat and n=4 batch jobs of ~600 tokens at once (balanced 95%, round robin 76% on this replay).
+    # chat and n=4 batch jobs of ~600 tokens at once (balanced 99%, round robin 76% on this replay; 95%
+    # when balanced counted the jobs' requests, not the seats their n choices hold).
     balanced = _classes("bursty", "balanced", 60, 35, tmp_path)
     blind = _classes("bursty", "round-robin", 60, 35, tmp_path)
-    assert balanced["chat"]["slo_attainment"] >= 0.93
+    assert balanced["chat"]["slo_attainment"] >= 0.97
     assert blind["chat"]["slo_attainment"] < 0.8
     # batch waited (its SLO is 60 s end to end) and was served; what could not wait was refused, not lost
     assert balanced["batch"]["slo_attainment"] >= 0.9
     assert set(balanced["batch"]["error_kinds"]) <= {"refused (429)"}
+
+
+def test_at_1_3x_round_robins_capacity_every_class_keeps_its_slo(tmp_path: Path) -> None:
+    # 66/s for three bursts: round robin's capacity on this replay is 50/s (chat 31% here)
+    classes = _classes("bursty", "balanced", 66, 65, tmp_path)
+    assert classes["chat"]["slo_attainment"] >= 0.95
+    assert classes["batch"]["slo_attainment"] >= 0.95
 
 
 def test_past_the_mi300x_long_prompts_get_429s_and_chat_keeps_its_slo(tmp_path: Path) -> None:
