@@ -51,20 +51,18 @@ class CompiledRoute:
     tpot_limit: float
     """The SLO in seconds (infinite when the route sets none)."""
     members: dict[int, tuple[Sequence[Backend], list[Backend]]] = field(default_factory=dict)
-    """Per list of backends serving a model (the catalog's, reused for every request): those in this
-    route's pools, computed once. Keyed by identity; the list itself is kept to make the key safe."""
+    """Per list of backends serving a model (keyed by identity, the list kept to make the key safe): those
+    in this route's pools, computed once."""
 
 
 @dataclass(slots=True)
 class DecisionTrace:
     """What one decision was made from, kept only when asked (policies/explain.py reads it)."""
 
-    matched_by: str = ""
-    """What decided the class: `header`, `rule N` or `default`."""
+    matched_by: str = ""  # what decided the class: `header`, `rule N` or `default`
     route: CompiledRoute | None = None
     ctx: RouteContext | None = None
-    kept: list[Backend] = field(default_factory=list)
-    """The candidates left after the filters; the lists below are parallel to it."""
+    kept: list[Backend] = field(default_factory=list)  # left after the filters; the lists below are parallel
     tiers: list[int] = field(default_factory=list)
     totals: list[float] = field(default_factory=list)
     able: list[bool] = field(default_factory=list)
@@ -257,7 +255,7 @@ class PolicyEngine:
         extra_filters = route.extra_filters
         limits = route.config.saturation
         max_waiting, max_kv, max_inflight = limits.max_waiting, limits.max_kv_cache_usage, limits.max_inflight
-        max_seqs = limits.max_seqs
+        max_seqs = limits.max_seqs  # sequences: a request holds one per choice
         predicts, ttft_limit, tpot_limit = route.predicts, route.ttft_limit, route.tpot_limit
         in_route = route.members.get(id(serving))
         if in_route is None or in_route[0] is not serving:

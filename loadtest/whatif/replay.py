@@ -10,8 +10,7 @@ request of a route with back-pressure that finds no room is held, decided again 
 applied at its end, exactly as `BatchEngine` runs it over HTTP.
 
 Speed: a run of decode-only steps with nothing arriving and nothing finishing is applied in one go
-(loadtest/whatif/coasting.py): the same steps, the same durations, the same token times for everything a
-report reads.
+(loadtest/whatif/coasting.py): the same steps, durations and token times for everything a report reads.
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ class _Flight:
     """Its routing decision, told when the gateway would see the answer start (`Decision.answered`)."""
     prompt_estimate: int = 0
     forwarded_at: float = 0.0
-    """When the gateway sent it to the backend (its arrival, unless it was held for room): what the
-    gateway's own latency figures (`observe`) count from."""
+    """When the gateway sent it (its arrival, unless held for room): its latency figures count from it."""
 
     def answered(self) -> None:
         """The gateway's pipeline calls this at a stream's first chunk, or with a whole answer."""
@@ -221,7 +219,7 @@ class Replay:
             if not self._fits(sim, line.prompt_tokens, steps, line.n):
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
-            backend.inflight += 1  # the gateway's `hold`: in flight, and by class
+            backend.inflight += 1  # the gateway's `hold`: in flight, its seats, and by class
             backend.inflight_seqs += line.n
             backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + 1
             estimate = profile.prompt_tokens_estimate
