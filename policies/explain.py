@@ -133,7 +133,7 @@ def _candidate(trace: DecisionTrace, i: int) -> Candidate:
         scores={name: round(scores[i], 4) for name, scores in trace.scores.items()},
         total=round(trace.totals[i], 4),
         can_take_more=trace.able[i],
-        why_not=saturation_reason(b, config) or slo_miss_reason(b, config, prompt_tokens),
+        why_not=saturation_reason(b, config.saturation) or slo_miss_reason(b, config, prompt_tokens),
         inflight=b.inflight,
         inflight_seqs=b.inflight_seqs,
         waiting=b.load.waiting,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from backends.hardware import accelerator
 from backends.models import Backend
-from policies.config import Route
+from policies.config import Route, Saturation
 
 PREFILL_PER_DECODE_TOKEN = 2.2
 """Prefill tokens per second over saturated decode tokens per second (8B on H100 or MI300X: ~40k/18k)."""
@@ -128,8 +128,8 @@ def predicted_ttft(backend: Backend, prompt_tokens: int = 0, recent: RecentSends
     return ttft_estimate(backend, seen, queue, prompt_tokens, sends.prefill_speed(backend))
 
 
-def saturation_reason(backend: Backend, route: Route, recent: RecentSends | None = None) -> str | None:
-    limits = route.saturation
+def saturation_reason(backend: Backend, limits: Saturation, recent: RecentSends | None = None) -> str | None:
+    """Why `backend` is past a route's `saturation` limits, or None (the engine inlines the same test)."""
     load = backend.load
     queue = queue_estimate(backend, (recent or _NO_RECENT).get(backend), limits.max_kv_cache_usage)
     if queue > limits.max_waiting:

@@ -21,24 +21,15 @@ from backends.models import Backend
 from gateway.errors import GatewayError
 from policies.config import Saturation
 from policies.framework import Decision
+from policies.predict import saturation_reason
 
 POLL_S = 0.05
 PRIORITY = {"high": 0, "low": 2, "batch": 2}
 """Waiters' order by priority (unmarked: 1); loadtest/whatif/holds.py replays the same queues."""
 
 
-def saturated(backend: Backend, limits: Saturation) -> bool:
-    load = backend.load
-    return (
-        load.waiting > limits.max_waiting
-        or load.kv_cache_usage > limits.max_kv_cache_usage
-        or (limits.max_inflight is not None and backend.inflight >= limits.max_inflight)
-        or (limits.max_seqs is not None and backend.inflight_seqs >= limits.max_seqs)
-    )
-
-
 def all_saturated(candidates: Sequence[Backend], limits: Saturation) -> bool:
-    return all(saturated(b, limits) for b in candidates)
+    return all(saturation_reason(b, limits) is not None for b in candidates)
 
 
 def no_room(decision: Decision, limits: Saturation) -> bool:

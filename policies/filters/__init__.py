@@ -42,4 +42,4 @@ class ExcludeSaturated:
     name = "exclude-saturated"
 
     def keep(self, ctx: RouteContext, backend: Backend) -> str | None:
-        return saturation_reason(backend, ctx.route)
+        return saturation_reason(backend, ctx.route.saturation)

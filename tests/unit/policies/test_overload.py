@@ -314,9 +314,10 @@ def test_the_seat_mark_counts_sequences_not_requests():
     for b in backends:
         _running(b, "batch", 30, n=4)
         _running(b, "interactive", 8)
-    assert all(saturation_reason(b, route) == "128 sequences in flight (limit 128)" for b in backends)
+    limits = route.saturation
+    assert all(saturation_reason(b, limits) == "128 sequences in flight (limit 128)" for b in backends)
     backends[0].inflight_seqs -= 1
-    assert saturation_reason(backends[0], route) is None
+    assert saturation_reason(backends[0], limits) is None
 
 
 def test_long_context_is_refused_when_the_mi300x_decode_too_slowly_chat_is_not():
