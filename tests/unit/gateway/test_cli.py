@@ -105,6 +105,37 @@ def test_policy_explain_rejects_a_state_value_of_the_wrong_type(tmp_path, capsys
     assert "backend `h100-0`" in capsys.readouterr().err
 
 
+def test_policy_explain_rejects_negative_sequences_in_flight(tmp_path, capsys):
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"h100-0": {"inflight": 2, "inflight_seqs": -1}}))
+    code = cli.main(
+        ["policy", "explain", "balanced", "--request", str(_request(tmp_path)), "--state", str(state)]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "backend `h100-0`" in err and "inflight_seqs" in err and ">= 0" in err
+
+
+def test_policy_explain_shows_the_seats_a_backends_requests_hold(tmp_path, capsys):
+    """A batch job (n=4) and a state where h100-0's 30 requests hold 128 sequences: past balanced's batch
+    mark, said in the sequences; a backend given only `inflight` holds one sequence per request."""
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"model": REQUEST["model"], "messages": REQUEST["messages"], "n": 4}))
+    state = tmp_path / "state.json"
+    state.write_text(
+        json.dumps({"h100-0": {"inflight": 30, "inflight_seqs": 128}, "h100-1": {"inflight": 5}})
+    )
+    args = ["policy", "explain", "balanced", "--request", str(job), "--state", str(state), "--json"]
+    assert cli.main(args) == 0
+    explained = msgspec.json.decode(capsys.readouterr().out, type=Explained)
+    assert explained.explanation is not None
+    candidates = {c.backend: c for c in explained.explanation.candidates}
+    assert candidates["h100-0"].inflight_seqs == 128
+    assert candidates["h100-0"].why_not == "128 sequences in flight (limit 128)"
+    assert not candidates["h100-0"].can_take_more
+    assert candidates["h100-1"].inflight_seqs == 5 and candidates["h100-1"].can_take_more
+
+
 def test_policy_explain_applies_the_state(tmp_path, capsys):
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"mi300x-0": {"healthy": False}, "mi300x-1": {"waiting": 9}}))

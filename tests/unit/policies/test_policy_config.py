@@ -380,6 +380,24 @@ def test_saturation_kv_usage_above_one(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0", ">= 1"), ("-4", ">= 1"), ("1.5", "Expected `int"), ("many", "Expected `int")],
+)
+def test_saturation_max_seqs_must_be_a_positive_count(tmp_path, value, expected):
+    path = _write(
+        tmp_path,
+        f"""
+        routes:
+          default:
+            saturation:
+              max_waiting: 4
+              max_seqs: {value}
+        """,
+    )
+    _assert_points_at(_load_error(path), path, _line_of(path, "max_seqs"), expected, "max_seqs")
+
+
 def test_unknown_route_field(tmp_path):
     path = _write(
         tmp_path,
