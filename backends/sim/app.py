@@ -39,6 +39,12 @@ def create_app(options: SimOptions) -> web.Application:
     return app
 
 
+LISTEN_BACKLOG = 2048
+"""Connections the kernel queues before they are accepted: vLLM's (uvicorn's default), not aiohttp's 128,
+which a burst of new streams from the gateway overflows (the kernel then drops SYNs and the client sees
+connection errors the real server would not cause)."""
+
+
 @dataclass(slots=True)
 class RunningServer:
     """A simulator listening on a socket; `close()` stops it."""
@@ -76,7 +82,7 @@ async def start_server(
         create_app(options), handler_cancellation=handler_cancellation, access_log=access_log
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
     await site.start()
     bound = runner.addresses[0][1]
     sites = [site]
@@ -85,7 +91,7 @@ async def start_server(
         await sites.pop().stop()
 
     async def start_listening() -> None:
-        again = web.TCPSite(runner, host, bound)
+        again = web.TCPSite(runner, host, bound, backlog=LISTEN_BACKLOG)
         await again.start()
         sites.append(again)
 
