@@ -40,6 +40,9 @@ class RunResult:
     """The latest any request left after its planned time (real seconds): how well the sender kept up."""
 
 
+CLIENT_KEEPALIVE_S = 2.0
+
+
 async def run_open_loop(
     base_url: str,
     requests: Sequence[PlannedRequest],
@@ -54,7 +57,10 @@ async def run_open_loop(
     sent_at: dict[int, float] = {}
     errors = 0
     max_lag = 0.0
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+    # Idle connections are dropped well before the gateway's own idle timeout (5 s by default): reusing one
+    # the server is closing at that moment fails the request (ClientOSError / ServerDisconnectedError), and
+    # after each burst hundreds of connections sit idle.
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=CLIENT_KEEPALIVE_S)
     timeout = aiohttp.ClientTimeout(total=None, connect=10)
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, trust_env=False, auto_decompress=False
