@@ -16,7 +16,7 @@ import pytest
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from policies.presets import PRESETS_DIR
-from tests.support import free_port, running_gateway
+from tests.support import free_port, metric, running_gateway, sim_metrics
 
 MODEL = "llama-3.1-8b"
 FLEET = f"""
@@ -244,3 +244,50 @@ def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_s
         assert r.headers["retry-after"] == "3"
         assert r.json()["error"]["code"] == "overloaded"
         assert r.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_past_a_backends_seats_requests_queue_where_its_metrics_show_them(tmp_path: Path) -> None:
+    # 400 streams at once to one backend with vLLM's 256 seats. The gateway sends all of them, so the
+    # 144 past the seats wait in vLLM's queue, which its scrape (`num_requests_waiting`) and so the router
+    # see. With 256 connections per backend (the default until issue 18), the gateway kept those 144 in
+    # its own connection pool: the backend showed no queue and the router went on piling work onto it.
+    spec = f"""
+model: {MODEL}
+groups:
+  - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90,
+      ttft_ms: 2500, tpot_ms: 1, max_model_len: 8192}}
+"""
+    with Fleet(parse_fleet_spec(spec, "<one backend>"), log_dir=tmp_path / "fleet") as one:
+        data = one.gateway_config(connections={"max_per_client": 1000})
+        data["policy"] = {"file": "balanced"}
+        sim = one.backends[0].url
+
+        async def burst() -> tuple[list[str | None], float]:
+            client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="sk-seats", max_retries=0)
+            async with client:
+
+                async def one_stream() -> str | None:
+                    stream = await client.chat.completions.create(
+                        model=MODEL, messages=SHORT, max_tokens=1, stream=True
+                    )
+                    reason = None
+                    async for chunk in stream:
+                        if chunk.choices and chunk.choices[0].finish_reason:
+                            reason = chunk.choices[0].finish_reason
+                    return reason
+
+                tasks = [asyncio.create_task(one_stream()) for _ in range(400)]
+                seen = 0.0
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and seen < 400:
+                    await asyncio.sleep(0.1)
+                    values = await asyncio.to_thread(sim_metrics, sim)
+                    seen = metric(values, "vllm:num_requests_running") + metric(
+                        values, "vllm:num_requests_waiting"
+                    )
+                return await asyncio.gather(*tasks), seen
+
+        with running_gateway(data, tmp_path / "gw") as base:
+            finished, seen = asyncio.run(burst())
+        assert seen == 400
+        assert finished == ["length"] * 400
