@@ -401,4 +401,3 @@ async def test_a_burst_of_new_connections_is_queued_not_dropped(sim: RunningServ
     finally:
         for s in sockets:
             s.close()
-    await asyncio.sleep(0)
