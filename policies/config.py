@@ -96,8 +96,8 @@ class Saturation(msgspec.Struct, forbid_unknown_fields=True):
     """Requests this gateway has in flight on the backend."""
     max_seqs: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """Sequences this gateway has in flight on the backend (a request with `n` choices holds n): vLLM
-    decodes at most `max_num_seqs` (256 by default) at once, and one held by a long job is not free for
-    a burst of interactive work until the job ends."""
+    decodes at most `max_num_seqs` (1,024 by default on H100 and MI300X) at once, each sequence slows
+    every step, and one held by a long job is not free for a burst of interactive work until the job ends."""
 
 
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]

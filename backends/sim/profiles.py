@@ -100,10 +100,12 @@ class ModelProfile:
 
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
-    """vLLM's scheduler settings."""
+    """vLLM's scheduler settings, at its defaults for the OpenAI server on a GPU with 70 GiB or more that is
+    not an A100 (every profile here: H100, H200, MI300X, MI325X): 1,024 sequences and 8,192 tokens per step
+    (vLLM's `EngineArgs.get_batch_defaults`; 256 and 2,048 on smaller GPUs)."""
 
     block_size: int = 16
-    max_num_seqs: int = 256
+    max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
 

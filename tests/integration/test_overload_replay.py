@@ -2,8 +2,9 @@
 
 The replay runs the real policy engine against the simulator's scheduler and GPU model, so these pin what
 the `balanced` preset does with a fleet's limits, not a mock of it:
-- a burst of 3x the rate needs the seats batch jobs would hold for their whole output: batch waits for
-  them, chat keeps its SLO (round robin, sending batch at once, loses a quarter of the chat there);
+- in a burst of 3x the rate, batch jobs sent at once slow every decode step of the burst's chat: batch
+  waits, chat keeps its SLO (round robin, sending batch at once, loses 15% of the chat there), and past
+  the fleet's capacity batch is refused with 429 while chat keeps its SLO;
 - past what the MI300X can prefill, long prompts are refused with 429, never left to time out, and chat
   on the H100s keeps its SLO.
 """
@@ -21,24 +22,29 @@ def _classes(scenario: str, policy: str, rate: float, duration_s: float, where: 
     return replay_point(point, policy, where / policy)["classes"]
 
 
-def test_batch_waits_for_seats_through_a_burst_and_chat_keeps_its_slo(tmp_path: Path) -> None:
-    # 60/s with bursts of 180/s for 5 s at 0 and 30 s: the demo fleet's 4 x 256 sequences do not hold
-    # chat and n=4 batch jobs of ~600 tokens at once (balanced 99%, round robin 76% on this replay; 95%
-    # when balanced counted the jobs' requests, not the seats their n choices hold).
-    balanced = _classes("bursty", "balanced", 60, 35, tmp_path)
-    blind = _classes("bursty", "round-robin", 60, 35, tmp_path)
+def test_batch_waits_through_a_burst_and_chat_keeps_its_slo(tmp_path: Path) -> None:
+    # 75/s with bursts of 225/s for 5 s at 0 and 30 s on the demo fleet (vLLM's 1,024 seats per GPU): sent
+    # at once, n=4 batch jobs of ~600 tokens swell every decode step, and the burst's chat decodes past its
+    # 60 ms TPOT (balanced 98%, round robin 85% on this replay: its chat TPOT p90 66 ms, TTFT p99 0.75 s).
+    balanced = _classes("bursty", "balanced", 75, 35, tmp_path)
+    blind = _classes("bursty", "round-robin", 75, 35, tmp_path)
     assert balanced["chat"]["slo_attainment"] >= 0.97
-    assert blind["chat"]["slo_attainment"] < 0.8
+    assert blind["chat"]["slo_attainment"] < 0.9
     # batch waited (its SLO is 60 s end to end) and was served; what could not wait was refused, not lost
     assert balanced["batch"]["slo_attainment"] >= 0.9
     assert set(balanced["batch"]["error_kinds"]) <= {"refused (429)"}
 
 
-def test_at_1_3x_round_robins_capacity_every_class_keeps_its_slo(tmp_path: Path) -> None:
-    # 66/s for three bursts: round robin's capacity on this replay is 50/s (chat 31% here)
-    classes = _classes("bursty", "balanced", 66, 65, tmp_path)
-    assert classes["chat"]["slo_attainment"] >= 0.95
-    assert classes["batch"]["slo_attainment"] >= 0.95
+def test_at_round_robins_capacity_and_past_it_chat_keeps_its_slo_and_batch_is_refused(tmp_path: Path) -> None:
+    # Three bursts. Round robin's capacity on this replay is 62.5/s; at 66/s its chat meets 92.5% (under
+    # the 95% the search asks), at 78/s (1.25x) 58%.
+    at_capacity = _classes("bursty", "balanced", 66, 65, tmp_path)
+    assert at_capacity["chat"]["slo_attainment"] >= 0.95
+    assert at_capacity["batch"]["slo_attainment"] >= 0.95
+    past = _classes("bursty", "balanced", 78, 65, tmp_path)
+    assert past["chat"]["slo_attainment"] >= 0.93  # 96.6% here
+    assert past["batch"]["error_kinds"].get("refused (429)", 0) >= 50  # 134 here
+    assert set(past["batch"]["error_kinds"]) == {"refused (429)"}
 
 
 def test_past_the_mi300x_long_prompts_get_429s_and_chat_keeps_its_slo(tmp_path: Path) -> None:
