@@ -124,10 +124,11 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 8 * 1024 * 1024
-    max_connections_per_backend: Annotated[int, msgspec.Meta(ge=1)] = 1024
-    """Open connections to one backend. Past vLLM's seats (`max_num_seqs`, 256 by default) a request must
-    wait in the backend's queue, where its metrics (`num_requests_waiting`) show the router the queue; one
-    held here for a connection is invisible to routing, which then keeps piling work onto that backend."""
+    max_connections_per_backend: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    """Open connections to one backend. Past vLLM's seats (`max_num_seqs`, 1,024 by default on H100 and
+    MI300X, 256 on smaller GPUs) a request must wait in the backend's queue, where its metrics
+    (`num_requests_waiting`) show the router the queue; one held here for a connection is invisible to
+    routing, which then keeps piling work onto that backend."""
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     health: HealthChecks = msgspec.field(default_factory=HealthChecks)
     breaker: BreakerOptions = msgspec.field(default_factory=BreakerOptions)

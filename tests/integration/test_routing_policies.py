@@ -246,24 +246,32 @@ def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_s
         assert r.json()["error"]["type"] == "rate_limit_error"
 
 
+STREAMS = 1200
+
+
 def test_past_a_backends_seats_requests_queue_where_its_metrics_show_them(tmp_path: Path) -> None:
-    # 400 streams at once to one backend with vLLM's 256 seats. The gateway sends all of them, so the
-    # 144 past the seats wait in vLLM's queue, which its scrape (`num_requests_waiting`) and so the router
-    # see. With 256 connections per backend (the default until issue 18), the gateway kept those 144 in
-    # its own connection pool: the backend showed no queue and the router went on piling work onto it.
+    # 1,200 streams at once to one backend, past vLLM's 1,024 seats on an H100. The gateway sends all of
+    # them, so those past the seats wait in vLLM's queue, which its scrape (`num_requests_waiting`) and so
+    # the router see. With as many connections per backend as the backend has seats (256, then 1,024
+    # during issue 18), the gateway kept the rest in its own connection pool: the backend showed no queue
+    # and the router went on piling work onto it.
     spec = f"""
 model: {MODEL}
 groups:
   - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90,
-      ttft_ms: 2500, tpot_ms: 1, max_model_len: 8192}}
+      ttft_ms: 5000, tpot_ms: 1, max_model_len: 8192}}
 """
     with Fleet(parse_fleet_spec(spec, "<one backend>"), log_dir=tmp_path / "fleet") as one:
-        data = one.gateway_config(connections={"max_per_client": 1000})
+        data = one.gateway_config(connections={"max_per_client": 2000})
         data["policy"] = {"file": "balanced"}
         sim = one.backends[0].url
 
         async def burst() -> tuple[list[str | None], float]:
-            client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="sk-seats", max_retries=0)
+            # the SDK's own pool stops at 1,000 connections
+            http = openai.DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=STREAMS))
+            client = openai.AsyncOpenAI(
+                base_url=base + "/v1", api_key="sk-seats", max_retries=0, http_client=http
+            )
             async with client:
 
                 async def one_stream() -> str | None:
@@ -276,10 +284,10 @@ groups:
                             reason = chunk.choices[0].finish_reason
                     return reason
 
-                tasks = [asyncio.create_task(one_stream()) for _ in range(400)]
+                tasks = [asyncio.create_task(one_stream()) for _ in range(STREAMS)]
                 seen = 0.0
-                deadline = time.monotonic() + 2.0
-                while time.monotonic() < deadline and seen < 400:
+                deadline = time.monotonic() + 4.0
+                while time.monotonic() < deadline and seen < STREAMS:
                     await asyncio.sleep(0.1)
                     values = await asyncio.to_thread(sim_metrics, sim)
                     seen = metric(values, "vllm:num_requests_running") + metric(
@@ -289,5 +297,5 @@ groups:
 
         with running_gateway(data, tmp_path / "gw") as base:
             finished, seen = asyncio.run(burst())
-        assert seen == 400
-        assert finished == ["length"] * 400
+        assert seen == STREAMS
+        assert finished == ["length"] * STREAMS

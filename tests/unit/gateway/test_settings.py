@@ -105,7 +105,7 @@ def test_valid_config_loads_pools_backends_and_defaults(tmp_path: Path, monkeypa
     assert settings.server.host == "127.0.0.1"
     assert settings.server.timeouts == Timeouts(connect=3.0, first_byte=30.0, between_chunks=60.0)
     assert settings.server.health.interval == 5.0
-    assert settings.server.max_connections_per_backend == 1024
+    assert settings.server.max_connections_per_backend == 4096
 
     assert [p.name for p in settings.pools] == ["mi300x", "h100"]
     assert settings.pools[1].gpus_per_backend == 1
