@@ -19,11 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.capacity_html import capacity_text, render_capacity
 from loadtest.scenario import Scenario, with_overrides
 from loadtest.workload import plan
 
 RunPoint = Callable[[Scenario, str, Path], dict[str, Any]]
 """Runs one policy on one scenario; returns loadtest.report.policy_report's dict."""
+
+
+MAX_STEP_UP = 8
+"""Past `high`, the rate doubles up to this multiple of it; a policy still passing is reported unbracketed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +110,13 @@ class CapacitySearch:
         low, high = s.low, s.high
         bracketed = False
         if passes(low):
-            bracketed = not passes(high)
+            # a policy that passes the top of the bracket is searched above it, or its capacity would
+            # read as the bracket's top
+            while high <= s.high * MAX_STEP_UP:
+                if not passes(high):
+                    bracketed = True
+                    break
+                low, high = high, high * 2
         else:
             while low > s.low / 8:
                 high, low = low, low / 2
@@ -126,6 +137,7 @@ class CapacitySearch:
             overload = self.measure(policy, capacity * s.overload, tag + "-overload")
         return {
             "capacity_rps": capacity,
+            "bracketed": bracketed,
             "usd_per_mtok_at_capacity": best["usd_per_mtok"] if best else None,
             "overload": overload,
             "points": sorted(points, key=lambda p: p["rate"]),
@@ -155,7 +167,6 @@ def find_capacity(
         "rounds": rounds,
     }
     (out_dir / "capacity.json").write_text(json.dumps(report, indent=1))
-    from loadtest.capacity_html import render_capacity
 
     (out_dir / "capacity.html").write_text(render_capacity(report), encoding="utf-8")
     print(format_capacity(report))
@@ -180,7 +191,7 @@ def format_capacity(report: dict[str, Any]) -> str:
                 else "-"
             )
             lines.append(
-                f"{i + 1:<6} {policy:<16} {found['capacity_rps']:>10.2f} "
+                f"{i + 1:<6} {policy:<16} {capacity_text(found):>10} "
                 f"{'-' if cost is None else f'{cost:.4f}':>8}  {beyond}"
             )
     return "\n".join(lines)

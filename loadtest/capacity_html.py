@@ -8,6 +8,12 @@ from typing import Any
 from loadtest.svg import rate_curves
 
 
+def capacity_text(found: dict[str, Any]) -> str:
+    """A capacity the search never saw fail is only a lower bound: `>=320.00`."""
+    unbounded = not found.get("bracketed", True) and found["capacity_rps"] > 0
+    return f"{'>=' if unbounded else ''}{found['capacity_rps']:.2f}"
+
+
 def render_capacity(report: dict[str, Any]) -> str:
     target = report["settings"]["target"]
     parts = [
@@ -23,7 +29,7 @@ def render_capacity(report: dict[str, Any]) -> str:
         for policy, found in rnd["policies"].items():
             cost = found["usd_per_mtok_at_capacity"]
             parts.append(
-                f"<tr><td>{escape(policy)}</td><td>{found['capacity_rps']:.2f}</td>"
+                f"<tr><td>{escape(policy)}</td><td>{escape(capacity_text(found))}</td>"
                 f"<td>{'-' if cost is None else f'{cost:.4f}'}</td></tr>"
             )
         parts.append("</table>")

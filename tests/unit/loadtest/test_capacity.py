@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.arrivals import burst_times
-from loadtest.capacity import SearchSettings, find_capacity
+from loadtest.capacity import SearchSettings, find_capacity, format_capacity
 from loadtest.scenario import Scenario, load_fleet, load_scenario, with_overrides
 from loadtest.svg import rate_curves
 from loadtest.workload import plan
@@ -86,6 +86,22 @@ def test_a_policy_failing_at_the_low_rate_steps_down(tmp_path: Path) -> None:
     found = report["rounds"][0]["policies"]["weak"]
     assert 2.5 <= found["capacity_rps"] <= 4.2
     assert found["points"][0]["rate"] < 4.0
+
+
+def test_a_policy_passing_the_high_rate_steps_up(tmp_path: Path) -> None:
+    fleet = FakeFleet({"strong": 100.0, "boundless": 10_000.0})
+    settings = SearchSettings(low=10, high=40, steps=3, overload=0)
+    report = find_capacity(load_scenario("mixed"), ["strong", "boundless"], settings, fleet.run, tmp_path)
+    strong = report["rounds"][0]["policies"]["strong"]
+    # 40 and 80 pass, 160 fails: bisected between 80 and 160, never read as 40
+    assert strong["bracketed"]
+    assert 100 - 80 / 8 <= strong["capacity_rps"] <= 100 * 1.05
+    boundless = report["rounds"][0]["policies"]["boundless"]
+    assert not boundless["bracketed"]
+    assert boundless["capacity_rps"] == 320.0  # passes 8x the high rate: a lower bound, and said so
+    assert max(rate for policy, rate, _ in fleet.calls if policy == "boundless") == 320.0
+    assert ">=320.00" in format_capacity(report)
+    assert ">=320.00" in (tmp_path / "capacity.html").read_text().replace("&gt;", ">")
 
 
 def test_rate_curves_draw_one_line_per_series_and_the_target() -> None:
