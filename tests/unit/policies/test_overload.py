@@ -282,8 +282,8 @@ def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total()
 
 def test_batch_leaves_seats_for_a_burst_of_interactive_work():
     """A backend whose requests from this gateway hold 128 sequences takes no more batch, though its queue
-    is empty and its KV cache half free: vLLM runs up to 256 sequences, and a batch job holds its seats for
-    its whole (long) output, so the rest are kept for interactive bursts. Batch waits instead."""
+    is empty and its KV cache half free: a batch job holds its sequences for its whole (long) output and
+    each slows every decode step, so the rest of the step is kept for interactive bursts. Batch waits."""
     backends = _fleet()
     engine = _preset("balanced", backends)
     for b in backends:
