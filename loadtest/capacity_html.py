@@ -10,7 +10,7 @@ from loadtest.svg import rate_curves
 
 def capacity_text(found: dict[str, Any]) -> str:
     """A capacity the search never saw fail is only a lower bound: `>=320.00`."""
-    unbounded = not found.get("bracketed", True) and found["capacity_rps"] > 0
+    unbounded = not found["bracketed"] and found["capacity_rps"] > 0
     return f"{'>=' if unbounded else ''}{found['capacity_rps']:.2f}"
 
 

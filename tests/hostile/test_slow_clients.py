@@ -78,8 +78,9 @@ async def _normal_clients(base: str, seconds: float, clients: int = 5) -> list[f
     return latencies
 
 
-def _attack(port: str, seconds: float, gateway: str) -> tuple[list[float], dict[str, Any]]:
+def _attack(gateway: str, seconds: float) -> tuple[list[float], dict[str, Any]]:
     """One round of the attack; the normal clients' latencies while it is at full strength, and its report."""
+    port = gateway.rsplit(":", 1)[1]
     attacker = subprocess.Popen(
         [
             sys.executable,
@@ -109,14 +110,13 @@ def _attack(port: str, seconds: float, gateway: str) -> tuple[list[float], dict[
 @pytest.mark.slow
 def test_hostile_connections_are_closed_in_time_and_do_not_slow_normal_clients(gateway: str) -> None:
     asyncio.run(_normal_clients(gateway, 2))  # warm up
-    port = gateway.rsplit(":", 1)[1]
     # Rounds of attack alternate with quiet windows, and each round is compared with the quiet windows on
     # either side of it: a change in the shared machine's load during the test does not pass for the
     # attack's effect, and one round disturbed by something else does not decide the verdict.
     quiet = [asyncio.run(_normal_clients(gateway, QUIET_SECONDS))]
     rounds: list[tuple[list[float], dict[str, Any]]] = []
     for _ in range(ROUNDS):
-        rounds.append(_attack(port, ROUND_SECONDS, gateway))
+        rounds.append(_attack(gateway, ROUND_SECONDS))
         quiet.append(asyncio.run(_normal_clients(gateway, QUIET_SECONDS)))
     ratios = []
     for i, (under_attack, result) in enumerate(rounds):
