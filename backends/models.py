@@ -110,6 +110,9 @@ class Backend:
     """Requests this gateway has sent and not yet finished."""
     inflight_by_class: dict[str, int] = field(default_factory=dict)
     """The same requests by their policy class (classes with none in flight may be absent or 0)."""
+    prompt_tokens_by_class: dict[str, int] = field(default_factory=dict)
+    """The estimated prompt tokens of those requests, by class: what they keep in the KV cache and, while
+    prefilling, what slows every decode step beside them."""
     inflight_seqs: int = 0
     """The sequences those requests hold in the backend's running batch: a request with `n` choices
     holds n of vLLM's `max_num_seqs` seats."""

@@ -104,6 +104,7 @@ def backend_state(backend: Backend) -> dict[str, Any]:
         "draining": backend.draining,
         "inflight": backend.inflight,
         "inflight_seqs": backend.inflight_seqs,
+        "prompt_tokens_by_class": {c: n for c, n in backend.prompt_tokens_by_class.items() if n},
         "load": {"running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage},
     }
 

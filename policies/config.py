@@ -98,6 +98,12 @@ class Saturation(msgspec.Struct, forbid_unknown_fields=True):
     """Sequences this gateway has in flight on the backend (a request with `n` choices holds n): vLLM
     decodes at most `max_num_seqs` (1,024 by default on H100 and MI300X) at once, each sequence slows
     every step, and one held by a long job is not free for a burst of interactive work until the job ends."""
+    max_tpot_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """The backend's measured time per output token (this gateway's recent requests) past which it takes
+    no more of this class. Long prompts' prefills slow every decode step beside them, and slow steps keep
+    more sequences in flight, which slow the steps further: holding new ones while decoding is slow stops
+    that loop before the SLO is missed, where a limit at the SLO itself reacts too late (the measurement
+    lags by a request's length)."""
 
 
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]

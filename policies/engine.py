@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,12 @@ from backends.models import Backend
 from backends.yamlfile import ConfigError
 from policies import registry
 from policies.classes import Predicate, compile_condition
-from policies.config import DEFAULT_CLASS, LoadedPolicy, PoolSelector, Route, Selection, load_policy
+from policies.config import DEFAULT_CLASS, LoadedPolicy, Route, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
-from policies.predict import RecentSends
+from policies.predict import RecentSends, decoding_slowly, idle
 from policies.profile import RequestProfile
-from policies.selectors import selects
+from policies.selectors import each_selector, selects
 
 
 @dataclass(slots=True)
@@ -192,7 +192,7 @@ class PolicyEngine:
         pools = {b.pool.name: b.pool for b in backends}
         known = ", ".join(f"{p.name} ({p.vendor} {p.accelerator})" for p in pools.values())
         for field_name, selection in (("prefer", route.prefer), ("fallback", route.fallback)):
-            for path, selector in _selectors(selection):
+            for path, selector in each_selector(selection):
                 if any(selects(selector, pool) for pool in pools.values()):
                     continue
                 line = self.loaded.line("routes", name, field_name, *path)
@@ -256,6 +256,7 @@ class PolicyEngine:
         limits = route.config.saturation
         max_waiting, max_kv, max_inflight = limits.max_waiting, limits.max_kv_cache_usage, limits.max_inflight
         max_seqs = limits.max_seqs  # sequences: a request holds one per choice
+        max_tpot = limits.max_tpot_ms / 1000 if limits.max_tpot_ms is not None else None
         predicts, ttft_limit, tpot_limit = route.predicts, route.ttft_limit, route.tpot_limit
         in_route = route.members.get(id(serving))
         if in_route is None or in_route[0] is not serving:
@@ -288,14 +289,17 @@ class PolicyEngine:
                 and load.kv_cache_usage <= max_kv
                 and (max_inflight is None or b.inflight < max_inflight)
                 and (max_seqs is None or b.inflight_seqs < max_seqs)
+                and (max_tpot is None or not decoding_slowly(b, max_tpot))
             )
             if predicts:
                 observed, pool = b.observed, b.pool
                 speed = speeds.get(pool.name) or recent.prefill_speed(b)
-                base = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
+                # an idle backend is predicted by its pool's priors, not by the load it was measured under
+                measured_ttft, measured_tpot = (None, None) if idle(b) else (observed.ttft, observed.tpot)
+                base = measured_ttft if measured_ttft is not None else pool.prior_ttft_s
                 pending = prompt + r.prompt_tokens if r is not None else prompt
                 ttft = base * (1.0 + queue * 0.5) + pending / speed
-                tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
+                tpot = measured_tpot if measured_tpot is not None else pool.prior_tpot_s
                 ok = ok and ttft <= ttft_limit and tpot <= tpot_limit
                 ttfts.append(ttft)
                 tpots.append(tpot)
@@ -380,15 +384,6 @@ class PolicyEngine:
     @property
     def mean_decision_us(self) -> float:
         return self.decision_ns / self.decisions / 1000 if self.decisions else 0.0
-
-
-def _selectors(selection: Selection) -> Iterator[tuple[tuple[int, ...], PoolSelector]]:
-    """Each selector of a `prefer` or `fallback`, with its index when given as a list."""
-    if isinstance(selection, PoolSelector):
-        yield (), selection
-    elif isinstance(selection, list):
-        for i, selector in enumerate(selection):
-            yield (i,), selector
 
 
 def load_engine(path: str | Path, backends: Sequence[Backend]) -> PolicyEngine:

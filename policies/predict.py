@@ -14,8 +14,9 @@ metrics, would otherwise be predicted ever slower).
     tpot  = observed time per output token (EWMA; prior before any)
 
 `base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
-measurement. (An average measured during a spike keeps the backend demoted until a request refreshes it:
-it then only gets work once the other pools are predicted to miss too.) The prefill speed is the
+measurement or while the backend is idle: an average measured during a spike says nothing of a backend
+that has since emptied, and with nothing sent there (a class that is held rather than sent to a backend
+predicted to miss) nothing would refresh it. The prefill speed is the
 accelerator's saturated throughput times PREFILL_PER_DECODE_TOKEN (prefill is compute-bound and runs a few
 times faster than decode).
 
@@ -103,17 +104,23 @@ def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> fl
     return waiting
 
 
+def idle(backend: Backend) -> bool:
+    """Nothing of this gateway's in flight and nothing running or waiting at the last scrape."""
+    load = backend.load
+    return backend.inflight == 0 and load.running <= 0 and load.waiting <= 0
+
+
 def ttft_estimate(
     backend: Backend, recent: Recent | None, queue: float, prompt_tokens: int, prefill_speed: float
 ) -> float:
-    observed = backend.observed.ttft
+    observed = None if idle(backend) else backend.observed.ttft
     base = backend.pool.prior_ttft_s if observed is None else observed
     pending = prompt_tokens + (recent.prompt_tokens if recent is not None else 0)
     return base * (1.0 + queue * 0.5) + pending / prefill_speed
 
 
 def predicted_tpot(backend: Backend) -> float:
-    observed = backend.observed.tpot
+    observed = None if idle(backend) else backend.observed.tpot
     return observed if observed is not None else backend.pool.prior_tpot_s
 
 
@@ -140,7 +147,20 @@ def saturation_reason(backend: Backend, limits: Saturation, recent: RecentSends 
         return f"{backend.inflight} requests in flight (limit {limits.max_inflight})"
     if limits.max_seqs is not None and backend.inflight_seqs >= limits.max_seqs:
         return f"{backend.inflight_seqs} sequences in flight (limit {limits.max_seqs})"
+    if limits.max_tpot_ms is not None and decoding_slowly(backend, limits.max_tpot_ms / 1000):
+        tpot_ms = (backend.observed.tpot or 0.0) * 1000
+        return f"decoding at {tpot_ms:.0f} ms per token (limit {limits.max_tpot_ms:g} ms)"
     return None
+
+
+def decoding_slowly(backend: Backend, max_tpot_s: float) -> bool:
+    """Its measured time per output token is past `max_tpot_s` while it has work in flight.
+
+    An idle backend is never slow: the measurement is of requests that have ended, and with none in
+    flight nothing would refresh it, so the backend would stay closed to the class for good.
+    """
+    tpot = backend.observed.tpot
+    return tpot is not None and tpot > max_tpot_s and not idle(backend)
 
 
 def slo_miss_reason(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from backends.models import Pool
 from policies.config import PoolSelector, Selection
 
@@ -28,3 +30,12 @@ def selects(selection: Selection, pool: Pool) -> bool:
     if isinstance(selection, PoolSelector):
         return _matches(selection, pool)
     return any(_matches(s, pool) for s in selection)
+
+
+def each_selector(selection: Selection) -> Iterator[tuple[tuple[int, ...], PoolSelector]]:
+    """Each selector of a `prefer` or `fallback`, with its index when given as a list."""
+    if isinstance(selection, PoolSelector):
+        yield (), selection
+    elif isinstance(selection, list):
+        for i, selector in enumerate(selection):
+            yield (i,), selector

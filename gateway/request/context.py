@@ -116,6 +116,8 @@ class RequestContext:
     """`backend.inflight` counts this request."""
     held_class: str = ""
     """The class `backend.inflight_by_class` counts this request under while it holds its slot."""
+    held_tokens: int = 0
+    """The prompt tokens `backend.prompt_tokens_by_class` counts for it while it holds its slot."""
     concurrency: int = 0
     """Requests the backend was serving, this one included, when it was sent."""
     attempts: int = 0
@@ -150,6 +152,9 @@ class RequestContext:
         cls = self.held_class = self.decision.request_class if self.decision is not None else ""
         by_class = backend.inflight_by_class
         by_class[cls] = by_class.get(cls, 0) + 1
+        tokens = self.held_tokens = self.profile.prompt_tokens_estimate if self.profile is not None else 0
+        by_tokens = backend.prompt_tokens_by_class
+        by_tokens[cls] = by_tokens.get(cls, 0) + tokens
         self.holding = True
 
     def release(self) -> None:
@@ -160,6 +165,7 @@ class RequestContext:
             backend.inflight -= 1
             backend.inflight_seqs -= self.seqs
             backend.inflight_by_class[self.held_class] -= 1
+            backend.prompt_tokens_by_class[self.held_class] -= self.held_tokens
 
     def tried_names(self) -> list[str]:
         """The backends tried, in order."""

@@ -33,8 +33,7 @@ from policies.engine import PolicyEngine
 from policies.framework import Decision
 from policies.profile import RequestProfile
 
-EMBEDDINGS = ("/v1/embeddings", "embeddings")
-"""How the access log names the embeddings endpoint (`embeddings`; a path in older logs)."""
+EMBEDDINGS = ("/v1/embeddings", "embeddings")  # the access log's name for the endpoint (a path in older logs)
 
 
 @dataclass(slots=True)
@@ -56,12 +55,14 @@ class _Flight:
             self.decision.answered(self.prompt_estimate)
 
 
-def _release(flight: _Flight) -> None:
-    """The gateway's `release`: the request's in-flight slot (and its class's) is given back."""
+def _hold(flight: _Flight, sign: int = 1) -> None:
+    """The gateway's `hold` (`sign` -1: `release`): in flight, its n seats, and by class, with its tokens."""
     backend, cls = flight.sim.backend, flight.decision.request_class if flight.decision else ""
-    backend.inflight -= 1
-    backend.inflight_seqs -= flight.request.line.n
-    backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 1) - 1
+    backend.inflight += sign
+    backend.inflight_seqs += sign * flight.request.line.n
+    by_class, tokens = backend.inflight_by_class, backend.prompt_tokens_by_class
+    by_class[cls] = by_class.get(cls, 0) + sign
+    tokens[cls] = tokens.get(cls, 0) + sign * flight.prompt_estimate
 
 
 @dataclass(slots=True)
@@ -160,7 +161,7 @@ class Replay:
                 self._room_made(now)
         for index, flight in flights.items():
             flight.outcome.error = "unfinished at deadline"
-            _release(flight)
+            _hold(flight, -1)
             outcomes[index] = flight.outcome
         for held in self.holds.waiting():
             held.outcome.error = "unfinished at deadline"
@@ -212,18 +213,16 @@ class Replay:
         self, request: Recorded, profile: RequestProfile, decision: Decision, outcome: Outcome, now: float
     ) -> None:
         """To the first candidate that takes it (the gateway fails over to the next on a refusal)."""
-        line, cls, steps = request.line, decision.request_class, request.output_per_choice
+        line, steps = request.line, request.output_per_choice
         outcome.route = decision.route
         for backend in decision.candidates:
             sim = self._sim_of[backend]
             if not self._fits(sim, line.prompt_tokens, steps, line.n):
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
-            backend.inflight += 1  # the gateway's `hold`: in flight, its seats, and by class
-            backend.inflight_seqs += line.n
-            backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + 1
             estimate = profile.prompt_tokens_estimate
             flight = _Flight(request, sim, outcome, steps, None, decision, estimate, now)
+            _hold(flight)
             self._flights[request.index] = flight
             if sim.scheduler is None:
                 flight.ttft_at = now + sim.ttft_s
@@ -375,7 +374,7 @@ class Replay:
         outcome = flight.outcome
         line = flight.request.line
         backend = flight.sim.backend
-        _release(flight)
+        _hold(flight, -1)
         flight.answered()  # a whole answer (or a stream on a fixed-latency backend): no-op if told already
         n = max(1, line.n)
         tokens = flight.steps * n

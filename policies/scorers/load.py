@@ -61,3 +61,18 @@ class ClassOutstanding:
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         cls = ctx.request_class
         return fewest_first([b.inflight_by_class.get(cls, 0) for b in candidates])
+
+
+class ClassTokens:
+    """Fewest prompt tokens of the request's own class in flight scores 1 (in thousands, as
+    `least-outstanding` counts requests). Long prompts differ threefold in what they cost a backend (the
+    prefill, then the KV cache read at every decode step), so a count of requests leaves one backend with
+    the longer ones.
+    """
+
+    name = "class-tokens"
+    scores_in_unit_range = True
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
+        cls = ctx.request_class
+        return fewest_first([b.prompt_tokens_by_class.get(cls, 0) / 1000 for b in candidates])

@@ -233,6 +233,7 @@ def test_a_shed_class_is_refused_with_retry_after_while_the_protected_class_is_s
                 # every slot and seat is given back once the answers are in
                 held = (await client.get("/admin/v1/backends")).json()["data"]
                 assert [(b["inflight"], b["inflight_seqs"]) for b in held] == [(0, 0)] * 4
+                assert [b["prompt_tokens_by_class"] for b in held] == [{}] * 4
                 return answers, plain
 
         batch, plain = asyncio.run(scenario())

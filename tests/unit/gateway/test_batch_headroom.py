@@ -390,16 +390,19 @@ def test_requests_hold_and_release_their_backends_count_by_class() -> None:
 
     backend = _backend(H100)
     contexts = []
-    for cls in ("chat", "chat", "batch"):
+    for cls, tokens in (("chat", 300), ("chat", 500), ("batch", 2_000)):
         ctx = RequestContext(endpoint="chat", caller=SimpleNamespace())  # type: ignore[arg-type]
         ctx.decision = SimpleNamespace(request_class=cls)  # type: ignore[assignment]
+        ctx.profile = SimpleNamespace(n=1, prompt_tokens_estimate=tokens)  # type: ignore[assignment]
         ctx.hold(backend)
         contexts.append(ctx)
     assert backend.inflight == 3 and backend.inflight_by_class == {"chat": 2, "batch": 1}
+    assert backend.prompt_tokens_by_class == {"chat": 800, "batch": 2_000}
     contexts[0].release()
     contexts[0].release()  # once only
     contexts[2].release()
     assert backend.inflight == 1 and backend.inflight_by_class == {"chat": 1, "batch": 0}
+    assert backend.prompt_tokens_by_class == {"chat": 500, "batch": 0}
 
 
 def test_fleet_room_sees_online_classes_but_not_its_own_lines() -> None:

@@ -617,3 +617,20 @@ def test_cli_check_bad_file(tmp_path, capsys):
     assert out.out == ""
     assert out.err.startswith(f"error: {path}:{_line_of(path, 'vendor: intel')}: ")
     assert "intel" in out.err
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", "> 0"), ("-60", "> 0"), ("slow", "Expected `float")])
+def test_saturation_max_tpot_ms_must_be_a_positive_time(tmp_path, value, expected):
+    path = _write(
+        tmp_path,
+        f"""
+        routes:
+          default:
+            saturation:
+              max_waiting: 4
+              max_tpot_ms: {value}
+        """,
+    )
+    _assert_points_at(_load_error(path), path, _line_of(path, "max_tpot_ms"), expected, "max_tpot_ms")
+    good = _write(tmp_path, "routes:\n  default:\n    saturation: {max_tpot_ms: 62.5}\n")
+    assert load_policy(good).policy.routes["default"].saturation.max_tpot_ms == 62.5

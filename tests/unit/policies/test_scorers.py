@@ -19,7 +19,7 @@ from policies.profile import RequestProfile
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest, cost_per_mtok
 from policies.scorers.latency import SloPredicted
-from policies.scorers.load import ClassOutstanding, KvHeadroom, LeastOutstanding, outstanding
+from policies.scorers.load import ClassOutstanding, ClassTokens, KvHeadroom, LeastOutstanding, outstanding
 
 MODEL = "m"
 
@@ -79,6 +79,19 @@ def test_class_outstanding_counts_only_the_requests_own_class():
     assert ClassOutstanding().score(ctx, [a, b]) == pytest.approx([1.0, 3 / 6])
     ctx.request_class = "chat"  # none in flight anywhere: a tie
     assert ClassOutstanding().score(ctx, [a, b]) == [1.0, 1.0]
+
+
+def test_class_tokens_weighs_the_classs_own_requests_by_their_prompts():
+    a, b = _fleet(h100=1, mi300x=1)
+    # a: 4 long prompts of 10k and 7 batch jobs; b: 3 long prompts of 18k. By requests b has fewer.
+    a.inflight_by_class, a.prompt_tokens_by_class = {"long-context": 4, "batch": 7}, {"long-context": 40_000}
+    b.inflight_by_class, b.prompt_tokens_by_class = {"long-context": 3}, {"long-context": 54_000}
+    ctx = _ctx()
+    ctx.request_class = "long-context"
+    assert ClassTokens().score(ctx, [a, b]) == pytest.approx([1.0, 41 / 55])  # in thousands of tokens
+    assert ClassOutstanding().score(ctx, [a, b])[1] == 1.0
+    ctx.request_class = "chat"  # none in flight anywhere: a tie
+    assert ClassTokens().score(ctx, [a, b]) == [1.0, 1.0]
 
 
 # --- kv-headroom --------------------------------------------------------------------------------------

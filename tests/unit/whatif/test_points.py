@@ -29,3 +29,5 @@ def test_a_virtual_point_reports_every_class_and_gives_every_slot_back(tmp_path:
     seen = {cls for b in backends for cls in b.inflight_by_class}
     assert {"interactive", "long-context", "batch"} <= seen  # counted by the policy's classes
     assert all(b.inflight == 0 and not any(b.inflight_by_class.values()) for b in backends)
+    assert all(not any(b.prompt_tokens_by_class.values()) for b in backends)  # every token given back
+    assert any(b.prompt_tokens_by_class for b in backends)
