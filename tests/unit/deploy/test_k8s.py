@@ -136,3 +136,9 @@ def test_gpu_overlays_request_their_vendors_gpu(overlay: str) -> None:
     vendor = "nvidia" if resource.startswith("nvidia") else "amd"
     gateway_yaml = find(overlay, "ConfigMap", "switchyard-config")["data"]["gateway.yaml"]
     assert f"vendor: {vendor}" in gateway_yaml
+
+
+def test_the_base_ships_the_balanced_preset_as_it_is() -> None:
+    """The ConfigMap's policy is the preset's text, not a copy that drifts from it."""
+    policy = find("base", "ConfigMap", "switchyard-config")["data"]["policy.yaml"]
+    assert policy == (DEPLOY.parent / "policies" / "presets" / "balanced.yaml").read_text()

@@ -238,38 +238,41 @@ def test_answered_requests_leave_the_prefill_estimate_even_without_scrapes():
 # --- where balanced puts batch and long-context work ---------------------------------------------------
 
 
-def _running(backend: Backend, cls: str, count: int, n: int = 1) -> None:
-    """`count` requests of class `cls` with `n` choices each in flight on `backend`, as the gateway's
-    `hold` counts them."""
+def _running(backend: Backend, cls: str, count: int, n: int = 1, tokens: int = 0) -> None:
+    """`count` requests of class `cls` with `n` choices and `tokens` prompt tokens each in flight on
+    `backend`, as the gateway's `hold` counts them."""
     backend.inflight += count
     backend.inflight_seqs += count * n
     backend.inflight_by_class[cls] = backend.inflight_by_class.get(cls, 0) + count
+    by_tokens = backend.prompt_tokens_by_class
+    by_tokens[cls] = by_tokens.get(cls, 0) + count * tokens
 
 
-def test_batch_goes_where_it_delays_the_others_least_not_to_the_busy_mi300x():
+def test_batch_goes_to_the_h100s_and_to_the_mi300x_only_when_they_are_full():
     backends = _fleet()
     engine = _preset("balanced", backends)
     batch = _request(_chat(200, max_tokens=800, n=4))
-    # An idle fleet: batch may use any backend (the fleet is paid for busy or idle).
-    used = Counter(engine.choose(batch, backends).candidates[0].pool.vendor for _ in range(8))
-    assert used["amd"] and used["nvidia"]
-    # The MI300X run long-context work (the one class only they can serve): batch goes to the H100s.
-    for b in backends[2:]:
-        _running(b, "long-context", 12)
+    # The MI300X's time is long-context's, the one class only they can serve: batch takes the H100s first,
+    # both of them (least loaded first).
+    used = Counter(engine.choose(batch, backends).candidates[0].name for _ in range(8))
+    assert set(used) == {"h100-0", "h100-1"}
+    # The H100s hold their mark of batch sequences: the next job goes to an MI300X rather than wait.
     for b in backends[:2]:
-        _running(b, "interactive", 3)
-    assert {engine.choose(batch, backends).candidates[0].pool.vendor for _ in range(8)} == {"nvidia"}
+        _running(b, "batch", 32, n=4)
+    decision = engine.choose(batch, backends)
+    assert not decision.hold and decision.candidates[0].pool.vendor == "amd"
 
 
-def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total():
+def test_long_context_is_spread_by_its_own_prompt_tokens_in_flight():
     backends = _fleet()
     engine = _preset("balanced", backends)
     mi0, mi1 = backends[2], backends[3]
-    # mi300x-0 runs 6 batch jobs and 4 long-context requests; mi300x-1 runs 8 long-context requests. By
-    # the total (10 vs 8) the next long prompt would go to mi300x-1, whose decoding it slows most.
-    _running(mi0, "batch", 6)
-    _running(mi0, "long-context", 4)
-    _running(mi1, "long-context", 8)
+    # mi300x-0 runs 6 batch jobs and 5 long prompts of 10k tokens; mi300x-1 runs 4 long prompts of 18k.
+    # By the total in flight (11 vs 4), or by long-context requests (5 vs 4), the next long prompt would
+    # go to mi300x-1, which has 72k tokens to decode beside it against mi300x-0's 50k.
+    _running(mi0, "batch", 6, n=4, tokens=500)
+    _running(mi0, "long-context", 5, tokens=10_000)
+    _running(mi1, "long-context", 4, tokens=18_000)
     for doc in range(8):  # different documents: whatever their prefixes hash to
         body = {
             "messages": [{"role": "user", "content": f"document {doc} " + "text " * 9000}],
@@ -278,6 +281,9 @@ def test_long_context_is_spread_by_its_own_requests_in_flight_not_by_the_total()
         decision = engine.choose(_request(body), backends)
         assert decision.request_class == "long-context"
         assert decision.candidates[0] is mi0
+    # A long prompt that fits the H100s' 8k goes to them: the MI300X keep their time for those that do not.
+    fits = engine.choose(_request(_chat(4_500, max_tokens=200)), backends)  # ~6,750 tokens
+    assert fits.request_class == "long-context" and fits.candidates[0].pool.vendor == "nvidia"
 
 
 def test_batch_leaves_seats_for_a_burst_of_interactive_work():
@@ -320,16 +326,21 @@ def test_the_seat_mark_counts_sequences_not_requests():
     assert saturation_reason(backends[0], limits) is None
 
 
-def test_long_context_is_refused_when_the_mi300x_decode_too_slowly_chat_is_not():
-    """Past the MI300X's capacity for long prompts their prefills slow every decode beside them: once the
-    time per token measured there is above the route's 120 ms, a long prompt that fits nowhere else is held
-    (then refused with 429), one that fits an H100 goes there, and chat keeps its H100s."""
+def test_long_context_is_held_while_the_mi300x_decode_slowly_then_refused_chat_is_not():
+    """Past the MI300X's capacity for long prompts their prefills slow every decode beside them, and slow
+    steps keep more sequences in flight, which slow them further. Once the time per token measured there is
+    past the route's `max_tpot_ms` (60 ms, under the 80 ms a long-context client expects), a long prompt that
+    fits nowhere else is held (then refused with 429), and chat keeps its H100s."""
     backends = _fleet()
     engine = _preset("balanced", backends)
+    route = load_policy(resolve("balanced")).policy.routes["long-context"]
+    assert route.saturation.max_tpot_ms == 60 and route.shed
+    assert route.backpressure is not None and route.backpressure.max_wait_ms <= 3000  # within its TTFT SLO
     for b in backends[2:]:
         b.load = EngineLoad(running=30, waiting=0, kv_cache_usage=0.4, scraped_at=100.0)
-        b.observed.add(0.9, 0.160)
-        _running(b, "long-context", 30)
+        b.observed.add(0.9, 0.065)
+        _running(b, "long-context", 30, tokens=12_000)
+    assert saturation_reason(backends[2], route.saturation) == "decoding at 65 ms per token (limit 60 ms)"
     too_long = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
     assert too_long.request_class == "long-context" and too_long.hold
     fits_h100 = engine.choose(_request(_chat(4_500, max_tokens=200)), backends)  # ~6,750 tokens
@@ -337,7 +348,21 @@ def test_long_context_is_refused_when_the_mi300x_decode_too_slowly_chat_is_not()
     assert fits_h100.candidates[0].pool.vendor == "nvidia"
     chat = engine.choose(_request(_chat(200, stream=True, max_tokens=100)), backends)
     assert not chat.hold and chat.candidates[0].pool.vendor == "nvidia"
-    # Decoding is back within the SLO: long prompts are admitted again.
+    # Decoding is back under the mark: long prompts are admitted again.
     for b in backends[2:]:
-        b.observed.tpot = 0.05
+        b.observed.tpot = 0.055
     assert not engine.choose(_request(_chat(12_000, max_tokens=200)), backends).hold
+
+
+def test_a_slow_measurement_does_not_close_a_backend_that_has_nothing_in_flight():
+    """The time per token is measured on requests that have ended: on a backend with none in flight
+    nothing would refresh it, and a class held by it would be held there for good."""
+    backends = _fleet()
+    engine = _preset("balanced", backends)
+    limits = load_policy(resolve("balanced")).policy.routes["long-context"].saturation
+    for b in backends[2:]:
+        b.observed.add(0.9, 0.200)  # measured during a spike that has passed
+    assert saturation_reason(backends[2], limits) is None
+    assert not engine.choose(_request(_chat(12_000, max_tokens=200)), backends).hold
+    backends[2].load = EngineLoad(running=3, scraped_at=100.0)  # another replica's requests run there
+    assert saturation_reason(backends[2], limits) == "decoding at 200 ms per token (limit 60 ms)"
