@@ -6,7 +6,8 @@ the `balanced` preset does with a fleet's limits, not a mock of it:
   waits, chat keeps its SLO (round robin, sending batch at once, loses 15% of the chat there), and past
   the fleet's capacity batch is refused with 429 while chat keeps its SLO;
 - past what the MI300X can prefill, long prompts are refused with 429, never left to time out, and chat
-  on the H100s keeps its SLO.
+  on the H100s keeps its SLO; held while a backend decodes slowly, long-context falls with load instead of
+  off a cliff.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pathlib import Path
 
 from loadtest.scenario import load_scenario, with_overrides
 from loadtest.whatif.points import replay_point
+from policies.presets import resolve
 
 
 def _classes(scenario: str, policy: str, rate: float, duration_s: float, where: Path) -> dict:
     point = with_overrides(load_scenario(scenario), rate=rate, duration_s=duration_s)
-    return replay_point(point, policy, where / policy)["classes"]
+    return replay_point(point, policy, where / Path(policy).stem)["classes"]
 
 
 def test_batch_waits_through_a_burst_and_chat_keeps_its_slo(tmp_path: Path) -> None:
@@ -55,3 +57,21 @@ def test_past_the_mi300x_long_prompts_get_429s_and_chat_keeps_its_slo(tmp_path: 
     assert refused.get("refused (429)", 0) >= 10  # 17 here; none before the route had a TPOT SLO
     assert set(refused) == {"refused (429)"}
     assert set(classes["batch"]["error_kinds"]) <= {"refused (429)"}
+
+
+def test_held_while_the_mi300x_decode_slowly_long_context_falls_with_load_not_off_a_cliff(
+    tmp_path: Path,
+) -> None:
+    # `mixed` at 28.75/s, past balanced's capacity. Without `max_tpot_ms` the long prompts are sent while
+    # the MI300X decode slowly, slow steps keep more sequences in flight, which slow the steps further:
+    # 56% of them meet their SLO. With it they wait (then 429) while decoding recovers: 89%.
+    preset = resolve("balanced").read_text()
+    assert preset.count(", max_tpot_ms: 60}") == 1
+    unmarked = tmp_path / "unmarked.yaml"
+    unmarked.write_text(preset.replace(", max_tpot_ms: 60}", "}"))
+    marked = _classes("mixed", "balanced", 28.75, 90, tmp_path)
+    assert marked["long-context"]["slo_attainment"] >= 0.85
+    assert set(marked["long-context"]["error_kinds"]) <= {"refused (429)"}
+    assert marked["chat"]["slo_attainment"] >= 0.99
+    without = _classes("mixed", str(unmarked), 28.75, 90, tmp_path)
+    assert without["long-context"]["slo_attainment"] < 0.7
