@@ -381,10 +381,19 @@ def test_saturation_kv_usage_above_one(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"),
-    [("0", ">= 1"), ("-4", ">= 1"), ("1.5", "Expected `int"), ("many", "Expected `int")],
+    ("field", "value", "expected"),
+    [
+        ("max_seqs", "0", ">= 1"),
+        ("max_seqs", "-4", ">= 1"),
+        ("max_seqs", "1.5", "Expected `int"),
+        ("max_seqs", "many", "Expected `int"),
+        ("max_tpot_ms", "0", "> 0"),
+        ("max_tpot_ms", "-60", "> 0"),
+        ("max_tpot_ms", ".nan", "> 0"),
+        ("max_tpot_ms", "slow", "Expected `float"),
+    ],
 )
-def test_saturation_max_seqs_must_be_a_positive_count(tmp_path, value, expected):
+def test_saturation_marks_must_be_positive(tmp_path, field, value, expected):
     path = _write(
         tmp_path,
         f"""
@@ -392,10 +401,10 @@ def test_saturation_max_seqs_must_be_a_positive_count(tmp_path, value, expected)
           default:
             saturation:
               max_waiting: 4
-              max_seqs: {value}
+              {field}: {value}
         """,
     )
-    _assert_points_at(_load_error(path), path, _line_of(path, "max_seqs"), expected, "max_seqs")
+    _assert_points_at(_load_error(path), path, _line_of(path, field), expected, field)
 
 
 def test_unknown_route_field(tmp_path):
@@ -619,18 +628,6 @@ def test_cli_check_bad_file(tmp_path, capsys):
     assert "intel" in out.err
 
 
-@pytest.mark.parametrize(("value", "expected"), [("0", "> 0"), ("-60", "> 0"), ("slow", "Expected `float")])
-def test_saturation_max_tpot_ms_must_be_a_positive_time(tmp_path, value, expected):
-    path = _write(
-        tmp_path,
-        f"""
-        routes:
-          default:
-            saturation:
-              max_waiting: 4
-              max_tpot_ms: {value}
-        """,
-    )
-    _assert_points_at(_load_error(path), path, _line_of(path, "max_tpot_ms"), expected, "max_tpot_ms")
+def test_saturation_max_tpot_ms_takes_milliseconds(tmp_path):
     good = _write(tmp_path, "routes:\n  default:\n    saturation: {max_tpot_ms: 62.5}\n")
     assert load_policy(good).policy.routes["default"].saturation.max_tpot_ms == 62.5
