@@ -274,6 +274,7 @@ class PolicyEngine:
         speeds = recent.speeds
         prompt = profile.prompt_tokens_estimate
         able: list[bool] = []
+        within: list[bool] = []  # within the saturation limits (before predictions)
         ttfts: list[float] = []
         tpots: list[float] = []
         for b in kept:
@@ -294,12 +295,11 @@ class PolicyEngine:
             if predicts:
                 observed, pool = b.observed, b.pool
                 speed = speeds.get(pool.name) or recent.prefill_speed(b)
-                # an idle backend is predicted by its pool's priors, not by the load it was measured under
-                measured_ttft, measured_tpot = (None, None) if idle(b) else (observed.ttft, observed.tpot)
-                base = measured_ttft if measured_ttft is not None else pool.prior_ttft_s
+                base = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
                 pending = prompt + r.prompt_tokens if r is not None else prompt
                 ttft = base * (1.0 + queue * 0.5) + pending / speed
-                tpot = measured_tpot if measured_tpot is not None else pool.prior_tpot_s
+                tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
+                within.append(ok)
                 ok = ok and ttft <= ttft_limit and tpot <= tpot_limit
                 ttfts.append(ttft)
                 tpots.append(tpot)
@@ -307,6 +307,10 @@ class PolicyEngine:
         if predicts:
             ctx.predicted_ttft = ttfts
             ctx.predicted_tpot = tpots
+            if route.shed and not any(able):
+                # A class held on predictions alone would send nothing to refresh them: an idle backend
+                # within its limits takes the request (a measurement taken under a load that has gone).
+                able = [a or (w and idle(b)) for a, w, b in zip(able, within, kept, strict=True)]
         if trace is not None:
             trace.matched_by, trace.route, trace.ctx = matched_by, route, ctx
         if not kept:

@@ -14,9 +14,9 @@ metrics, would otherwise be predicted ever slower).
     tpot  = observed time per output token (EWMA; prior before any)
 
 `base` is the TTFT this gateway measured on the backend (EWMA), or the accelerator's prior before any
-measurement or while the backend is idle: an average measured during a spike says nothing of a backend
-that has since emptied, and with nothing sent there (a class that is held rather than sent to a backend
-predicted to miss) nothing would refresh it. The prefill speed is the
+measurement. (An average measured during a spike keeps the backend demoted until a request refreshes it:
+it then only gets work once the other pools are predicted to miss too. A class that would be held then
+sends its request to an idle backend, so the measurement is refreshed.) The prefill speed is the
 accelerator's saturated throughput times PREFILL_PER_DECODE_TOKEN (prefill is compute-bound and runs a few
 times faster than decode).
 
@@ -113,14 +113,14 @@ def idle(backend: Backend) -> bool:
 def ttft_estimate(
     backend: Backend, recent: Recent | None, queue: float, prompt_tokens: int, prefill_speed: float
 ) -> float:
-    observed = None if idle(backend) else backend.observed.ttft
+    observed = backend.observed.ttft
     base = backend.pool.prior_ttft_s if observed is None else observed
     pending = prompt_tokens + (recent.prompt_tokens if recent is not None else 0)
     return base * (1.0 + queue * 0.5) + pending / prefill_speed
 
 
 def predicted_tpot(backend: Backend) -> float:
-    observed = None if idle(backend) else backend.observed.tpot
+    observed = backend.observed.tpot
     return observed if observed is not None else backend.pool.prior_tpot_s
 
 

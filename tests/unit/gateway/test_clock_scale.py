@@ -58,7 +58,6 @@ def test_a_scaled_observation_predicts_a_scaled_ttft() -> None:
     answer = _stream(ttft=0.05, duration=0.05 + 99 * 0.005, tokens=100)
     observe(real, answer)
     observe(scaled, answer, 4.0)
-    real.inflight = scaled.inflight = 1  # busy: an idle backend is predicted by its pool's priors
     assert scaled.observed.ttft == pytest.approx(0.2)
     assert predicted_ttft(scaled) == pytest.approx(4 * predicted_ttft(real))
     assert predicted_tpot(scaled) == pytest.approx(4 * predicted_tpot(real)) == pytest.approx(0.02)

@@ -260,7 +260,6 @@ def test_predicted_slo_miss_demotes(ttft, tpot):
     by = _by_name(backends)
     by["h100-0"].observed.ttft = ttft
     by["h100-0"].observed.tpot = tpot
-    by["h100-0"].inflight = by["h100-1"].inflight = 1  # busy: an idle backend is predicted by its priors
     engine = _engine(TIERED + "    slo: {ttft_ms: 200, tpot_ms: 50}\n", backends)
     names = _names(engine.choose(_profile(), backends).candidates)
     assert names[0] == "h100-1"
