@@ -355,14 +355,21 @@ def test_long_context_is_held_while_the_mi300x_decode_slowly_then_refused_chat_i
 
 
 def test_a_slow_measurement_does_not_close_a_backend_that_has_nothing_in_flight():
-    """The time per token is measured on requests that have ended: on a backend with none in flight
-    nothing would refresh it, and a class held by it would be held there for good."""
+    """The time per token is measured on requests that have ended: with none in flight on a backend
+    nothing would refresh it, and a class held on it would be held there for good. So the mark applies to
+    a backend with work in flight, and a shed class that no backend can take on predictions alone (200 ms
+    is past the route's 120 ms SLO too) sends its request to an idle backend, which measures it afresh."""
     backends = _fleet()
     engine = _preset("balanced", backends)
     limits = load_policy(resolve("balanced")).policy.routes["long-context"].saturation
     for b in backends[2:]:
         b.observed.add(0.9, 0.200)  # measured during a spike that has passed
     assert saturation_reason(backends[2], limits) is None
-    assert not engine.choose(_request(_chat(12_000, max_tokens=200)), backends).hold
+    decision = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
+    assert not decision.hold and decision.candidates[0].pool.vendor == "amd"
     backends[2].load = EngineLoad(running=3, scraped_at=100.0)  # another replica's requests run there
     assert saturation_reason(backends[2], limits) == "decoding at 200 ms per token (limit 60 ms)"
+    decision = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
+    assert not decision.hold and decision.candidates[0] is backends[3]
+    backends[3].load = EngineLoad(running=3, scraped_at=100.0)  # both busy and slow: held
+    assert engine.choose(_request(_chat(12_000, max_tokens=200)), backends).hold
