@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadtest.scenario import load_scenario, with_overrides
 from loadtest.whatif.points import replay_point
-from policies.presets import resolve
+from tests.unit.policies.test_overload import marked_balanced
 
 
 def _classes(scenario: str, policy: str, rate: float, duration_s: float, where: Path) -> dict:
@@ -50,11 +50,12 @@ def test_at_round_robins_capacity_and_past_it_chat_keeps_its_slo_and_batch_is_re
 
 
 def test_past_the_mi300x_long_prompts_get_429s_and_chat_keeps_its_slo(tmp_path: Path) -> None:
-    # `mixed` at 32.5/s: 1.25x balanced's capacity, bound by the long prompts only the MI300X serve.
-    classes = _classes("mixed", "balanced", 32.5, 60, tmp_path)
+    # `mixed` at 40/s: 1.6x balanced's capacity, bound by the long prompts only the MI300X serve. (At
+    # 32.5/s they are served late, 62% within their SLO, none refused: each waits less than 2.5 s for room.)
+    classes = _classes("mixed", "balanced", 40, 60, tmp_path)
     assert classes["chat"]["slo_attainment"] >= 0.95
     refused = classes["long-context"]["error_kinds"]
-    assert refused.get("refused (429)", 0) >= 10  # 17 here; none before the route had a TPOT SLO
+    assert refused.get("refused (429)", 0) >= 30  # 67 here
     assert set(refused) == {"refused (429)"}
     assert set(classes["batch"]["error_kinds"]) <= {"refused (429)"}
 
@@ -62,16 +63,15 @@ def test_past_the_mi300x_long_prompts_get_429s_and_chat_keeps_its_slo(tmp_path: 
 def test_held_while_the_mi300x_decode_slowly_long_context_falls_with_load_not_off_a_cliff(
     tmp_path: Path,
 ) -> None:
-    # `mixed` at 28.75/s, past balanced's capacity. Without `max_tpot_ms` the long prompts are sent while
-    # the MI300X decode slowly, slow steps keep more sequences in flight, which slow the steps further:
-    # 56% of them meet their SLO. With it they wait (then 429) while decoding recovers: 89%.
-    preset = resolve("balanced").read_text()
-    assert preset.count(", max_tpot_ms: 60}") == 1
-    unmarked = tmp_path / "unmarked.yaml"
-    unmarked.write_text(preset.replace(", max_tpot_ms: 60}", "}"))
-    marked = _classes("mixed", "balanced", 28.75, 90, tmp_path)
-    assert marked["long-context"]["slo_attainment"] >= 0.85
-    assert set(marked["long-context"]["error_kinds"]) <= {"refused (429)"}
-    assert marked["chat"]["slo_attainment"] >= 0.99
-    without = _classes("mixed", str(unmarked), 28.75, 90, tmp_path)
-    assert without["long-context"]["slo_attainment"] < 0.7
+    # `mixed` at 28.75/s, past balanced's capacity. As shipped (no decode mark: a 70B MI300X decodes at
+    # ~75-100 ms per token at normal load) the long prompts are sent while the MI300X decode slowly, slow
+    # steps keep more sequences in flight, which slow the steps further: 56% of them meet their SLO. With
+    # the README's mark for an 8B fleet (`max_tpot_ms: 60`) they wait (then 429) while decoding recovers: 89%.
+    marked = tmp_path / "marked.yaml"
+    marked.write_text(marked_balanced())
+    held = _classes("mixed", str(marked), 28.75, 90, tmp_path)
+    assert held["long-context"]["slo_attainment"] >= 0.85
+    assert set(held["long-context"]["error_kinds"]) <= {"refused (429)"}
+    assert held["chat"]["slo_attainment"] >= 0.99
+    shipped = _classes("mixed", "balanced", 28.75, 90, tmp_path)
+    assert shipped["long-context"]["slo_attainment"] < 0.7
