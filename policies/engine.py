@@ -27,7 +27,7 @@ from policies.classes import Predicate, compile_condition
 from policies.config import DEFAULT_CLASS, LoadedPolicy, Route, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
-from policies.predict import RecentSends, decoding_slowly, idle
+from policies.predict import RecentSends, decoding_slowly, idle, saturation_reason
 from policies.profile import RequestProfile
 from policies.selectors import each_selector, selects
 
@@ -274,7 +274,6 @@ class PolicyEngine:
         speeds = recent.speeds
         prompt = profile.prompt_tokens_estimate
         able: list[bool] = []
-        within: list[bool] = []  # within the saturation limits (before predictions)
         ttfts: list[float] = []
         tpots: list[float] = []
         for b in kept:
@@ -299,7 +298,6 @@ class PolicyEngine:
                 pending = prompt + r.prompt_tokens if r is not None else prompt
                 ttft = base * (1.0 + queue * 0.5) + pending / speed
                 tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
-                within.append(ok)
                 ok = ok and ttft <= ttft_limit and tpot <= tpot_limit
                 ttfts.append(ttft)
                 tpots.append(tpot)
@@ -310,7 +308,7 @@ class PolicyEngine:
             if route.shed and not any(able):
                 # A class held on predictions alone would send nothing to refresh them: an idle backend
                 # within its limits takes the request (a measurement taken under a load that has gone).
-                able = [a or (w and idle(b)) for a, w, b in zip(able, within, kept, strict=True)]
+                able = [idle(b) and saturation_reason(b, limits, recent) is None for b in kept]
         if trace is not None:
             trace.matched_by, trace.route, trace.ctx = matched_by, route, ctx
         if not kept:
