@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from backends.breaker import Breaker
-from backends.hardware import accelerator
+from backends.hardware import ACCELERATORS, accelerator
+from backends.model_size import REFERENCE_PARAMS_B, params_b_from_names
 
 Vendor = Literal["amd", "nvidia"]
 
@@ -38,6 +39,9 @@ class PoolConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     backends: Annotated[list[BackendConfig], msgspec.Meta(min_length=1)]
     gpus_per_backend: Annotated[int, msgspec.Meta(ge=1)] = 1
     labels: dict[str, str] = {}
+    model_params_b: Annotated[float, msgspec.Meta(gt=0, le=10_000)] | None = None
+    """Billions of parameters of the model its backends serve, where their model names do not say it
+    (`Llama-3.1-70B-Instruct` says 70): what the latency priors and `saturation.max_slowdown` scale by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,11 @@ class Pool:
     """Time to first token to assume before any is measured."""
     prior_tpot_s: float = 0.01
     """Time per output token to assume before any is measured."""
+    light_load_tpot_s: float | None = None
+    """Time per output token of its model on its accelerators at light load (the weights read once a
+    step), where both are known: what a route's `saturation.max_slowdown` is relative to."""
+    model_scale: float = 1.0
+    """Its model's size over the 8B the accelerator facts are for (1 when unknown)."""
     cost_floor_per_mtok: float = 0.0
     """USD per million tokens at the accelerator's saturated throughput: the cost before one is measured."""
 
@@ -142,7 +151,13 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
         kind = pool_config.accelerator.lower()
         facts = accelerator(kind)
         gpus = pool_config.gpus_per_backend
-        tokens_per_hour = facts.tokens_per_second * 3600 * gpus
+        params_b = pool_config.model_params_b or params_b_from_names(
+            name for cfg in pool_config.backends for name in cfg.models
+        )
+        scale = params_b / REFERENCE_PARAMS_B if params_b is not None else 1.0
+        known = params_b is not None and kind in ACCELERATORS
+        light_load_tpot = facts.tpot_s * scale / gpus if known else None
+        tokens_per_hour = facts.tokens_per_second * 3600 * gpus / scale
         pool = Pool(
             name=pool_config.name,
             vendor=pool_config.vendor,
@@ -152,7 +167,9 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
             labels=dict(pool_config.labels),
             memory_gb=facts.memory_gb * gpus,
             prior_ttft_s=facts.ttft_s,
-            prior_tpot_s=facts.tpot_s,
+            prior_tpot_s=light_load_tpot or facts.tpot_s,
+            light_load_tpot_s=light_load_tpot,
+            model_scale=scale,
             cost_floor_per_mtok=pool_config.price_per_gpu_hour * gpus / tokens_per_hour * 1e6,
         )
         for index, cfg in enumerate(pool_config.backends):
