@@ -104,6 +104,13 @@ class Saturation(msgspec.Struct, forbid_unknown_fields=True):
     more sequences in flight, which slow the steps further: holding new ones while decoding is slow stops
     that loop before the SLO is missed, where a limit at the SLO itself reacts too late (the measurement
     lags by a request's length)."""
+    max_slowdown: Annotated[float, msgspec.Meta(gt=1)] | None = None
+    """The same mark relative to the backend: its measured time per output token past this many times
+    its model's time at light load on its accelerators (backends/model_size.py; no mark where either is
+    unknown). A step at light load reads the weights once; what it takes beyond that is KV reads and
+    prefills, which grow with every sequence taken in. A small model on a large GPU reaches 6x its light
+    load (the loop above) long before its SLO; a 70B one's KV cache is too small beside its weights to
+    reach 2x, so one ratio serves both where one number of milliseconds cannot."""
 
 
 _Seconds = Annotated[float, msgspec.Meta(gt=0)]

@@ -256,7 +256,7 @@ class PolicyEngine:
         limits = route.config.saturation
         max_waiting, max_kv, max_inflight = limits.max_waiting, limits.max_kv_cache_usage, limits.max_inflight
         max_seqs = limits.max_seqs  # sequences: a request holds one per choice
-        max_tpot = limits.max_tpot_ms / 1000 if limits.max_tpot_ms is not None else None
+        marked = limits.max_tpot_ms is not None or limits.max_slowdown is not None
         predicts, ttft_limit, tpot_limit = route.predicts, route.ttft_limit, route.tpot_limit
         in_route = route.members.get(id(serving))
         if in_route is None or in_route[0] is not serving:
@@ -289,7 +289,7 @@ class PolicyEngine:
                 and load.kv_cache_usage <= max_kv
                 and (max_inflight is None or b.inflight < max_inflight)
                 and (max_seqs is None or b.inflight_seqs < max_seqs)
-                and (max_tpot is None or not decoding_slowly(b, max_tpot))
+                and not (marked and decoding_slowly(b, limits))
             )
             if predicts:
                 observed, pool = b.observed, b.pool

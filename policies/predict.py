@@ -90,10 +90,11 @@ class RecentSends:
 
 
 def prefill_speed(backend: Backend) -> float:
-    """Prompt tokens per second `backend` prefills: its accelerators' saturated decode throughput times
-    PREFILL_PER_DECODE_TOKEN."""
+    """Prompt tokens per second `backend` prefills: its accelerators' saturated decode throughput (for
+    its model's size) times PREFILL_PER_DECODE_TOKEN."""
     pool = backend.pool
-    return accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend * PREFILL_PER_DECODE_TOKEN
+    speed = accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend / pool.model_scale
+    return speed * PREFILL_PER_DECODE_TOKEN
 
 
 def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> float:
@@ -147,20 +148,29 @@ def saturation_reason(backend: Backend, limits: Saturation, recent: RecentSends 
         return f"{backend.inflight} requests in flight (limit {limits.max_inflight})"
     if limits.max_seqs is not None and backend.inflight_seqs >= limits.max_seqs:
         return f"{backend.inflight_seqs} sequences in flight (limit {limits.max_seqs})"
-    if limits.max_tpot_ms is not None and decoding_slowly(backend, limits.max_tpot_ms / 1000):
+    if decoding_slowly(backend, limits):
         tpot_ms = (backend.observed.tpot or 0.0) * 1000
-        return f"decoding at {tpot_ms:.0f} ms per token (limit {limits.max_tpot_ms:g} ms)"
+        return f"decoding at {tpot_ms:.0f} ms per token (limit {tpot_mark(backend, limits) * 1000:.0f} ms)"
     return None
 
 
-def decoding_slowly(backend: Backend, max_tpot_s: float) -> bool:
-    """Its measured time per output token is past `max_tpot_s` while it has work in flight.
+def tpot_mark(backend: Backend, limits: Saturation) -> float:
+    """Seconds per output token past which `backend` takes no more of the route (inf: no mark)."""
+    mark = float("inf") if limits.max_tpot_ms is None else limits.max_tpot_ms / 1000
+    light_load = backend.pool.light_load_tpot_s
+    if limits.max_slowdown is not None and light_load is not None:
+        mark = min(mark, light_load * limits.max_slowdown)
+    return mark
+
+
+def decoding_slowly(backend: Backend, limits: Saturation) -> bool:
+    """Its measured time per output token is past the route's mark while it has work in flight.
 
     An idle backend is never slow: the measurement is of requests that have ended, and with none in
     flight nothing would refresh it, so the backend would stay closed to the class for good.
     """
     tpot = backend.observed.tpot
-    return tpot is not None and tpot > max_tpot_s and not idle(backend)
+    return tpot is not None and tpot > tpot_mark(backend, limits) and not idle(backend)
 
 
 def slo_miss_reason(

@@ -163,12 +163,9 @@ def test_help_of_the_commands_the_issue_named(command, capsys):
 
 
 def test_policy_explain_shows_a_long_prompt_held_while_a_backend_decodes_slowly(tmp_path, capsys):
-    """The long-context mark the README gives an 8B fleet: an MI300X measured at 70 ms a token with work in
-    flight takes no more long prompts (limit 60 ms); an idle one measured as slow does."""
-    from tests.unit.policies.test_overload import marked_balanced
-
-    policy = tmp_path / "balanced-marked.yaml"
-    policy.write_text(marked_balanced())
+    """`balanced`'s long-context mark on the demo fleet (8B): an MI300X measured at 70 ms a token with work
+    in flight takes no more long prompts (6x its 9 ms at light load: 54 ms); an idle one measured as slow
+    does."""
     long_prompt = tmp_path / "long.json"
     words = "word " * 12_000
     long_prompt.write_text(
@@ -176,12 +173,12 @@ def test_policy_explain_shows_a_long_prompt_held_while_a_backend_decodes_slowly(
     )
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"mi300x-0": {"inflight": 20, "tpot_ms": 70}, "mi300x-1": {"tpot_ms": 70}}))
-    args = ["policy", "explain", str(policy), "--request", str(long_prompt), "--state", str(state), "--json"]
+    args = ["policy", "explain", "balanced", "--request", str(long_prompt), "--state", str(state), "--json"]
     assert cli.main(args) == 0
     explained = msgspec.json.decode(capsys.readouterr().out, type=Explained)
     assert explained.explanation is not None and explained.explanation.request_class == "long-context"
     candidates = {c.backend: c for c in explained.explanation.candidates}
-    assert candidates["mi300x-0"].why_not == "decoding at 70 ms per token (limit 60 ms)"
+    assert candidates["mi300x-0"].why_not == "decoding at 70 ms per token (limit 54 ms)"
     assert not candidates["mi300x-0"].can_take_more
     assert candidates["mi300x-1"].can_take_more  # idle: its measurement is of a load that has gone
     assert explained.explanation.choice == "mi300x-1"

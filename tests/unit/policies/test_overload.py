@@ -16,10 +16,10 @@ from policies.predict import saturation_reason
 from policies.presets import resolve
 from tests.unit.policies.test_engine import _request
 
-MODEL = "m"
+MODEL = "llama-3.1-8b"
 
 
-def _fleet() -> list[Backend]:
+def _fleet(model: str = MODEL) -> list[Backend]:
     """The demo fleet's shape: h100-0, h100-1 (nvidia, 8k context), mi300x-0, mi300x-1 (amd, 32k)."""
     pools = [
         PoolConfig(
@@ -28,7 +28,7 @@ def _fleet() -> list[Backend]:
             accelerator=accel,
             price_per_gpu_hour=price,
             backends=[
-                BackendConfig(url=f"http://127.0.0.1:{port + i}", models=[MODEL], max_model_len=length)
+                BackendConfig(url=f"http://127.0.0.1:{port + i}", models=[model], max_model_len=length)
                 for i in range(2)
             ],
         )
@@ -47,19 +47,18 @@ def _preset(name: str, backends: list[Backend]) -> PolicyEngine:
     return PolicyEngine(load_policy(resolve(name)), backends)
 
 
-UNMARKED = "saturation: {max_waiting: 4, max_kv_cache_usage: 0.95}   # 8B fleet: add max_tpot_ms: 60 (README)"
+MARK = ", max_slowdown: 6}"
 
 
-def marked_balanced() -> str:
-    """`balanced` with the decode mark the README gives an 8B fleet: `max_tpot_ms: 60` on long-context."""
+def unmarked_balanced() -> str:
+    """`balanced` without its decode mark on long-context (`max_slowdown: 6`), for what the mark changes."""
     text = resolve("balanced").read_text()
-    assert text.count(UNMARKED) == 1
-    return text.replace(UNMARKED, "saturation: {max_waiting: 4, max_kv_cache_usage: 0.95, max_tpot_ms: 60}")
+    assert text.count(MARK) == 1
+    return text.replace(MARK, "}")
 
 
-def _marked(backends: list[Backend]) -> tuple[PolicyEngine, Route]:
-    loaded = parse_policy(marked_balanced(), "<balanced, marked>")
-    return PolicyEngine(loaded, backends), loaded.policy.routes["long-context"]
+def _long_context(backends: list[Backend]) -> tuple[PolicyEngine, Route]:
+    return _preset("balanced", backends), load_policy(resolve("balanced")).policy.routes["long-context"]
 
 
 def _chat(tokens: int = 10, **body) -> dict:
@@ -344,19 +343,19 @@ def test_the_seat_mark_counts_sequences_not_requests():
 def test_with_the_decode_mark_long_context_is_held_while_the_mi300x_decode_slowly_chat_is_not():
     """Past the MI300X's capacity for long prompts their prefills slow every decode beside them, and slow
     steps keep more sequences in flight, which slow them further. Once the time per token measured there is
-    past the route's `max_tpot_ms` (60 ms, under the 80 ms a long-context client expects), a long prompt that
-    fits nowhere else is held (then refused with 429), and chat keeps its H100s. (The preset leaves the mark
-    out: a 70B MI300X decodes at ~75-100 ms per token at normal load; the README gives it for an 8B fleet.)"""
+    6x what its model takes at light load (`max_slowdown: 6`; an 8B model on an MI300X, 9 ms: 54 ms, under
+    the 80 ms a long-context client expects), a long prompt that fits nowhere else is held (then refused
+    with 429), and chat keeps its H100s."""
     backends = _fleet()
-    engine, route = _marked(backends)
-    assert route.saturation.max_tpot_ms == 60 and route.shed
-    assert load_policy(resolve("balanced")).policy.routes["long-context"].saturation.max_tpot_ms is None
+    engine, route = _long_context(backends)
+    assert route.saturation.max_slowdown == 6 and route.saturation.max_tpot_ms is None and route.shed
     assert route.backpressure is not None and route.backpressure.max_wait_ms <= 3000  # within its TTFT SLO
     for b in backends[2:]:
+        assert b.pool.light_load_tpot_s == pytest.approx(0.009)
         b.load = EngineLoad(running=30, waiting=0, kv_cache_usage=0.4, scraped_at=100.0)
         b.observed.add(0.9, 0.065)
         _running(b, "long-context", 30, tokens=12_000)
-    assert saturation_reason(backends[2], route.saturation) == "decoding at 65 ms per token (limit 60 ms)"
+    assert saturation_reason(backends[2], route.saturation) == "decoding at 65 ms per token (limit 54 ms)"
     too_long = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
     assert too_long.request_class == "long-context" and too_long.hold
     fits_h100 = engine.choose(_request(_chat(4_500, max_tokens=200)), backends)  # ~6,750 tokens
@@ -366,8 +365,50 @@ def test_with_the_decode_mark_long_context_is_held_while_the_mi300x_decode_slowl
     assert not chat.hold and chat.candidates[0].pool.vendor == "nvidia"
     # Decoding is back under the mark: long prompts are admitted again.
     for b in backends[2:]:
-        b.observed.tpot = 0.055
+        b.observed.tpot = 0.050
     assert not engine.choose(_request(_chat(12_000, max_tokens=200)), backends).hold
+
+
+def test_the_decode_mark_is_relative_to_the_model_so_a_70b_fleet_decoding_at_90_ms_is_not_held():
+    """A 70B model on an MI300X reads ~9x the weights of an 8B one at every step: 79 ms a token at light
+    load, ~75-100 ms at normal load. A mark in milliseconds that holds an 8B fleet (60 ms) refused every
+    long prompt there; 6x its light load does not, and its 120 ms SLO still holds a slower one."""
+    backends = _fleet("meta-llama/Llama-3.1-70B-Instruct")
+    engine, route = _long_context(backends)
+    for b in backends[2:]:
+        assert b.pool.light_load_tpot_s == pytest.approx(0.07875)
+        b.load = EngineLoad(running=30, waiting=0, kv_cache_usage=0.6, scraped_at=100.0)
+        b.observed.add(0.5, 0.090)
+        _running(b, "long-context", 30, tokens=12_000)
+    assert saturation_reason(backends[2], route.saturation) is None
+    # ~9,000 tokens: past an H100's 8k; a 70B MI300X prefills them in ~2 s, within the 3 s SLO
+    decision = engine.choose(_request(_chat(6_000, max_tokens=200)), backends)
+    assert not decision.hold and decision.candidates[0].pool.vendor == "amd"
+    for b in backends[2:]:
+        b.observed.tpot = 0.130  # past the route's 120 ms SLO: predicted to miss, held
+    assert engine.choose(_request(_chat(6_000, max_tokens=200)), backends).hold
+
+
+def test_a_model_of_unknown_size_gets_no_relative_mark():
+    """A name that states no size (a fine-tune, a mixture of experts) leaves the light-load time unknown:
+    no mark is better than one computed for the wrong model; the pool's `model_params_b` gives it."""
+    backends = _fleet("acme-support-bot")
+    _, route = _long_context(backends)
+    for b in backends[2:]:
+        assert b.pool.light_load_tpot_s is None
+        b.load = EngineLoad(running=30, scraped_at=100.0)
+        b.observed.add(0.9, 0.065)
+        _running(b, "long-context", 30, tokens=12_000)
+    assert saturation_reason(backends[2], route.saturation) is None
+    given = PoolConfig(
+        name="mi300x",
+        vendor="amd",
+        accelerator="mi300x",
+        price_per_gpu_hour=1.75,
+        model_params_b=8,
+        backends=[BackendConfig(url="http://127.0.0.1:9100", models=["acme-bot"], max_model_len=8192)],
+    )
+    assert build_backends([given])[0].pool.light_load_tpot_s == pytest.approx(0.009)
 
 
 def test_a_slow_measurement_does_not_close_a_backend_that_has_nothing_in_flight():
@@ -376,7 +417,7 @@ def test_a_slow_measurement_does_not_close_a_backend_that_has_nothing_in_flight(
     a backend with work in flight, and a shed class that no backend can take on predictions alone (200 ms
     is past the route's 120 ms SLO too) sends its request to an idle backend, which measures it afresh."""
     backends = _fleet()
-    engine, route = _marked(backends)
+    engine, route = _long_context(backends)
     limits = route.saturation
     for b in backends[2:]:
         b.observed.add(0.9, 0.200)  # measured during a spike that has passed
@@ -384,7 +425,7 @@ def test_a_slow_measurement_does_not_close_a_backend_that_has_nothing_in_flight(
     decision = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
     assert not decision.hold and decision.candidates[0].pool.vendor == "amd"
     backends[2].load = EngineLoad(running=3, scraped_at=100.0)  # another replica's requests run there
-    assert saturation_reason(backends[2], limits) == "decoding at 200 ms per token (limit 60 ms)"
+    assert saturation_reason(backends[2], limits) == "decoding at 200 ms per token (limit 54 ms)"
     decision = engine.choose(_request(_chat(12_000, max_tokens=200)), backends)
     assert not decision.hold and decision.candidates[0] is backends[3]
     backends[3].load = EngineLoad(running=3, scraped_at=100.0)  # both busy and slow: held

@@ -391,6 +391,10 @@ def test_saturation_kv_usage_above_one(tmp_path):
         ("max_tpot_ms", "-60", "> 0"),
         ("max_tpot_ms", ".nan", "> 0"),
         ("max_tpot_ms", "slow", "Expected `float"),
+        ("max_slowdown", "1", "> 1"),  # 1x its light load: every backend with work in flight is past it
+        ("max_slowdown", "0.5", "> 1"),
+        ("max_slowdown", ".nan", "> 1"),
+        ("max_slowdown", "6x", "Expected `float"),
     ],
 )
 def test_saturation_marks_must_be_positive(tmp_path, field, value, expected):
@@ -631,3 +635,8 @@ def test_cli_check_bad_file(tmp_path, capsys):
 def test_saturation_max_tpot_ms_takes_milliseconds(tmp_path):
     good = _write(tmp_path, "routes:\n  default:\n    saturation: {max_tpot_ms: 62.5}\n")
     assert load_policy(good).policy.routes["default"].saturation.max_tpot_ms == 62.5
+
+
+def test_saturation_max_slowdown_takes_a_ratio(tmp_path):
+    good = _write(tmp_path, "routes:\n  default:\n    saturation: {max_slowdown: 4.5}\n")
+    assert load_policy(good).policy.routes["default"].saturation.max_slowdown == 4.5
