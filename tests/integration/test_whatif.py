@@ -9,9 +9,12 @@ time, so the log's real times are divided by it and the gateway's 0.25 s scrape 
 seconds; the gateway routes by latencies on the fleet's clock (the load test sets its
 `policy.clock_scale`), so the replay's `clock_scale` is 1.
 
-Both classes' SLOs bind under `balanced`: chat meets its SLO about 78% of the time, RAG (5,200-6,000
-prompt tokens: long-context, a shedding route, on the MI300X, decoding ~100 ms per token beside its
-prefills) about 53%; an SLO every request meets or misses would compare nothing."""
+Both classes' SLOs bind under `balanced`: chat meets its SLO about 75% of the time, RAG (5,200-6,000
+prompt tokens: long-context, a shedding route; those that fit go to the H100, the rest to the MI300X)
+about 72%; an SLO every request meets or misses would compare nothing. Chat's time per token SLO sits
+where few requests are near it: at 38 ms (its p50 is ~42 ms on the 70B H100) one millisecond moved 4.3
+points of chat across it, and the HTTP side, on a real clock, differs from the replay by about that much
+(7 requests of 153 in one CI run); at 50 ms one millisecond moves 1 point."""
 
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ fleet:
        profile: {{gpu: h100-sxm5, model: llama-3.1-70b}}}}
     - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75,
        max_model_len: 32768, profile: {{gpu: mi300x, model: llama-3.1-70b}}}}
-{_classes(rag_weight=2, chat_slo=(400, 38), rag_slo=(600, 110), rag_prompt=5600)}"""
+{_classes(rag_weight=2, chat_slo=(400, 50), rag_slo=(600, 110), rag_prompt=5600)}"""
 
 
 HELD_POLICY = """name: held
