@@ -58,7 +58,8 @@ def unmarked_balanced() -> str:
 
 
 def _long_context(backends: list[Backend]) -> tuple[PolicyEngine, Route]:
-    return _preset("balanced", backends), load_policy(resolve("balanced")).policy.routes["long-context"]
+    loaded = load_policy(resolve("balanced"))
+    return PolicyEngine(loaded, backends), loaded.policy.routes["long-context"]
 
 
 def _chat(tokens: int = 10, **body) -> dict:
