@@ -1,8 +1,9 @@
 """The virtual-clock replay agrees with the real thing: a scenario's traffic served over HTTP (simulated
 fleet processes, the gateway with its access log on, streamed requests), then the access log the gateway
-wrote replayed by `switchyard whatif`'s replay, give the same SLO attainment (within 2 points) and TTFT
-p50 (within 10%), per class: under `balanced`, and under a policy that holds most RAG requests for room
-(back-pressure), where the replay must hold as many. Run by `make test-whatif` (~3 minutes with the plan).
+wrote replayed by `switchyard whatif`'s replay, give the same SLO attainment (within the run-to-run
+noise of the HTTP side itself: 6 requests, 4 points of chat) and TTFT p50 (within 10%), per class:
+under `balanced`, and under a policy that holds most RAG requests for room (back-pressure), where the
+replay must hold as many. Run by `make test-whatif` (~3 minutes with the plan).
 
 The replay is told what the load test does to time: the fleet runs `time_scale` times faster than real
 time, so the log's real times are divided by it and the gateway's 0.25 s scrape is that many simulated
@@ -147,12 +148,14 @@ def _agreement(
         (count, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
         if cls in binding:
             assert 0.1 < http_met < 0.9, (cls, summary)  # the SLO separates requests: a comparison
-        # within 2 points, or 8% of a class of fewer than 100: RAG's 82 requests are ~1.2 points each, and
-        # on 2026-11-25 the HTTP side alone met 58-61 of them from one run to the next (the replay 54, on
-        # the code before and after that day's change alike): a load-dependent choice made a step apart
-        # sends one elsewhere, and one busy H100 moment moves several
+        # within the real system's own noise: the HTTP side alone, same requests, six runs on 2026-11-26,
+        # met 112-116 of chat's 153 (and on 2026-11-25 58-61 of RAG's 82); the replay reads that run's
+        # log, whose timestamps carry the same jitter, and moved 111-115. A load-dependent choice made a
+        # step apart sends a request elsewhere and one busy moment moves several, so the two may sit ~4
+        # apart each way: 6 requests or 4% of the class, whichever is more. A modelling error (a cache,
+        # a queue or a speed the replay lacks) moves tens of points
         differ = abs(round(http_met * count) - round(replay_met * count))
-        assert differ <= (0.02 * count if count >= 100 else 0.08 * count), (cls, summary)
+        assert differ <= max(6, 0.04 * count), (cls, summary)
         # within 10%, plus what the HTTP path adds to every request and the replay does not model (the
         # gateway, SSE framing, the load generator's client: a few ms of real time, TIME_SCALE times that
         # on the fleet's clock). Two clean-clone CI runs on 2026-11-26 measured chat's HTTP p50 at 158.6
