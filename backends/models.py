@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
 import msgspec
@@ -65,6 +65,12 @@ class Pool:
     """Its model's size over the 8B the accelerator facts are for (1 when unknown)."""
     cost_floor_per_mtok: float = 0.0
     """USD per million tokens at the accelerator's saturated throughput: the cost before one is measured."""
+
+    @property
+    def saturated_tokens_per_s(self) -> float:
+        """Output tokens per second one backend of this pool serves at a saturated batch, from its
+        accelerator's facts for its model's size: its cost floor and the gateway's prefill-speed prior."""
+        return accelerator(self.accelerator).tokens_per_second * self.gpus_per_backend / self.model_scale
 
     @property
     def backend_price_per_second(self) -> float:
@@ -157,7 +163,6 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
         scale = params_b / REFERENCE_PARAMS_B if params_b is not None else 1.0
         known = params_b is not None and kind in ACCELERATORS
         light_load_tpot = facts.tpot_s * scale / gpus if known else None
-        tokens_per_hour = facts.tokens_per_second * 3600 * gpus / scale
         pool = Pool(
             name=pool_config.name,
             vendor=pool_config.vendor,
@@ -170,8 +175,9 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
             prior_tpot_s=light_load_tpot or facts.tpot_s,
             light_load_tpot_s=light_load_tpot,
             model_scale=scale,
-            cost_floor_per_mtok=pool_config.price_per_gpu_hour * gpus / tokens_per_hour * 1e6,
         )
+        floor = pool.backend_price_per_second / pool.saturated_tokens_per_s * 1e6
+        pool = replace(pool, cost_floor_per_mtok=floor)
         for index, cfg in enumerate(pool_config.backends):
             backends.append(
                 Backend(

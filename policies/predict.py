@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.hardware import accelerator
 from backends.models import Backend
 from policies.config import Route, Saturation
 
@@ -92,9 +91,7 @@ class RecentSends:
 def prefill_speed(backend: Backend) -> float:
     """Prompt tokens per second `backend` prefills: its accelerators' saturated decode throughput (for
     its model's size) times PREFILL_PER_DECODE_TOKEN."""
-    pool = backend.pool
-    speed = accelerator(pool.accelerator).tokens_per_second * pool.gpus_per_backend / pool.model_scale
-    return speed * PREFILL_PER_DECODE_TOKEN
+    return backend.pool.saturated_tokens_per_s * PREFILL_PER_DECODE_TOKEN
 
 
 def queue_estimate(backend: Backend, recent: Recent | None, max_kv: float) -> float:
