@@ -161,8 +161,10 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
             name for cfg in pool_config.backends for name in cfg.models
         )
         scale = params_b / REFERENCE_PARAMS_B if params_b is not None else 1.0
-        known = params_b is not None and kind in ACCELERATORS
-        light_load_tpot = facts.tpot_s * scale / gpus if known else None
+        # a known size scales every prior alike; an accelerator the facts do not know gives a guess, which
+        # may predict but sets no `max_slowdown` mark (that refuses work)
+        scaled_tpot = facts.tpot_s * scale / gpus if params_b is not None else facts.tpot_s
+        light_load_tpot = scaled_tpot if params_b is not None and kind in ACCELERATORS else None
         pool = Pool(
             name=pool_config.name,
             vendor=pool_config.vendor,
@@ -172,7 +174,7 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
             labels=dict(pool_config.labels),
             memory_gb=facts.memory_gb * gpus,
             prior_ttft_s=facts.ttft_s,
-            prior_tpot_s=light_load_tpot or facts.tpot_s,
+            prior_tpot_s=scaled_tpot,
             light_load_tpot_s=light_load_tpot,
             model_scale=scale,
         )
