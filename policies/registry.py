@@ -26,7 +26,7 @@ from policies.pickers import BestScore
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest
 from policies.scorers.latency import SloPredicted
-from policies.scorers.load import ClassOutstanding, ClassTokens, KvHeadroom, LeastOutstanding
+from policies.scorers.load import ClassOutstanding, ClassTokens, KvHeadroom, LeastOutstanding, PromptTokens
 
 Kind = Literal["filter", "scorer", "picker"]
 
@@ -74,6 +74,7 @@ register("least-outstanding", "scorer", LeastOutstanding)
 register("kv-headroom", "scorer", KvHeadroom)
 register("class-outstanding", "scorer", ClassOutstanding)
 register("class-tokens", "scorer", ClassTokens)
+register("prompt-tokens", "scorer", PromptTokens)
 register("cheapest", "scorer", Cheapest)
 register("slo-predicted", "scorer", SloPredicted)
 register("prefix-affinity", "scorer", PrefixAffinity, PrefixAffinityParams)

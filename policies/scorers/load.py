@@ -76,3 +76,17 @@ class ClassTokens:
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         cls = ctx.request_class
         return fewest_first([b.prompt_tokens_by_class.get(cls, 0) / 1000 for b in candidates])
+
+
+class PromptTokens:
+    """Fewest prompt tokens in flight, of every class, scores 1 (in thousands). Prompts are what a backend
+    prefills and then reads at every decode step, so a backend busy with long ones scores low for a short
+    request, while a burst of short ones spreads evenly; a count of requests treats a 20k-token prompt as
+    a 200-token one.
+    """
+
+    name = "prompt-tokens"
+    scores_in_unit_range = True
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
+        return fewest_first([sum(b.prompt_tokens_by_class.values()) / 1000 for b in candidates])

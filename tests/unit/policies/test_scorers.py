@@ -19,7 +19,14 @@ from policies.profile import RequestProfile
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest, cost_per_mtok
 from policies.scorers.latency import SloPredicted
-from policies.scorers.load import ClassOutstanding, ClassTokens, KvHeadroom, LeastOutstanding, outstanding
+from policies.scorers.load import (
+    ClassOutstanding,
+    ClassTokens,
+    KvHeadroom,
+    LeastOutstanding,
+    PromptTokens,
+    outstanding,
+)
 
 MODEL = "m"
 
@@ -92,6 +99,38 @@ def test_class_tokens_weighs_the_classs_own_requests_by_their_prompts():
     assert ClassOutstanding().score(ctx, [a, b])[1] == 1.0
     ctx.request_class = "chat"  # none in flight anywhere: a tie
     assert ClassTokens().score(ctx, [a, b]) == [1.0, 1.0]
+
+
+def test_prompt_tokens_counts_every_classs_prompts_in_flight():
+    """A short request scores the backend busy with long prompts low, though it runs fewer requests."""
+    a, b = _fleet(h100=1, mi300x=1)
+    a.inflight, a.prompt_tokens_by_class = 12, {"interactive": 12 * 600}  # 7.2k tokens in twelve chats
+    b.inflight, b.prompt_tokens_by_class = 3, {"long-context": 45_000, "interactive": 600}
+    ctx = _ctx()
+    ctx.request_class = "interactive"
+    assert PromptTokens().score(ctx, [a, b]) == pytest.approx([1.0, 8.2 / 46.6])
+    assert LeastOutstanding().score(ctx, [a, b])[0] < 1.0  # by requests, a is the busier
+    b.prompt_tokens_by_class = {}
+    a.prompt_tokens_by_class = {}
+    assert PromptTokens().score(ctx, [a, b]) == [1.0, 1.0]  # nothing in flight: a tie
+
+
+def test_a_route_weighing_prompt_tokens_sends_a_short_request_past_a_backend_busy_with_long_prompts():
+    policy = textwrap.dedent(
+        """
+        routes:
+          default:
+            strategy: {least-outstanding: 1, prompt-tokens: 1}
+        """
+    )
+    a, b = _fleet(h100=1, mi300x=1)
+    a.inflight, a.prompt_tokens_by_class = 2, {"long-context": 30_000}
+    b.inflight, b.prompt_tokens_by_class = 4, {"default": 2_400}
+    engine = PolicyEngine(parse_policy(policy), [a, b])
+    profile = RequestProfile(model=MODEL, prompt_tokens_estimate=500, context_needed=800)
+    assert engine.choose(profile, [a, b]).candidates[0] is b  # fewer requests on a, far fewer tokens on b
+    by_requests = PolicyEngine(parse_policy(policy.replace(", prompt-tokens: 1", "")), [a, b])
+    assert by_requests.choose(profile, [a, b]).candidates[0] is a
 
 
 # --- kv-headroom --------------------------------------------------------------------------------------
