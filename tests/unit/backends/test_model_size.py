@@ -64,6 +64,7 @@ def test_an_unknown_size_or_accelerator_leaves_no_light_load_time() -> None:
     assert unnamed.light_load_tpot_s is None and unnamed.model_scale == 1.0
     assert unnamed.prior_tpot_s == pytest.approx(0.009)  # the accelerator's own prior, as before
     assert _pool(["llama-3.1-8b"], accelerator="tpu-v5").light_load_tpot_s is None
+    assert _pool(["acme-support-bot"], params_b=70).light_load_tpot_s == pytest.approx(0.009 * 70 / 8)
 
 
 def test_an_unknown_accelerator_scales_its_guessed_priors_by_a_known_size_alike() -> None:
@@ -74,7 +75,6 @@ def test_an_unknown_accelerator_scales_its_guessed_priors_by_a_known_size_alike(
     assert large.prior_tpot_s == pytest.approx(small.prior_tpot_s * 70 / 8)
     assert large.saturated_tokens_per_s == pytest.approx(small.saturated_tokens_per_s * 8 / 70)
     assert large.light_load_tpot_s is None
-    assert _pool(["acme-support-bot"], params_b=70).light_load_tpot_s == pytest.approx(0.009 * 70 / 8)
 
 
 @pytest.mark.parametrize(
