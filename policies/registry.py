@@ -25,7 +25,7 @@ from policies.filters import ContextFits, ExcludeSaturated, Healthy
 from policies.pickers import BestScore
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest
-from policies.scorers.latency import SloPredicted
+from policies.scorers.latency import FastestPredicted, SloPredicted
 from policies.scorers.load import ClassOutstanding, ClassTokens, KvHeadroom, LeastOutstanding, PromptTokens
 
 Kind = Literal["filter", "scorer", "picker"]
@@ -77,5 +77,6 @@ register("class-tokens", "scorer", ClassTokens)
 register("prompt-tokens", "scorer", PromptTokens)
 register("cheapest", "scorer", Cheapest)
 register("slo-predicted", "scorer", SloPredicted)
+register("fastest-predicted", "scorer", FastestPredicted)
 register("prefix-affinity", "scorer", PrefixAffinity, PrefixAffinityParams)
 register("best-score", "picker", BestScore)

@@ -1,4 +1,5 @@
-"""The `slo-predicted` scorer: how well a backend's predicted latency meets the route's SLO."""
+"""Scorers that read the engine's predicted latency (policies/predict.py), computed once per request:
+`slo-predicted` (how well a backend meets the route's SLO) and `fastest-predicted` (how fast it is)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,27 @@ class SloPredicted:
                     value *= tpot_target / tpot
                 scores.append(value)
             return scores
-        tokens = ctx.profile.max_tokens or 256
-        times = [ttft + tokens * tpot for ttft, tpot in zip(ttfts, tpots, strict=True)]
-        fastest = min(times)
-        return [fastest / t if t > 0 else 1.0 for t in times]
+        return _fastest(ctx, ttfts, tpots)
+
+
+class FastestPredicted:
+    """The fastest predicted end-to-end time (TTFT plus `max_tokens` times the time per token) scores 1,
+    the others their fraction of it, whatever the SLO. Beside `slo-predicted`, which scores every backend
+    that meets the SLO alike, it breaks the tie: an idle H100 wins by its speed, not by list order."""
+
+    name = "fastest-predicted"
+    scores_in_unit_range = True
+    reads_predictions = True
+
+    def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
+        ttfts, tpots = ctx.predicted_ttft, ctx.predicted_tpot
+        if ttfts is None or tpots is None:
+            return [1.0] * len(candidates)
+        return _fastest(ctx, ttfts, tpots)
+
+
+def _fastest(ctx: RouteContext, ttfts: Sequence[float], tpots: Sequence[float]) -> list[float]:
+    tokens = ctx.profile.max_tokens or 256
+    times = [ttft + tokens * tpot for ttft, tpot in zip(ttfts, tpots, strict=True)]
+    fastest = min(times)
+    return [fastest / t if t > 0 else 1.0 for t in times]

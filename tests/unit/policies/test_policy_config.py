@@ -441,7 +441,14 @@ def test_unknown_scorer_lists_known_ones(tmp_path):
     error = _engine_error(path)
     _assert_points_at(error, path, _line_of(path, "cheapest-ish"), "unknown scorer `cheapest-ish`")
     assert error.hint is not None
-    for known in ("cheapest", "kv-headroom", "least-outstanding", "prefix-affinity", "slo-predicted"):
+    for known in (
+        "cheapest",
+        "kv-headroom",
+        "least-outstanding",
+        "prefix-affinity",
+        "slo-predicted",
+        "fastest-predicted",
+    ):
         assert known in error.hint
     assert "healthy" not in error.hint  # a filter is not a scorer
 

@@ -1,4 +1,5 @@
-"""Built-in scorers: least-outstanding, kv-headroom, cheapest, slo-predicted, prefix-affinity."""
+"""Built-in scorers: least-outstanding, kv-headroom, cheapest, slo-predicted, fastest-predicted,
+prefix-affinity."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from policies.framework import RouteContext
 from policies.profile import RequestProfile
 from policies.scorers.affinity import PrefixAffinity, PrefixAffinityParams
 from policies.scorers.cost import Cheapest, cost_per_mtok
-from policies.scorers.latency import SloPredicted
+from policies.scorers.latency import FastestPredicted, SloPredicted
 from policies.scorers.load import (
     ClassOutstanding,
     ClassTokens,
@@ -227,6 +228,48 @@ def test_slo_predicted_through_the_engine_reads_observed_latency_and_queue():
     assert scores == pytest.approx(
         {"h100-0": 1.0, "mi300x-0": 0.5}, abs=0.01
     )  # + 10 prompt tokens of prefill
+    assert e.order[0] == h100.name
+
+
+def test_fastest_predicted_breaks_the_tie_among_backends_that_all_meet_the_slo():
+    h100, mi300x = _fleet(h100=1, mi300x=1)
+    route = Route(slo=Slo(ttft_ms=800, tpot_ms=60))
+    profile = RequestProfile(model=MODEL, prompt_tokens_estimate=10, context_needed=110, max_tokens=100)
+    # both meet the SLO: slo-predicted cannot tell them apart; 0.05 + 100 x 0.008 = 0.85 s beats
+    # 0.07 + 100 x 0.011 = 1.17 s
+    ctx = _ctx(route, profile=profile, predicted_ttft=[0.05, 0.07], predicted_tpot=[0.008, 0.011])
+    assert SloPredicted().score(ctx, [h100, mi300x]) == pytest.approx([1.0, 1.0])
+    assert FastestPredicted().score(ctx, [h100, mi300x]) == pytest.approx([1.0, 0.85 / 1.17])
+
+
+def test_fastest_predicted_without_predictions_scores_every_backend_alike():
+    a, b = _fleet(h100=2, mi300x=0)
+    assert FastestPredicted().score(_ctx(), [a, b]) == [1.0, 1.0]
+
+
+def test_fastest_predicted_through_the_engine_sends_an_idle_fleet_s_request_to_the_faster_pool():
+    """`prefer: any` lists the pools in file order; the MI300X listed first still loses to an idle
+    H100 on its priors (lower time per token at small batches)."""
+    h100, mi300x = _fleet()
+    engine = PolicyEngine(
+        parse_policy(
+            textwrap.dedent(
+                """
+                routes:
+                  default:
+                    prefer: any
+                    slo: {ttft_ms: 800, tpot_ms: 60}
+                    strategy: {slo-predicted: 2, least-outstanding: 1, fastest-predicted: 1}
+                """
+            )
+        ),
+        [mi300x, h100],
+    )
+    profile = RequestProfile(model=MODEL, prompt_tokens_estimate=200, context_needed=456, max_tokens=256)
+    e = explain(engine, profile, [mi300x, h100])
+    assert e.explanation is not None
+    scores = {c.backend: c.scores["fastest-predicted"] for c in e.explanation.candidates}
+    assert scores[h100.name] == 1.0 and scores[mi300x.name] < 1.0
     assert e.order[0] == h100.name
 
 
