@@ -117,21 +117,21 @@ def test_policy_explain_rejects_negative_sequences_in_flight(tmp_path, capsys):
 
 
 def test_policy_explain_shows_the_seats_a_backends_requests_hold(tmp_path, capsys):
-    """A batch job (n=4) and a state where h100-0's 30 requests hold 128 sequences: past balanced's batch
+    """A batch job (n=4) and a state where h100-0's 64 requests hold 256 sequences: past balanced's batch
     mark, said in the sequences; a backend given only `inflight` holds one sequence per request."""
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"model": REQUEST["model"], "messages": REQUEST["messages"], "n": 4}))
     state = tmp_path / "state.json"
     state.write_text(
-        json.dumps({"h100-0": {"inflight": 30, "inflight_seqs": 128}, "h100-1": {"inflight": 5}})
+        json.dumps({"h100-0": {"inflight": 64, "inflight_seqs": 256}, "h100-1": {"inflight": 5}})
     )
     args = ["policy", "explain", "balanced", "--request", str(job), "--state", str(state), "--json"]
     assert cli.main(args) == 0
     explained = msgspec.json.decode(capsys.readouterr().out, type=Explained)
     assert explained.explanation is not None
     candidates = {c.backend: c for c in explained.explanation.candidates}
-    assert candidates["h100-0"].inflight_seqs == 128
-    assert candidates["h100-0"].why_not == "128 sequences in flight (limit 128)"
+    assert candidates["h100-0"].inflight_seqs == 256
+    assert candidates["h100-0"].why_not == "256 sequences in flight (limit 256)"
     assert not candidates["h100-0"].can_take_more
     assert candidates["h100-1"].inflight_seqs == 5 and candidates["h100-1"].can_take_more
 

@@ -74,38 +74,57 @@ def test_a_burst_between_scrapes_spills_interactive_requests_to_mi300x():
     engine = _preset("balanced", backends)
     # The last scrape found every backend idle; 30 streamed chat requests of ~3,000 (estimated) tokens
     # arrive before the next one. Without counting what it sends, the engine put them all on the H100s.
-    probe = _request(_chat(2000, stream=True, max_tokens=200))
-    first = [engine.choose(_request(_chat(2000, stream=True, max_tokens=200)), backends) for _ in range(30)]
-    assert {d.request_class for d in first} == {"interactive"}
-    vendors = [d.candidates[0].pool.vendor for d in first]
-    spilled = vendors.index("amd")
-    assert spilled >= 10, "idle H100s are preferred"
-    assert vendors[spilled:] == ["amd"] * (30 - spilled), "then MI300X, once the H100s are predicted to miss"
-    # At that moment each H100's predicted TTFT is past the 800 ms SLO, each MI300X's still within it.
-    _, trace = engine.decide_traced(probe, backends)
+    chat = _chat(2000, stream=True, max_tokens=200)
+    chosen: list[Backend] = []
+    for _ in range(30):
+        decision, trace = engine.decide_traced(_request(chat), backends)
+        assert decision.request_class == "interactive" and not decision.hold
+        assert trace.ctx is not None and trace.ctx.predicted_ttft is not None
+        predicted = dict(zip(trace.kept, trace.ctx.predicted_ttft, strict=True))
+        best = decision.candidates[0]
+        # Never a backend predicted to miss the 800 ms SLO while another is predicted to meet it.
+        if min(predicted.values()) <= 0.8:
+            assert predicted[best] <= 0.8, (best.name, predicted)
+        chosen.append(best)
+    assert chosen[0].pool.vendor == "nvidia", "an idle H100 is the fastest"
+    vendors = [b.pool.vendor for b in chosen]
+    assert vendors.count("amd") >= 10 and vendors.count("nvidia") >= 10, "the burst spreads"
+    # At the end of the burst each H100's predicted TTFT is past the SLO: the next request goes to an
+    # MI300X whose prediction still meets it.
+    decision, trace = engine.decide_traced(_request(chat), backends)
     assert trace.ctx is not None and trace.ctx.predicted_ttft is not None
-    predicted = dict(zip([b.name for b in trace.kept], trace.ctx.predicted_ttft, strict=True))
-    assert predicted["h100-0"] > 0.8 and predicted["h100-1"] > 0.8
-    assert predicted["mi300x-0"] < 0.8 and predicted["mi300x-1"] < 0.8
+    predicted = {b.name: t for b, t in zip(trace.kept, trace.ctx.predicted_ttft, strict=True)}
+    assert decision.candidates[0].pool.vendor == "amd" and predicted[decision.candidates[0].name] < 0.8
     # A new scrape replaces the estimate: the H100s (still idle by the scrape) are preferred again.
     for b in backends:
         b.load = EngineLoad(scraped_at=101.0)
-    assert engine.choose(probe, backends).candidates[0].pool.vendor == "nvidia"
+    assert engine.choose(_request(chat), backends).candidates[0].pool.vendor == "nvidia"
 
 
-def test_a_scraped_queue_plus_what_was_sent_since_makes_the_h100s_miss():
+def test_h100s_predicted_to_miss_send_interactive_work_to_the_mi300x():
+    """A scraped queue on the H100s, plus what this gateway sent them since, puts their predicted TTFT
+    past the SLO: the next requests go to the MI300X, and none back to an H100 until a scrape says so."""
     backends = _fleet()
     engine = _preset("balanced", backends)
     for b in backends[:2]:
         b.load = EngineLoad(running=60, waiting=1, scraped_at=100.0)
         b.observed.ttft = 0.3
+    for b in backends[2:]:
+        b.load = EngineLoad(running=120, waiting=0, scraped_at=100.0)  # busier, but no queue
+        b.observed.ttft = 0.3
     chat = _request(_chat(300, stream=True, max_tokens=100))
-    first = engine.choose(chat, backends)
-    assert first.candidates[0].pool.vendor == "nvidia"  # 0.3 s x (1 + 1/2) = 0.45 s: meets 800 ms
+    # 0.3 s x (1 + 1/2) = 0.45 s: the H100s meet 800 ms, and take their share.
+    sent = Counter(engine.choose(chat, backends).candidates[0].name for _ in range(12))
+    assert sent["h100-0"] + sent["h100-1"] >= 1
     # Three more sent to each H100 since that scrape queue behind it: 0.3 x (1 + 4/2) = 0.9 s > 0.8 s.
-    sent = Counter(engine.choose(chat, backends).candidates[0].name for _ in range(6))
-    assert sent["mi300x-0"] + sent["mi300x-1"] >= 1
-    assert engine.choose(chat, backends).candidates[0].pool.vendor == "amd"
+    for b in backends[:2]:
+        for _ in range(3):
+            engine.recent.sent(b, 300)
+    after = [engine.choose(chat, backends).candidates[0] for _ in range(20)]
+    assert {b.pool.vendor for b in after} == {"amd"}
+    for b in backends[:2]:
+        b.load = EngineLoad(running=60, waiting=0, scraped_at=101.0)
+    assert any(engine.choose(chat, backends).candidates[0].pool.vendor == "nvidia" for _ in range(4))
 
 
 # --- shedding -----------------------------------------------------------------------------------------
@@ -273,7 +292,7 @@ def test_batch_goes_to_the_h100s_and_to_the_mi300x_only_when_they_are_full():
     assert set(used) == {"h100-0", "h100-1"}
     # The H100s hold their mark of batch sequences: the next job goes to an MI300X rather than wait.
     for b in backends[:2]:
-        _running(b, "batch", 32, n=4)
+        _running(b, "batch", 64, n=4)
     decision = engine.choose(batch, backends)
     assert not decision.hold and decision.candidates[0].pool.vendor == "amd"
 
@@ -302,14 +321,14 @@ def test_long_context_is_spread_by_its_own_prompt_tokens_in_flight():
 
 
 def test_batch_leaves_seats_for_a_burst_of_interactive_work():
-    """A backend whose requests from this gateway hold 128 sequences takes no more batch, though its queue
+    """A backend whose requests from this gateway hold 256 sequences takes no more batch, though its queue
     is empty and its KV cache half free: a batch job holds its sequences for its whole (long) output and
     each slows every decode step, so the rest of the step is kept for interactive bursts. Batch waits."""
     backends = _fleet()
     engine = _preset("balanced", backends)
     for b in backends:
-        b.load = EngineLoad(running=128, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
-        _running(b, "batch", 30, n=4)  # 30 requests, 120 seats
+        b.load = EngineLoad(running=256, waiting=0, kv_cache_usage=0.5, scraped_at=100.0)
+        _running(b, "batch", 62, n=4)  # 62 requests, 248 seats
         _running(b, "interactive", 8)
     batch = engine.choose(_request(_chat(200, max_tokens=800, n=4)), backends)
     assert batch.request_class == "batch" and batch.hold
@@ -327,16 +346,17 @@ def test_batch_leaves_seats_for_a_burst_of_interactive_work():
 
 
 def test_the_seat_mark_counts_sequences_not_requests():
-    """38 requests in flight are few, but 30 of them with n=4 hold 128 of vLLM's seats: counted by
-    requests (the preset's mark before), a burst found those seats taken by jobs running for 20 s."""
+    """70 requests in flight are few, but 62 of them with n=4 hold 256 of vLLM's seats with the 8 chats:
+    counted by requests (the preset's mark before), a burst found those seats taken by jobs running for
+    20 s."""
     backends = _fleet()
     route = load_policy(resolve("balanced")).policy.routes["batch"]
-    assert route.saturation.max_seqs == 128
+    assert route.saturation.max_seqs == 256
     for b in backends:
-        _running(b, "batch", 30, n=4)
+        _running(b, "batch", 62, n=4)
         _running(b, "interactive", 8)
     limits = route.saturation
-    assert all(saturation_reason(b, limits) == "128 sequences in flight (limit 128)" for b in backends)
+    assert all(saturation_reason(b, limits) == "256 sequences in flight (limit 256)" for b in backends)
     backends[0].inflight_seqs -= 1
     assert saturation_reason(backends[0], limits) is None
 
