@@ -260,8 +260,10 @@ def test_past_a_backends_seats_requests_queue_where_its_metrics_show_them(tmp_pa
 model: {MODEL}
 groups:
   - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90,
-      ttft_ms: 5000, tpot_ms: 1, max_model_len: 8192}}
+      ttft_ms: 10000, tpot_ms: 1, max_model_len: 8192}}
 """
+    # Each request holds its seat for 10 s, longer than a slow machine's client takes to open 1,200
+    # streams (its event loop also runs the polling below, which it can starve for seconds).
     with Fleet(parse_fleet_spec(spec, "<one backend>"), log_dir=tmp_path / "fleet") as one:
         data = one.gateway_config(connections={"max_per_client": 2000})
         data["policy"] = {"file": "balanced"}
@@ -287,13 +289,14 @@ groups:
 
                 tasks = [asyncio.create_task(one_stream()) for _ in range(STREAMS)]
                 seen = 0.0
-                deadline = time.monotonic() + 4.0
+                deadline = time.monotonic() + 9.0
                 while time.monotonic() < deadline and seen < STREAMS:
                     await asyncio.sleep(0.1)
                     values = await asyncio.to_thread(sim_metrics, sim)
-                    seen = metric(values, "vllm:num_requests_running") + metric(
+                    now = metric(values, "vllm:num_requests_running") + metric(
                         values, "vllm:num_requests_waiting"
                     )
+                    seen = max(seen, now)
                 return await asyncio.gather(*tasks), seen
 
         with running_gateway(data, tmp_path / "gw") as base:
