@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from backends.models import Backend
 from gateway.errors import GatewayError, normalise_upstream_error, upstream_failed, upstream_timeout
+from gateway.request.classify import CHARS_PER_TOKEN
 from gateway.request.parse import ParsedRequest
 
 FIVE_XX = "an error answer (5xx)"
@@ -40,7 +41,7 @@ def predicted_seconds(parsed: ParsedRequest, backend: Backend) -> float:
     observed, pool = backend.observed, backend.pool
     ttft = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
     tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
-    prompt = parsed.prompt_chars / 4
+    prompt = parsed.prompt_chars / CHARS_PER_TOKEN
     n = max(1, parsed.n)
     if parsed.endpoint == "embeddings":
         generated = 0.0
@@ -63,10 +64,11 @@ def too_large_for_timeout(
     parsed: ParsedRequest, backend: Backend, waited: float, predicted: float
 ) -> GatewayError:
     asked = "" if parsed.max_tokens is None else f"max_tokens={parsed.max_tokens}, "
+    prompt_tokens = parsed.prompt_chars // CHARS_PER_TOKEN
     return GatewayError(
         504,
         f"The request did not get an answer from backend `{backend.name}` within {waited:g} s, and its "
-        f"size explains it ({asked}n={parsed.n}, a prompt of about {parsed.prompt_chars // 4} tokens: "
+        f"size explains it ({asked}n={parsed.n}, a prompt of about {prompt_tokens} tokens: "
         f"about {predicted:.3g} s of work at that backend's measured speed). It was not retried on "
         "other backends, which would time out the same way; ask for fewer tokens (max_tokens, n) or "
         "stream the answer.",
