@@ -66,7 +66,7 @@ def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")
         parsed = parse(endpoint, await request.body())  # type: ignore[arg-type]
-        profile = classify(parsed, read_caller(request.scope))
+        profile = classify(parsed, read_caller(request.scope), pipeline.prompt_sizer)
         serving = pipeline.catalog.serving(profile.model)
         if not serving:
             raise model_not_found(profile.model)

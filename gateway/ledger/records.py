@@ -60,6 +60,8 @@ class UsageRecord:
     queued_s: float = 0.0
     """Seconds the request waited for room (back-pressure) before it was sent: it arrived that long
     before `duration_s` starts (a replay needs its arrival)."""
+    prompt_chars: int = 0
+    """The prompt's characters, which the estimate divides (a replay estimates again from them)."""
 
 
 @dataclass(slots=True)

@@ -98,6 +98,7 @@ def account(
         session=profile.session,
         bound_nusd=int(backend.pool.backend_price_per_second * duration * 1e9),
         client_request_id=caller.client_request_id,
+        prompt_chars=parsed.prompt_chars,
     )
     ledger.record(record)
     return record

@@ -129,13 +129,14 @@ class Attempts:
                 _close(response)
                 ctx.release()
                 trace.attempt_done(None, f"timeout: no answer within {wait:g} s")
-                predicted = size_explains_timeout(parsed, backend, wait)
+                prompt = ctx.profile.prompt_tokens_estimate
+                predicted = size_explains_timeout(parsed, prompt, backend, wait)
                 if predicted is not None:  # the request's own size: not the backend's fault, nor retried
                     breaker.release()
                     _unresolved(suspect, suspect_why)
                     ctx.attempts = tries
                     raise with_attempts(
-                        too_large_for_timeout(parsed, backend, wait, predicted), ctx
+                        too_large_for_timeout(parsed, prompt, backend, wait, predicted), ctx
                     ) from None
                 why = f"no answer within {wait:g} s"
                 if suspect is not None and suspect_kind is TIMEOUT:

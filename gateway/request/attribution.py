@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from backends.models import Backend
 from gateway.errors import GatewayError, normalise_upstream_error, upstream_failed, upstream_timeout
-from gateway.request.classify import CHARS_PER_TOKEN
 from gateway.request.parse import ParsedRequest
 
 FIVE_XX = "an error answer (5xx)"
@@ -36,12 +35,12 @@ SIZE_EXPLAINS = 0.5
 time it was given."""
 
 
-def predicted_seconds(parsed: ParsedRequest, backend: Backend) -> float:
-    """Seconds the backend needs before its first byte: the whole answer, or a stream's first chunk."""
+def predicted_seconds(parsed: ParsedRequest, prompt: int, backend: Backend) -> float:
+    """Seconds the backend needs before its first byte: the whole answer, or a stream's first chunk, for
+    a prompt of about `prompt` tokens (the gateway's estimate, gateway/request/prompt_size.py)."""
     observed, pool = backend.observed, backend.pool
     ttft = observed.ttft if observed.ttft is not None else pool.prior_ttft_s
     tpot = observed.tpot if observed.tpot is not None else pool.prior_tpot_s
-    prompt = parsed.prompt_chars / CHARS_PER_TOKEN
     n = max(1, parsed.n)
     if parsed.endpoint == "embeddings":
         generated = 0.0
@@ -54,17 +53,18 @@ def predicted_seconds(parsed: ParsedRequest, backend: Backend) -> float:
     return ttft + (prompt / PREFILL_SPEEDUP + generated) * tpot
 
 
-def size_explains_timeout(parsed: ParsedRequest, backend: Backend, waited: float) -> float | None:
+def size_explains_timeout(
+    parsed: ParsedRequest, prompt: int, backend: Backend, waited: float
+) -> float | None:
     """The predicted seconds when they explain a timeout after `waited` seconds, else None."""
-    predicted = predicted_seconds(parsed, backend)
+    predicted = predicted_seconds(parsed, prompt, backend)
     return predicted if predicted >= waited * SIZE_EXPLAINS else None
 
 
 def too_large_for_timeout(
-    parsed: ParsedRequest, backend: Backend, waited: float, predicted: float
+    parsed: ParsedRequest, prompt_tokens: int, backend: Backend, waited: float, predicted: float
 ) -> GatewayError:
     asked = "" if parsed.max_tokens is None else f"max_tokens={parsed.max_tokens}, "
-    prompt_tokens = parsed.prompt_chars // CHARS_PER_TOKEN
     return GatewayError(
         504,
         f"The request did not get an answer from backend `{backend.name}` within {waited:g} s, and its "

@@ -30,6 +30,7 @@ from gateway.request.context import FailureListener, RequestContext, Tracer
 from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import ParsedRequest, parse
+from gateway.request.prompt_size import PromptSizer
 from gateway.request.sse import SseRelay
 from gateway.tenants.reservation import charged_cost
 from policies.engine import PolicyEngine
@@ -80,6 +81,8 @@ class Pipeline:
         """Metrics and the access log, told of requests that end in an error."""
         self.tenants: Tenants | None = None
         """Keys, limits and budgets (gateway/tenants/); None when `auth.mode` is open."""
+        self.prompt_sizer = PromptSizer()
+        """Prompt tokens from characters, learned from what the backends count (`_account` teaches it)."""
         self.clock_scale = 1.0
         """Backend seconds per gateway second (`policy.clock_scale`): what observe() feeds routing and
         the back-pressure wait are scaled by it, so both stay on the clock the SLOs are written for."""
@@ -120,7 +123,7 @@ class Pipeline:
         ctx.parsed = parse(ctx.endpoint, ctx.body)
 
     def classify(self, ctx: RequestContext) -> None:
-        ctx.profile = classify(ctx.parsed, ctx.caller)
+        ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer)
         ctx.classified_ns = time_ns()
 
     def route(self, ctx: RequestContext) -> None:
@@ -224,6 +227,8 @@ class Pipeline:
             )
         if observe_latency:
             observe(served.backend, record, self.clock_scale)
+        if record.usage_source == "backend" or served.prompt_tokens_counted is not None:
+            self.prompt_sizer.learn(parsed.model, record.key, parsed.prompt_chars, record.prompt_tokens)
         if self.recorded is not None:
             self.recorded(record, parsed)
         ctx.trace.finish(ctx, record)

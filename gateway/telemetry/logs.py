@@ -6,9 +6,10 @@ What is still buffered is written at shutdown. Prompts are logged only when an o
 `telemetry.access_log.include_prompts` (the request body as sent, under `request_body`).
 
 A line also keeps what `switchyard whatif` needs to replay the request (loadtest/whatif/): the inputs of
-classification (`prompt_estimate`, `max_tokens`, `n`, `priority`, `class_header`, `tenant`) and, instead of
-the prompt, hashes of its start: `affinity` (what `prefix-affinity` keys on) and `prefix` (chain hashes of
-its leading 1024-character blocks, so prompts sharing a document share leading hashes).
+classification (`prompt_chars`, `prompt_estimate`, `max_tokens`, `n`, `priority`, `class_header`,
+`tenant`) and, instead of the prompt, hashes of its start: `affinity` (what `prefix-affinity` keys on)
+and `prefix` (chain hashes of its leading 1024-character blocks, so prompts sharing a document share
+leading hashes).
 
 The log is the `switchyard.access` logger's to silence: below INFO (`switchyard serve --log-level
 warning`) it writes nothing.
@@ -68,6 +69,8 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     """The client's `x-request-id`, when it sent one (request_id is the gateway's)."""
     queued_s: float = 0.0
     """Seconds it waited for room before it was sent (it arrived at ts - duration_s - queued_s)."""
+    prompt_chars: int = 0
+    """The prompt's characters: a replay estimates its tokens again from them, as the gateway would."""
 
 
 PREFIX_BLOCK_CHARS = 1024
@@ -132,6 +135,8 @@ class AccessLog:
             line.client_request_id = r.client_request_id
         if r.queued_s:
             line.queued_s = round(r.queued_s, 6)
+        if r.prompt_chars:
+            line.prompt_chars = r.prompt_chars
         self._write(line)
 
     def error(

@@ -48,6 +48,8 @@ class LogLine(msgspec.Struct, kw_only=True, rename={"request_class": "class"}):
     prefix: list[str] | None = None
     queued_s: float = 0.0
     """Seconds the gateway held it for room (back-pressure) before sending it."""
+    prompt_chars: int = 0
+    """The prompt's characters (absent from older logs: then 4 x `prompt_estimate`, as it was made)."""
 
 
 @dataclass(slots=True)

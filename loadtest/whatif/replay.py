@@ -1,13 +1,12 @@
 """The virtual-clock replay: recorded arrivals, the policy engine and the simulated fleet in one process.
 
 Discrete events on one simulated timeline, no HTTP and no sleeping. Each arrival is classified and routed
-by the policy engine (`PolicyEngine.choose`, the gateway's own) from the backend state the gateway would
-hold: its in-flight counts, the engine gauges of the last scrape (every `scrape_interval_s`) and the
-latency averages fed by the requests it saw finish (`observe`, as gateway/request/pipeline.py does). A
-request of a route with back-pressure that finds no room is held, decided again and sent or refused with
-429 as the gateway does it (loadtest/whatif/holds.py). The chosen backend's scheduler
-(backends/sim/scheduler.py) admits it; each engine step is priced by the GPU performance model and
-applied at its end, exactly as `BatchEngine` runs it over HTTP.
+by the policy engine (`PolicyEngine.choose`, the gateway's own) from what the gateway would know: its
+in-flight counts, the engine gauges of the last scrape (every `scrape_interval_s`), and the latency
+averages and prompt sizes taught by the requests it saw finish (as gateway/request/pipeline.py does). A
+request that finds no room is held, decided again and sent or refused with 429 as the gateway does it
+(loadtest/whatif/holds.py). The chosen backend's scheduler (backends/sim/scheduler.py) admits it; each
+engine step is priced by the GPU model and applied at its end, exactly as `BatchEngine` runs it.
 
 Speed: a run of decode-only steps with nothing arriving and nothing finishing is applied in one go
 (loadtest/whatif/coasting.py): the same steps, durations and token times for everything a report reads.
@@ -28,7 +27,7 @@ from loadtest.whatif.accesslog import Recorded
 from loadtest.whatif.coasting import coast
 from loadtest.whatif.holds import Held, Holds
 from loadtest.whatif.simfleet import SimBackend
-from loadtest.whatif.standins import BlockNames, profile_of
+from loadtest.whatif.standins import BlockNames, Profiles
 from policies.engine import PolicyEngine
 from policies.framework import Decision
 from policies.profile import RequestProfile
@@ -111,6 +110,7 @@ class Replay:
         self.steps = 0
         self.limits: Counter[str] = Counter()
         self._blocks = BlockNames()
+        self.profiles = Profiles()
         self._observed_per_simulated = 1.0 / clock_scale
         self.holds = Holds(engine, self._serving, clock_scale)
         self._outcomes: list[Outcome | None] = [None] * len(requests)
@@ -196,7 +196,7 @@ class Replay:
             outcome.error = "not modelled: unknown model"
             self._outcomes[request.index] = outcome
             return
-        profile = profile_of(line)
+        profile = self.profiles.of(line)
         decision = self.engine.choose(profile, serving)
         holds = self.holds
         limits = holds.limits(decision.request_class) if decision.candidates else None
@@ -397,3 +397,4 @@ class Replay:
             backend.observed.add((ttft - held) * seen, tpot)
         elif per_choice >= 16:
             backend.observed.add(None, (outcome.e2e - held) / per_choice * seen)
+        self.profiles.counted(line)

@@ -4,6 +4,7 @@ and the names of the prompt's KV-cache blocks (from the logged prefix hashes).""
 
 from __future__ import annotations
 
+from gateway.request.prompt_size import PromptSizer
 from loadtest.whatif.accesslog import LogLine, Recorded
 from policies.profile import RequestProfile
 
@@ -24,22 +25,39 @@ class _AffinityKey:
         return self.key
 
 
-def profile_of(line: LogLine) -> RequestProfile:
-    """The request as the gateway's classifier saw it."""
-    estimate = line.prompt_estimate or line.prompt_tokens
-    return RequestProfile(
-        model=line.model,
-        prompt_tokens_estimate=estimate,
-        context_needed=estimate + (line.max_tokens or 1),
-        stream=line.stream,
-        key_id=line.key or "anonymous",
-        max_tokens=line.max_tokens,
-        n=line.n,
-        priority=line.priority,
-        tenant=line.tenant,
-        explicit_class=line.class_header,
-        parsed=_AffinityKey(line.affinity) if line.affinity else None,
-    )
+def prompt_chars(line: LogLine) -> int:
+    """The prompt's characters: logged, or (older logs) 4 x the estimate, which the gateway made from them
+    at 4 characters per token (the recorded count stands in for an estimate never logged)."""
+    return line.prompt_chars or 4 * (line.prompt_estimate or line.prompt_tokens)
+
+
+class Profiles:
+    """The requests as the gateway's classifier would see them, their prompts estimated as the gateway
+    estimates them: by a `PromptSizer` taught by the counts of the answers before them."""
+
+    def __init__(self) -> None:
+        self.sizer = PromptSizer()
+
+    def of(self, line: LogLine) -> RequestProfile:
+        key = line.key or "anonymous"
+        estimate = self.sizer.estimate(line.model, key, prompt_chars(line))
+        return RequestProfile(
+            model=line.model,
+            prompt_tokens_estimate=estimate,
+            context_needed=estimate + (line.max_tokens or 1),
+            stream=line.stream,
+            key_id=key,
+            max_tokens=line.max_tokens,
+            n=line.n,
+            priority=line.priority,
+            tenant=line.tenant,
+            explicit_class=line.class_header,
+            parsed=_AffinityKey(line.affinity) if line.affinity else None,
+        )
+
+    def counted(self, line: LogLine) -> None:
+        """The backend answered it with its count of the prompt's tokens (`usage.prompt_tokens`)."""
+        self.sizer.learn(line.model, line.key or "anonymous", prompt_chars(line), line.prompt_tokens)
 
 
 class BlockNames:
@@ -61,7 +79,7 @@ class BlockNames:
         prompt = line.prompt_tokens
         full = prompt // block_size
         prefix = line.prefix or ()
-        chars = 4 * (line.prompt_estimate or prompt)  # the gateway's estimate is characters / 4
+        chars = prompt_chars(line)
         hashes: list[int] = []
         if prefix and chars:
             per_hash = self._tokens_per_hash.setdefault(prefix[0], PREFIX_BLOCK_CHARS * prompt / chars)

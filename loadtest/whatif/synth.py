@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import msgspec
 
 from backends.sim.text import chat_prompt_tokens
-from gateway.request.classify import CHARS_PER_TOKEN
 from gateway.telemetry.logs import replay_keys
 from loadtest.workload import PlannedRequest
 
@@ -56,7 +55,7 @@ def log_lines(requests: list[PlannedRequest]) -> list[dict[str, object]]:
             "class": request.request_class,
             "prompt_tokens": chat_prompt_tokens(contents),
             "completion_tokens": request.output_tokens * body.n,
-            "prompt_estimate": -(-sum(len(c) for c in contents) // CHARS_PER_TOKEN),
+            "prompt_chars": sum(len(c) for c in contents),
             "max_tokens": body.max_tokens,
             "n": body.n,
             "affinity": keys.affinity,

@@ -66,15 +66,16 @@ def test_past_the_mi300x_long_prompts_get_429s_and_chat_keeps_its_slo(tmp_path: 
 def test_held_while_the_mi300x_decode_slowly_long_context_falls_with_load_not_off_a_cliff(
     tmp_path: Path,
 ) -> None:
-    # `mixed` at 28.75/s, past balanced's capacity. Without the decode mark the long prompts are sent while
+    # `mixed` at 31.25/s, past balanced's capacity. Without the decode mark the long prompts are sent while
     # the MI300X decode slowly, slow steps keep more sequences in flight, which slow the steps further:
-    # 53% of them meet their SLO. With it (`max_slowdown: 6`: 54 ms a token for an 8B model on an MI300X)
-    # they wait (then 429) while decoding recovers: 92%.
-    held = _classes("mixed", "balanced", 28.75, 90, tmp_path)
-    assert held["long-context"]["slo_attainment"] >= 0.87
+    # 37% of them meet their SLO. With it (`max_slowdown: 6`: 54 ms a token for an 8B model on an MI300X)
+    # they wait (then 429) while decoding recovers: 85%. (At 28.75/s, before the prompt-size estimate was
+    # learned and the long prompts that fit 8k went to the H100s too, it was 53% against 92%; now 84/93%.)
+    held = _classes("mixed", "balanced", 31.25, 90, tmp_path)
+    assert held["long-context"]["slo_attainment"] >= 0.8
     assert set(held["long-context"]["error_kinds"]) <= {"refused (429)"}
     assert held["chat"]["slo_attainment"] >= 0.99
     unmarked = tmp_path / "unmarked.yaml"
     unmarked.write_text(unmarked_balanced())
-    sent = _classes("mixed", str(unmarked), 28.75, 90, tmp_path)
-    assert sent["long-context"]["slo_attainment"] < 0.7
+    sent = _classes("mixed", str(unmarked), 31.25, 90, tmp_path)
+    assert sent["long-context"]["slo_attainment"] < 0.6

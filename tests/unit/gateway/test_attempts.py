@@ -10,7 +10,7 @@ from backends.breaker import CLOSED, OPEN
 from backends.models import Backend, Pool
 from gateway.errors import GatewayError
 from gateway.request.backend_connection import ConnectFailed
-from gateway.request.classify import Caller
+from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.parse import parse
@@ -43,6 +43,7 @@ def routed(upstream: Upstream, *candidates: Backend, stream: bool = False) -> Re
     parsed = parse("chat", json.dumps(body).encode())
     ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
     ctx.parsed = parsed
+    ctx.profile = classify(parsed, ctx.caller)
     ctx.decision = Decision(candidates=list(candidates), route="r")
     ctx.limits = upstream.defaults
     return ctx

@@ -12,6 +12,7 @@ from backends.breaker import CLOSED, OPEN, BreakerOptions
 from backends.models import Backend
 from gateway.errors import GatewayError
 from gateway.request.backend_connection import ConnectFailed
+from gateway.request.classify import classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.parse import parse
@@ -52,6 +53,7 @@ def request(upstream: Upstream, candidates: list[Backend], content: str = "hi", 
     ctx = routed(upstream, *candidates)
     body = {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
     ctx.parsed = parse("chat", json.dumps(body).encode())
+    ctx.profile = classify(ctx.parsed, ctx.caller)
     return ctx
 
 

@@ -16,7 +16,7 @@ from backends.models import Backend, Pool
 from gateway.errors import GatewayError
 from gateway.request import relay
 from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
-from gateway.request.classify import Caller
+from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import OpenStream, RelayedStream, Upstream
 from gateway.request.parse import ParsedRequest, parse
@@ -159,6 +159,7 @@ def _ctx(
     caller = Caller(request_id="req-t", authorization=None, forwarded=forwarded or {})
     ctx = RequestContext(parsed.endpoint, caller, body=parsed.body)
     ctx.parsed = parsed
+    ctx.profile = classify(parsed, caller)
     ctx.decision = Decision(candidates=candidates, route="r")
     ctx.limits = upstream.defaults
     return ctx
