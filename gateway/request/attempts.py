@@ -2,7 +2,9 @@
 
 Retries happen only before anything has reached the client: a refused, broken or timed-out attempt, or
 a 5xx or 429 answer, moves the request to the next candidate, after a jittered backoff, while the
-request's `max_attempts` and the gateway-wide retry budget allow. A `Retry-After` pauses the backend. An
+request's `max_attempts` and the gateway-wide retry budget allow. A 400 refusing the prompt as longer
+than the backend's context window moves it at once to the next candidate with a longer one (routing fits
+prompts by an estimate of their tokens; `too_long_for`). A `Retry-After` pauses the backend. An
 error answered after several backends were tried names them all (`x-switchyard-backends-tried`, the
 message) and says how many (`x-switchyard-attempts`).
 
@@ -19,6 +21,7 @@ when set, bounds the whole request.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from backends.breaker import CLOSED, Breaker
 from backends.models import Backend
@@ -75,17 +78,23 @@ class Attempts:
         suspect: Breaker | None = None
         """The breaker of an earlier attempt's 5xx or timeout, until a later attempt says whose it was."""
         suspect_kind = suspect_why = ""
-        for backend in ctx.decision.candidates:
-            if not backend.healthy:
-                continue  # opened, drained or paused since routing
+        refused_context = 0
+        """The longest context window that refused the prompt as too long: shorter ones are skipped."""
+        rerouted = False
+        """The last attempt was refused for context: the next goes at once, outside the retry budget."""
+        candidates = ctx.decision.candidates
+        for backend in candidates:
+            if backend.max_model_len <= refused_context or not backend.healthy:
+                continue  # too short for this prompt; or opened, drained or paused since routing
             breaker = backend.breaker
             if breaker.state is not CLOSED and not breaker.allow():
                 continue
-            if tries:
+            if tries and not rerouted:
                 if tries >= limits.max_attempts or not budget.take():
                     breaker.release()
                     break
                 await asyncio.sleep(budget.backoff(tries))
+            rerouted = False
             wait = limits.first_byte
             if deadline is not None:
                 wait = min(wait, deadline - loop.time())
@@ -158,6 +167,13 @@ class Attempts:
                     with_attempts(exc, ctx)
                 raise
             trace.attempt_done(status)
+            if status == 400 and too_long_for(backend, payload, candidates):
+                response.release()
+                ctx.release()
+                breaker.release()  # the gateway's estimate of the prompt missed: nobody's failure
+                refused_context, rerouted = backend.max_model_len, True
+                error = upstream_status_error(status, payload, backend)
+                continue
             if status >= 500 or status in RETRY_STATUSES:
                 response.release()
                 ctx.release()
@@ -214,6 +230,23 @@ class Attempts:
         backend = ctx.backend
         assert backend is not None
         return the_requests_fault(kind, ctx.tried_names(), status, payload, backend, waited)
+
+
+CONTEXT_REFUSALS = (b"maximum context length", b"maximum model length", b"context_length_exceeded")
+"""How vLLM (and the simulator) say a prompt is longer than the backend's context window."""
+
+
+def too_long_for(backend: Backend, payload: bytes, candidates: Sequence[Backend]) -> bool:
+    """A 400 refusing the prompt as longer than this backend's context, when a longer candidate is left.
+
+    Routing fits prompts by an estimate of their tokens (gateway/request/prompt_size.py); when it
+    undercounts, the backend refuses the request before doing any work, and the request goes to a
+    candidate with a longer context window, at once, outside the retry budget and `max_attempts` (each
+    such step is to a strictly longer window, so there are few)."""
+    text = payload[:2048].lower()
+    if not any(marker in text for marker in CONTEXT_REFUSALS):
+        return False
+    return any(b.max_model_len > backend.max_model_len for b in candidates)
 
 
 def _unresolved(suspect: Breaker | None, why: str) -> None:

@@ -18,6 +18,8 @@ import openai
 import pytest
 from openai import OpenAI
 
+from backends.models import Backend, Pool
+from gateway.request.attempts import too_long_for
 from tests.vllm.conftest import AMD, MAX_MODEL_LEN, MODEL, QUEUED, VllmEnv
 
 MESSAGES = [{"role": "user", "content": "Hello, world!"}]
@@ -167,6 +169,15 @@ def test_vllms_own_400_comes_back_in_openai_shape(client: OpenAI, vllm_env: Vllm
     assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400, body  # vLLM's own
     assert str(MAX_MODEL_LEN) in body["error"]["message"], body  # it names the server's max_model_len
     assert {name: vllm_env.counters(name) for name in SERVERS} == before
+    # Had a backend with a longer window been a candidate, the gateway would have sent the prompt there:
+    # it reads vLLM's own words as a refusal for length (gateway/request/attempts.py)
+    pool = Pool("p", "amd", "mi300x", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={})
+    short, longer = (
+        Backend(name=f"b{n}", url="http://127.0.0.1:1", models=frozenset({MODEL}), max_model_len=n, pool=pool)
+        for n in (MAX_MODEL_LEN, 4 * MAX_MODEL_LEN)
+    )
+    assert too_long_for(short, error.response.content, [short, longer])
+    assert not too_long_for(short, error.response.content, [short])
 
 
 UNPARSEABLE_BODIES = [
