@@ -84,6 +84,56 @@ def test_balanced_routes_each_class_where_its_preset_says(fleet: Fleet, tmp_path
         )
 
 
+DOC = [{"role": "user", "content": "Summarise this document. " + "lorem ipsum dolor sit amet " * 1350}]
+"""36,475 characters and 6,761 tokens by the simulator's tokenizer: 9,119 at 4 characters a token."""
+
+
+def explained(base: str, messages: list[dict[str, str]], api_key: str = "sk-routing", **body: Any) -> Any:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16, **body}
+    headers = {"authorization": f"Bearer {api_key}"}
+    return httpx.post(base + "/admin/v1/explain", json=body, headers=headers).json()
+
+
+def test_prompt_sizes_are_learned_from_the_backends_counts(fleet: Fleet, tmp_path: Path) -> None:
+    """At 4 characters a token the document is past the H100s' 8k window; once the backends have counted
+    the caller's prompts, the gateway knows it fits them. Another caller's estimate does not move."""
+    with running_gateway(config(fleet, "balanced"), tmp_path) as base:
+        before = explained(base, DOC)
+        assert before["request_class"] == "long-context"
+        assert sorted(before["order"]) == ["mi300x-0", "mi300x-1"], "9.1k estimated: only the MI300X fit"
+        assert routed(base, DOC, max_tokens=16) == ("amd", "mi300x", "long-context")  # counted: 6,761
+        after = explained(base, DOC)
+        assert after["request_class"] == "long-context"
+        assert sorted(after["order"]) == ["h100-0", "h100-1", "mi300x-0", "mi300x-1"]
+        assert sorted(explained(base, DOC, api_key="sk-another-team")["order"]) == ["mi300x-0", "mi300x-1"]
+        # and it is served where the policy now sends it: the count was right
+        vendors = {routed(base, DOC, max_tokens=16)[0] for _ in range(4)}
+        assert "nvidia" in vendors
+
+
+def test_a_prompt_the_estimate_undercounts_is_served_by_a_longer_window(fleet: Fleet, tmp_path: Path) -> None:
+    """Taught about 5 characters a token by plain words, the gateway estimates 8,500 periods at about 3,400
+    tokens; the simulator counts 8,500, past the H100s' 8k. The H100 `latency-first` prefers refuses it as
+    too long, and an MI300X serves it at once."""
+    with running_gateway(config(fleet, "latency-first"), tmp_path) as base:
+        for _ in range(3):
+            routed(base, DOC, max_tokens=16)
+        dots = [{"role": "user", "content": ". " * 8500}]
+        plan = explained(base, dots, stream=True)
+        assert plan["request_class"] == "interactive" and plan["order"][0].startswith("h100"), plan["order"]
+        h100 = next(b.url for b in fleet.backends if b.name == plan["order"][0])
+        refusal = httpx.post(
+            h100 + "/v1/chat/completions", json={"model": MODEL, "messages": dots, "max_tokens": 16}
+        )
+        assert refusal.status_code == 400 and b"maximum context length" in refusal.content
+        raw = sdk(base).chat.completions.with_raw_response.create(
+            model=MODEL, messages=dots, max_tokens=16, stream=True
+        )
+        assert len([chunk for chunk in raw.parse() if chunk.choices]) >= 1
+        assert raw.headers["x-switchyard-vendor"] == "amd"
+        assert raw.headers["x-switchyard-attempts"] == "2"  # the H100 first, refused for length
+
+
 def test_latency_first_spills_to_mi300x_when_h100s_are_down(fleet: Fleet, tmp_path: Path) -> None:
     with running_gateway(config(fleet, "latency-first"), tmp_path / "up") as base:
         assert routed(base, SHORT, max_tokens=8)[0] == "nvidia"
