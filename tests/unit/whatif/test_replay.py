@@ -16,6 +16,7 @@ from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import LogError, read_log
 from loadtest.whatif.cli import parse_slo
 from loadtest.whatif.compare import whatif
+from loadtest.whatif.standins import Profiles
 
 
 def _line(t: float, **extra: object) -> dict[str, object]:
@@ -170,3 +171,20 @@ def test_a_request_arriving_while_decode_steps_are_coasted_joins_the_next_step(t
     for request_id, (ttft, e2e) in stepwise.items():
         assert coasting[request_id][0] == pytest.approx(ttft, abs=1e-6), request_id
         assert coasting[request_id][1] == pytest.approx(e2e, abs=1e-6), request_id
+
+
+def test_the_replay_estimates_prompts_as_the_gateway_does_learning_from_the_counts(tmp_path: Path) -> None:
+    """A logged line's prompt is estimated from its characters by a sizer the earlier answers taught, per
+    key; an older line without `prompt_chars` stands for 4 characters per estimated token."""
+    taught = [_line(i, prompt_chars=50_000, prompt_tokens=10_000, prompt_estimate=12_500) for i in range(5)]
+    later = _line(9, prompt_chars=40_000, prompt_tokens=8_000, prompt_estimate=10_000)
+    other_key = _line(9, prompt_chars=40_000, prompt_tokens=8_000, key="key-other")
+    old = _line(9, prompt_estimate=3_000, prompt_tokens=2_500, key="key-old")
+    lines = read_log(_write(tmp_path / "log.jsonl", [*taught, later, other_key, old])).requests
+    profiles = Profiles()
+    assert profiles.of(lines[0].line).prompt_tokens_estimate == 12_500  # nothing counted yet
+    for request in lines[:5]:
+        profiles.counted(request.line)
+    assert 8_100 < profiles.of(lines[5].line).prompt_tokens_estimate < 8_300  # 4.9 characters a token
+    assert profiles.of(lines[6].line).prompt_tokens_estimate == 10_000  # another key: still 4
+    assert profiles.of(lines[7].line).prompt_tokens_estimate == 3_000  # 12,000 characters, 4 a token
