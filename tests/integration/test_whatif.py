@@ -1,7 +1,7 @@
 """The virtual-clock replay agrees with the real thing: a scenario's traffic served over HTTP (simulated
 fleet processes, the gateway with its access log on, streamed requests), then the access log the gateway
 wrote replayed by `switchyard whatif`'s replay, give the same SLO attainment (within the run-to-run
-noise of the HTTP side itself: 6 requests, 4 points of chat) and TTFT p50 (within 10%), per class:
+noise of the HTTP side itself: 8 requests, 5 points of chat) and TTFT p50 (within 10%), per class:
 under `balanced`, and under a policy that holds most RAG requests for room (back-pressure), where the
 replay must hold as many. Run by `make test-whatif` (~3 minutes with the plan).
 
@@ -15,7 +15,7 @@ prompt tokens: long-context, a shedding route; those that fit go to the H100, th
 about 72%; an SLO every request meets or misses would compare nothing. Chat's time per token SLO sits
 where few requests are near it: at 38 ms (its p50 is ~42 ms on the 70B H100) one millisecond moved 4.3
 points of chat across it, and the HTTP side, on a real clock, differs from the replay by about that much
-(7 requests of 153 in one CI run); at 50 ms one millisecond moves 1 point."""
+(7 requests of 153 in one CI run); at 50 ms one millisecond moves about 1.6 points (2.5 requests)."""
 
 from __future__ import annotations
 
@@ -148,14 +148,16 @@ def _agreement(
         (count, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
         if cls in binding:
             assert 0.1 < http_met < 0.9, (cls, summary)  # the SLO separates requests: a comparison
-        # within the real system's own noise: the HTTP side alone, same requests, six runs on 2026-11-26,
-        # met 112-116 of chat's 153 (and on 2026-11-25 58-61 of RAG's 82); the replay reads that run's
-        # log, whose timestamps carry the same jitter, and moved 111-115. A load-dependent choice made a
-        # step apart sends a request elsewhere and one busy moment moves several, so the two may sit ~4
-        # apart each way: 6 requests or 4% of the class, whichever is more. A modelling error (a cache,
-        # a queue or a speed the replay lacks) moves tens of points
+        # within the real system's own noise. Since prompt sizes are learned, the same requests served
+        # over HTTP alone met 101-109 of chat's 153 in five runs on 2026-11-26 (one a CI run after the
+        # whole suite, one beside a busy core), and the replay of each run's log met 109; RAG 61-67 of
+        # 82 against 64. The HTTP side sits lower: its sims and gateway share two cores with the client,
+        # so a request's last tokens reach the gateway later than the model says (chat's time per token
+        # at the gateway was 2.6-3.4 ms over the replay's at p90, 0.05 ms at p50), and chat's 50 ms SLO
+        # has ~2.5 requests a millisecond around it. So 8 requests or 5% of the class, whichever is more.
+        # A modelling error (a cache, a queue or a speed the replay lacks) moves tens of points
         differ = abs(round(http_met * count) - round(replay_met * count))
-        assert differ <= max(6, 0.04 * count), (cls, summary)
+        assert differ <= max(8, 0.05 * count), (cls, summary)
         # within 10%, plus what the HTTP path adds to every request and the replay does not model (the
         # gateway, SSE framing, the load generator's client: a few ms of real time, TIME_SCALE times that
         # on the fleet's clock). Two clean-clone CI runs on 2026-11-26 measured chat's HTTP p50 at 158.6
