@@ -1,10 +1,11 @@
 """64 backends and a day of history: every console page renders in under 300 ms, measured in the browser
 (the Navigation Timing entry: from the request to the end of the load event), and so does the Fleet
-page's self-refresh (the fragment's Resource Timing entry).
+page's self-refresh (the fragment's Resource Timing entries).
 
-Each page is loaded three times and judged by the median; no single load may take twice the budget. Alone
-a page takes 45-105 ms here; in one CI run the rest of the suite's load made one Costs view of three take
-333 ms (235 and 295 for the others), which the maximum had failed."""
+Each page is loaded three times, and the Fleet page refreshes itself three times (every 3 s); each is
+judged by the median, and no single load may take twice the budget. Alone a page takes 45-105 ms here; in
+one CI run the rest of the suite's load made one Costs view of three take 333 ms (235 and 295 for the
+others), which the maximum had failed."""
 
 from __future__ import annotations
 
@@ -103,11 +104,9 @@ def test_pages_render_under_300ms_with_64_backends_and_a_day_of_data(
         assert statistics.median(measured) < BUDGET_MS, f"{slug} took {measured} ms"
         assert max(measured) < 2 * BUDGET_MS, f"{slug} took {measured} ms"
     new_page.goto(f"{big_gateway}/console/fleet")
-    new_page.wait_for_function(
-        f"() => {FRAGMENT}.length > 0",
-        timeout=8000,
-    )
+    new_page.wait_for_function(f"() => {FRAGMENT}.length >= 3", timeout=15_000)  # every 3 s
     refresh = new_page.evaluate(f"{FRAGMENT}.map(e => e.duration)")
     print("fleet refresh ms:", refresh)
-    assert max(refresh) < BUDGET_MS
+    assert statistics.median(refresh) < BUDGET_MS, f"the fleet's refresh took {refresh} ms"
+    assert max(refresh) < 2 * BUDGET_MS, f"the fleet's refresh took {refresh} ms"
     assert console_errors == []

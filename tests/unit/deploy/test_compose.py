@@ -107,7 +107,8 @@ def test_only_the_balancer_publishes_a_port_and_it_reaches_every_replica() -> No
 
 
 @pytest.mark.skipif(
-    shutil.which("haproxy") is None, reason="haproxy is not installed (make test-cluster installs it)"
+    shutil.which("haproxy") is None,
+    reason="haproxy is not installed (make test and make test-cluster install it)",
 )
 def test_haproxy_accepts_the_balancer_config() -> None:
     result = subprocess.run(
