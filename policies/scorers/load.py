@@ -17,8 +17,8 @@ def outstanding(backend: Backend) -> float:
 
 def fewest_first(work: Sequence[float]) -> list[float]:
     """The least work scores 1; k more scores (1 + least) / (1 + k + least)."""
-    least = min(work)
-    return [(1.0 + least) / (1.0 + w) for w in work]
+    top = 1.0 + min(work)
+    return [top / (1.0 + w) for w in work]
 
 
 class LeastOutstanding:
@@ -28,7 +28,12 @@ class LeastOutstanding:
     scores_in_unit_range = True
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
-        return fewest_first([max(b.inflight, b.load.running + b.load.waiting) for b in candidates])
+        work = []
+        for b in candidates:  # `outstanding`, inlined: this scorer runs in most routes, once per candidate
+            load = b.load
+            queued = load.running + load.waiting
+            work.append(b.inflight if b.inflight > queued else queued)
+        return fewest_first(work)
 
 
 class KvHeadroom:
