@@ -1,9 +1,9 @@
 """The virtual-clock replay agrees with the real thing: a scenario's traffic served over HTTP (simulated
 fleet processes, the gateway with its access log on, streamed requests), then the access log the gateway
 wrote replayed by `switchyard whatif`'s replay, give the same SLO attainment (within the run-to-run
-noise of the HTTP side itself: 8 requests, 5 points of chat) and TTFT p50 (within 10%), per class:
-under `balanced`, and under a policy that holds most RAG requests for room (back-pressure), where the
-replay must hold as many. Run by `make test-whatif` (~3 minutes with the plan).
+noise of the HTTP side itself, which may sit up to 8 requests or 6.5% lower) and TTFT p50 (within 10%),
+per class: under `balanced`, and under a policy that holds most RAG requests for room (back-pressure),
+where the replay must hold as many. Run by `make test-whatif` (~3 minutes with the plan).
 
 The replay is told what the load test does to time: the fleet runs `time_scale` times faster than real
 time, so the log's real times are divided by it and the gateway's 0.25 s scrape is that many simulated
@@ -148,16 +148,18 @@ def _agreement(
         (count, http_met, http_ttft), (_, replay_met, replay_ttft) = both["http"], both["replay"]
         if cls in binding:
             assert 0.1 < http_met < 0.9, (cls, summary)  # the SLO separates requests: a comparison
-        # within the real system's own noise. Since prompt sizes are learned, the same requests served
-        # over HTTP alone met 101-109 of chat's 153 in five runs on 2026-11-26 (one a CI run after the
-        # whole suite, one beside a busy core), and the replay of each run's log met 109; RAG 61-67 of
-        # 82 against 64. The HTTP side sits lower: its sims and gateway share two cores with the client,
-        # so a request's last tokens reach the gateway later than the model says (chat's time per token
-        # at the gateway was 2.6-3.4 ms over the replay's at p90, 0.05 ms at p50), and chat's 50 ms SLO
-        # has ~2.5 requests a millisecond around it. So 8 requests or 5% of the class, whichever is more.
-        # A modelling error (a cache, a queue or a speed the replay lacks) moves tens of points
-        differ = abs(round(http_met * count) - round(replay_met * count))
-        assert differ <= max(8, 0.05 * count), (cls, summary)
+        # within the real system's own noise, and the HTTP side may sit lower. Since prompt sizes are
+        # learned, the same requests served over HTTP met 100-109 of chat's 153 in seven runs on
+        # 2026-11-26 (one a CI run after the whole suite, one beside a busy core, one at time scale 1)
+        # and the replay of each run's log 106-109, never fewer than HTTP; RAG 61-67 of 82 against
+        # 64-66. What the HTTP path adds (the gateway, the sims' own CPU on two cores shared with the
+        # client) slows some requests past an SLO, and the gateway's measured latencies, which feed its
+        # predictions, include it: ~1 in 10 chat requests went elsewhere than in the replay, and fewer of
+        # those met the SLO. So HTTP may meet up to 8 requests or 6.5% of the class fewer (whichever is
+        # more), and at most 6 or 4% more. A modelling error (a cache, a queue or a speed the replay
+        # lacks) moves tens of points
+        fewer = round(replay_met * count) - round(http_met * count)
+        assert -max(6, 0.04 * count) <= fewer <= max(8, 0.065 * count), (cls, summary)
         # within 10%, plus what the HTTP path adds to every request and the replay does not model (the
         # gateway, SSE framing, the load generator's client: a few ms of real time, TIME_SCALE times that
         # on the fleet's clock). Two clean-clone CI runs on 2026-11-26 measured chat's HTTP p50 at 158.6
