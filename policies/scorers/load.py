@@ -8,13 +8,6 @@ from backends.models import Backend
 from policies.framework import RouteContext
 
 
-def outstanding(backend: Backend) -> float:
-    """Requests ahead of a new one: this gateway's in flight, or the engine's own count if larger
-    (it includes other gateway replicas' requests)."""
-    load = backend.load
-    return max(float(backend.inflight), load.running + load.waiting)
-
-
 def fewest_first(work: Sequence[float]) -> list[float]:
     """The least work scores 1; k more scores (1 + least) / (1 + k + least)."""
     top = 1.0 + min(work)
@@ -22,14 +15,16 @@ def fewest_first(work: Sequence[float]) -> list[float]:
 
 
 class LeastOutstanding:
-    """Fewest requests ahead scores 1; a backend with k more scores (1 + least) / (1 + k + least)."""
+    """Fewest requests ahead scores 1; a backend with k more scores (1 + least) / (1 + k + least). The
+    requests ahead are this gateway's in flight, or the engine's own count if larger (it includes other
+    gateway replicas' requests)."""
 
     name = "least-outstanding"
     scores_in_unit_range = True
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
-        work = []
-        for b in candidates:  # `outstanding`, inlined: this scorer runs in most routes, once per candidate
+        work: list[int] = []
+        for b in candidates:  # a loop, not max() per candidate: this scorer runs in most routes
             load = b.load
             queued = load.running + load.waiting
             work.append(b.inflight if b.inflight > queued else queued)
