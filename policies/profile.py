@@ -18,12 +18,18 @@ class PromptText(Protocol):
     def prompt_prefix(self, chars: int) -> str: ...
 
 
+def context_needed(prompt_tokens: int, max_tokens: int | None) -> int:
+    """What `max_model_len` must hold: the prompt plus what the request may generate (at least a token).
+    The gateway's classify step and the what-if replay both size requests by it."""
+    return prompt_tokens + (max_tokens or 1)
+
+
 @dataclass(slots=True, kw_only=True)
 class RequestProfile:
     model: str
     prompt_tokens_estimate: int
     context_needed: int
-    """Estimated prompt tokens plus the tokens the request may generate: what `max_model_len` must hold."""
+    """Estimated prompt tokens plus the tokens the request may generate (`context_needed()`)."""
     stream: bool = False
     key_id: str = "anonymous"
     """A short, irreversible id of the caller's API key, for attribution; never the key itself."""

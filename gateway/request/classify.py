@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from gateway.request.parse import ParsedRequest
 from gateway.request.prompt_size import PromptSizer
-from policies.profile import RequestProfile
+from policies.profile import RequestProfile, context_needed
 
 if TYPE_CHECKING:
     from gateway.tenants.admission import Admission, Tenant
@@ -65,7 +65,7 @@ def classify(parsed: ParsedRequest, caller: Caller, sizer: PromptSizer = _DEFAUL
     return RequestProfile(
         model=parsed.model,
         prompt_tokens_estimate=prompt_tokens,
-        context_needed=prompt_tokens + (parsed.max_tokens or 1),
+        context_needed=context_needed(prompt_tokens, parsed.max_tokens),
         max_tokens=parsed.max_tokens,
         n=parsed.n,
         stream=parsed.stream,

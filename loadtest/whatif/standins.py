@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gateway.request.prompt_size import PromptSizer
 from loadtest.whatif.accesslog import LogLine, Recorded
-from policies.profile import RequestProfile
+from policies.profile import RequestProfile, context_needed
 
 PREFIX_BLOCK_CHARS = 1024
 """Characters per `prefix` hash of the access log (gateway/telemetry/logs.py)."""
@@ -44,7 +44,7 @@ class Profiles:
         return RequestProfile(
             model=line.model,
             prompt_tokens_estimate=estimate,
-            context_needed=estimate + (line.max_tokens or 1),
+            context_needed=context_needed(estimate, line.max_tokens),
             stream=line.stream,
             key_id=key,
             max_tokens=line.max_tokens,

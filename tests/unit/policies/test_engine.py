@@ -18,7 +18,7 @@ from policies.config import parse_policy
 from policies.engine import PolicyEngine
 from policies.explain import Explanation, explain
 from policies.least_inflight import LeastInflight
-from policies.profile import RequestProfile
+from policies.profile import RequestProfile, context_needed
 
 MODEL = "m"
 
@@ -59,7 +59,7 @@ def _engine(text: str, backends: list[Backend]) -> PolicyEngine:
 def _profile(**kw) -> RequestProfile:
     kw.setdefault("model", MODEL)
     kw.setdefault("prompt_tokens_estimate", 100)
-    kw.setdefault("context_needed", kw["prompt_tokens_estimate"] + (kw.get("max_tokens") or 1))
+    kw.setdefault("context_needed", context_needed(kw["prompt_tokens_estimate"], kw.get("max_tokens")))
     return RequestProfile(**kw)
 
 
