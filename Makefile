@@ -32,6 +32,7 @@ test: venv browser haproxy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not whatif" $(PYTEST_ARGS)
 
 test-whatif: venv
@@ -53,6 +54,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 
 fmt: venv
 	$(VENV)/bin/ruff check --fix .
@@ -102,7 +104,7 @@ bench-peers: venv
 	  --cmd 'exec $(CURDIR)/$(VENV)/bin/switchyard serve --config $(CURDIR)/loadtest/configs/peers-mock.yaml --port {PORT} --log-level warning'
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info
 
 # End-to-end against real vLLM (CPU build, a tiny local model): a separate vLLM virtualenv and the model are
 # cached outside the repo, so only the first run installs (about 3 minutes). See tests/vllm/conftest.py.
