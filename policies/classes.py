@@ -50,16 +50,17 @@ def _any(tests: list[Predicate]) -> Predicate:
 
 def _threshold(t: Threshold) -> Callable[[float | None], bool]:
     tests: list[Callable[[Any], bool]] = []
-    if t.gt is not None:
-        tests.append(lambda v, b=t.gt: v > b)
-    if t.gte is not None:
-        tests.append(lambda v, b=t.gte: v >= b)
-    if t.lt is not None:
-        tests.append(lambda v, b=t.lt: v < b)
-    if t.lte is not None:
-        tests.append(lambda v, b=t.lte: v <= b)
-    if t.eq is not None:
-        tests.append(lambda v, b=t.eq: v == b)
+    gt, gte, lt, lte, eq = t.gt, t.gte, t.lt, t.lte, t.eq
+    if gt is not None:
+        tests.append(lambda v: v > gt)
+    if gte is not None:
+        tests.append(lambda v: v >= gte)
+    if lt is not None:
+        tests.append(lambda v: v < lt)
+    if lte is not None:
+        tests.append(lambda v: v <= lte)
+    if eq is not None:
+        tests.append(lambda v: v == eq)
     if not tests:
         return lambda v: v is not None
     combined = _all(tests)

@@ -23,7 +23,7 @@ class LeastOutstanding:
     scores_in_unit_range = True
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
-        work: list[int] = []
+        work: list[float] = []
         for b in candidates:  # a loop, not max() per candidate: this scorer runs in most routes
             load = b.load
             queued = load.running + load.waiting
