@@ -69,15 +69,18 @@ class Generation:
 
 
 def generate(
-    model: str, prompt_key: str, seed: int | None, index: int, max_tokens: int | None, room: int
+    model: str, prompt_key: str, sampling_key: str | None, index: int, max_tokens: int | None, room: int
 ) -> Generation:
     """Draw a choice's tokens; the same arguments always give the same tokens.
+
+    `sampling_key` is the request's `GenerationRequest.sampling_key` (server seed, request seed and
+    temperature), None when sampling is greedy.
 
     With `max_tokens` the output has exactly that many tokens (finish "length"); otherwise it has a
     natural length of 16..64 tokens, the last being an empty end-of-sequence token (finish "stop"),
     unless `room` (what is left of the context window) cuts it short first.
     """
-    rng = _rng(model, prompt_key, seed, index)
+    rng = _rng(model, prompt_key, sampling_key, index)
     finish: FinishReason
     if max_tokens is not None:
         count, finish = max_tokens, "length"
