@@ -23,6 +23,10 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 GIB = 1024**3
 
@@ -213,11 +217,14 @@ OVERRIDABLE: frozenset[str] = frozenset(
 )
 
 
-def _apply(obj: object, path: list[str], value: float) -> object:
+_Profile = TypeVar("_Profile", bound="DataclassInstance")
+
+
+def _apply(obj: _Profile, path: list[str], value: float) -> _Profile:
     head, *rest = path
     current = getattr(obj, head)
     new = _apply(current, rest, value) if rest else type(current)(value)
-    return dataclasses.replace(obj, **{head: new})  # type: ignore[type-var]
+    return dataclasses.replace(obj, **{head: new})
 
 
 def _canonical(key: str) -> str:
@@ -241,18 +248,18 @@ def build_hardware(
         raise ProfileError(f"unknown model profile `{model}`; known: {', '.join(MODELS)}")
     if gpus < 1:
         raise ProfileError("gpus must be at least 1")
-    parts: dict[str, object] = {"gpu": GPUS[gpu], "model": MODELS[model_key], "engine": EngineLimits()}
+    gpu_profile, model_profile, limits = GPUS[gpu], MODELS[model_key], EngineLimits()
     for key, value in (overrides or {}).items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ProfileError(f"profile override `{key}` must be a number, got {value!r}")
         section, *path = _canonical(key).split(".")
-        parts[section] = _apply(parts[section], path, value)
-    hardware = Hardware(
-        gpu=parts["gpu"],  # type: ignore[arg-type]
-        model=parts["model"],  # type: ignore[arg-type]
-        gpus=gpus,
-        limits=parts["engine"],  # type: ignore[arg-type]
-    )
+        if section == "gpu":
+            gpu_profile = _apply(gpu_profile, path, value)
+        elif section == "model":
+            model_profile = _apply(model_profile, path, value)
+        else:
+            limits = _apply(limits, path, value)
+    hardware = Hardware(gpu=gpu_profile, model=model_profile, gpus=gpus, limits=limits)
     min_blocks = 16  # at least one 256-token request must fit, or the engine could never run anything
     if hardware.num_blocks < min_blocks:
         utilization = hardware.limits.gpu_memory_utilization

@@ -49,6 +49,8 @@ def test_overrides_by_short_or_full_name() -> None:
     hardware = build_hardware("h100-sxm5", MODEL, overrides={"memory_gib": 160, "engine.max_num_seqs": 32})
     assert hardware.gpu.memory_gib == 160 and hardware.limits.max_num_seqs == 32
     assert build_hardware("mi300x", MODEL, overrides={"bw_eff.half": 8}).gpu.bw_eff.half == 8
+    model = build_hardware("mi300x", MODEL, overrides={"kv_heads": 4, "model.layers": 2}).model
+    assert (model.kv_heads, model.layers, model.name) == (4, 2, build_hardware("mi300x", MODEL).model.name)
     with pytest.raises(ProfileError, match="unknown profile override `warp_speed`"):
         build_hardware("mi300x", MODEL, overrides={"warp_speed": 9})
     with pytest.raises(ProfileError, match="unknown GPU profile"):
