@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from backends.models import Backend
-from gateway.redis_client import REDIS_ERRORS, redis_client, subscriber
+from gateway.redis_client import REDIS_ERRORS, as_text, redis_client, subscriber
 from gateway.request.pipeline import Pipeline
 
 log = logging.getLogger("switchyard.fleet")
@@ -41,6 +41,8 @@ VIEW_TTL = 5.0
 """Seconds a replica's view outlives its last heartbeat (a replica gone for longer drops out)."""
 RECENT_KEEP = 1000
 REPLICA_ENV = "SWITCHYARD_REPLICA"
+_LISTEN_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
+"""What ends a subscription until the next try: Redis failing, or an event that is not JSON."""
 
 
 def replica_id() -> str:
@@ -196,7 +198,7 @@ class FleetSync:
                         await self._on_event(json.loads(message["data"]))
             except asyncio.CancelledError:
                 raise
-            except (*REDIS_ERRORS, ValueError) as exc:
+            except _LISTEN_ERRORS as exc:
                 self.listening = False
                 self._failed(exc)
                 await asyncio.sleep(self.interval)
@@ -262,7 +264,7 @@ class FleetSync:
         state = await self.client.hgetall(self.k_drain)
         for name, flag in state.items():
             if name not in self._pending:
-                self._apply(name, flag == "1")
+                self._apply(as_text(name), flag == "1")
 
     async def _announce_breakers(self) -> None:
         for backend in self._pipeline.catalog.backends:
@@ -283,7 +285,7 @@ class FleetSync:
         for record in reversed(records):
             if record is self._last_record:
                 break
-            fresh.append(json.dumps({**asdict(record), "replica": self.replica}))  # type: ignore[call-overload]
+            fresh.append(json.dumps({**asdict(record), "replica": self.replica}))
         if not fresh:
             return
         self._last_record = records[-1]
@@ -330,7 +332,8 @@ class FleetSync:
         if not ids:
             self.views = []
             return
-        raw = await self.client.mget([self._view_prefix + i for i in ids])
+        # redis-py types a range reply as (member, score) pairs too, whatever `withscores` says
+        raw = await self.client.mget([self._view_prefix + i for i in ids])  # type: ignore[operator]
         self.views = sorted((json.loads(r) for r in raw if r), key=lambda v: v["replica"])
 
 

@@ -89,6 +89,12 @@ def redis_client(url: str, **options: Any) -> AnyRedis:
     )
 
 
+def as_text(reply: bytes | str) -> str:
+    """A Redis string reply as text. redis-py types every reply as `bytes | str` whatever the client's
+    `decode_responses`, so a reply is read the same way from either kind of client."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
 async def subscriber(client: AnyRedis) -> Any:
     """A pub/sub object of `client`. On a cluster the client first learns the slot map: redis-py then
     subscribes on the node serving the channel's slot (a PUBLISH reaches every node of a cluster)."""
