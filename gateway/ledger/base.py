@@ -61,6 +61,9 @@ class LedgerBase:
 
     # --- on the request path: constant time, no I/O ---------------------------------------------------
 
+    def record(self, record: UsageRecord) -> None:
+        raise NotImplementedError
+
     def measured_cost(self, backend: str, prompt_tokens: int, completion_tokens: int) -> float | None:
         rate = self._rates.get(backend)
         return None if rate is None else (prompt_tokens + self._weight * completion_tokens) * rate

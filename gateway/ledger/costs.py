@@ -20,6 +20,7 @@ Rules (the same for every store, so the in-memory and Redis ledgers print the sa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from backends.models import Backend
 from gateway.ledger.records import GPU_DIMENSIONS, CostRow, Dimension
@@ -51,7 +52,9 @@ def window_buckets(window: str, bucket_seconds: int, now: float) -> list[int]:
     return [current - i * bucket_seconds for i in range(count, -1, -1)]
 
 
-def record_values(prompt: int, completion: int, busy_s: float, cost_usd: float, error: bool, est: bool):
+def record_values(
+    prompt: int, completion: int, busy_s: float, cost_usd: float, error: bool, est: bool
+) -> tuple[int, ...]:
     """The METRICS increments for one record, in order."""
     return (1, prompt, completion, round(busy_s * 1e6), round(cost_usd * 1e9), int(error), int(est))
 
@@ -181,7 +184,7 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_cost_table(by: str, window: str, rows: Iterable[Mapping[str, object]], idle_cost: str) -> str:
+def format_cost_table(by: str, window: str, rows: Iterable[Mapping[str, Any]], idle_cost: str) -> str:
     """The table `GET /admin/v1/costs?format=text` and `switchyard costs` print (rows as JSON dicts)."""
     rows = list(rows)
     spread = "spread over the requests" if idle_cost == "spread" else "shown apart, charged to nobody"
@@ -194,16 +197,16 @@ def format_cost_table(by: str, window: str, rows: Iterable[Mapping[str, object]]
     for r in rows:
         util = r["utilisation"]
         lines.append(
-            f"{r['name']!s:<24} {_num(r['price_per_gpu_hour'], '.2f'):>8} "  # type: ignore[arg-type]
+            f"{r['name']!s:<24} {_num(r['price_per_gpu_hour'], '.2f'):>8} "
             f"{_num(util * 100, '.1f') + '%' if isinstance(util, float) else '-':>6} "
             f"{r['requests']:>9} {r['prompt_tokens']:>11} {r['completion_tokens']:>11} "
-            f"{_num(r['input_usd_per_mtok'], '.4f'):>10} "  # type: ignore[arg-type]
-            f"{_num(r['output_usd_per_mtok'], '.4f'):>10} "  # type: ignore[arg-type]
-            f"{_num(r['blended_usd_per_mtok'], '.4f'):>10} {_num(r['paid_usd'], '.6f'):>12} "  # type: ignore[arg-type]
-            f"{_num(r['allocated_usd'], '.6f'):>12} {_num(r['idle_usd'], '.6f'):>12}"  # type: ignore[arg-type]
+            f"{_num(r['input_usd_per_mtok'], '.4f'):>10} "
+            f"{_num(r['output_usd_per_mtok'], '.4f'):>10} "
+            f"{_num(r['blended_usd_per_mtok'], '.4f'):>10} {_num(r['paid_usd'], '.6f'):>12} "
+            f"{_num(r['allocated_usd'], '.6f'):>12} {_num(r['idle_usd'], '.6f'):>12}"
         )
-    paid = sum(int(r["paid_nusd"] or 0) for r in rows)  # type: ignore[call-overload]
+    paid = sum(int(r["paid_nusd"] or 0) for r in rows)
     if by in ("model", "key", "class"):
-        paid = sum(int(r["allocated_nusd"]) + int(r["idle_nusd"] or 0) for r in rows)  # type: ignore[call-overload]
+        paid = sum(int(r["allocated_nusd"]) + int(r["idle_nusd"] or 0) for r in rows)
     lines.append(f"{'total paid':<24} {paid / 1e9:.9f} USD (= allocated + idle)")
     return "\n".join(lines)

@@ -125,8 +125,10 @@ class CostRow:
 class Ledger(Protocol):
     """Where usage goes. `record` never blocks and never raises into the request path."""
 
-    idle_cost: str
-    """`idle` or `spread` (`ledger.idle_cost`): how reports treat GPU time no request used."""
+    @property
+    def idle_cost(self) -> str:
+        """`idle` or `spread` (`ledger.idle_cost`): how reports treat GPU time no request used."""
+        ...
 
     def record(self, record: UsageRecord) -> None: ...
 

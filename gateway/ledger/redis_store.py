@@ -36,7 +36,7 @@ from gateway.ledger.keys import Keys
 from gateway.ledger.records import GPU_DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.ledger.scripts import CLAIM_PAID, RECORD
 from gateway.ledger.spill import LedgerSpill, default_spill_path
-from gateway.redis_client import REDIS_ERRORS, AnyRedis, redis_client
+from gateway.redis_client import REDIS_ERRORS, AnyRedis, as_text, redis_client
 from gateway.settings import LedgerOptions
 
 log = logging.getLogger("switchyard.ledger")
@@ -290,12 +290,12 @@ class RedisLedger(LedgerBase):
 
     async def read_totals(self, by: Dimension) -> dict[str, Totals]:
         try:
-            raw: dict[str, str] = await self.client.hgetall(self.keys.totals(by))
+            raw = await self.client.hgetall(self.keys.totals(by))
         except REDIS_ERRORS as exc:
             raise ledger_unavailable(f"Redis: {exc}") from exc
         counters: dict[str, Counters] = {}
         for field, value in raw.items():
-            metric, _, name = field.partition("|")
+            metric, _, name = as_text(field).partition("|")
             merge(counters, name, metric, int(value))
         return {
             name: Totals(
