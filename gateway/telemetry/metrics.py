@@ -257,14 +257,15 @@ class Metrics:
 
     def _render_gateway(self, head: Callable[[str, str, str], None], add: Callable[[str], None]) -> None:
         router = self._router() if self._router is not None else None
-        decisions = getattr(router, "decisions", None)
-        if decisions is not None:
+        decisions = getattr(router, "decisions", None)  # a PolicyEngine's counters; other routers keep none
+        decision_ns = getattr(router, "decision_ns", None)
+        if decisions is not None and decision_ns is not None:
             head(
                 "switchyard_routing_decision_seconds",
                 "summary",
                 "Time the routing policy spent choosing (since the policy was last loaded).",
             )
-            add(f"switchyard_routing_decision_seconds_sum {_num(router.decision_ns / 1e9)}")  # type: ignore[union-attr]
+            add(f"switchyard_routing_decision_seconds_sum {_num(decision_ns / 1e9)}")
             add(f"switchyard_routing_decision_seconds_count {decisions}")
         if self._queued is not None:
             head("switchyard_queued_requests", "gauge", "Requests waiting for room (back-pressure).")

@@ -137,7 +137,7 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
     if any(span.events or span.links for span in spans):
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-        return encode_spans(spans).SerializePartialToString()  # type: ignore[no-any-return]
+        return encode_spans(spans).SerializePartialToString()
     # Grouped by identity: a Resource hashes by serializing itself to JSON, every time.
     groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for span in spans:

@@ -68,7 +68,7 @@ def build_exporter(settings: dict[str, Any]) -> SpanExporter:
             raise RuntimeError(
                 "telemetry.tracing.protocol is grpc: pip install opentelemetry-exporter-otlp-proto-grpc"
             ) from exc
-        return Grpc(endpoint=settings["endpoint"], headers=headers)  # type: ignore[no-any-return]
+        return Grpc(endpoint=settings["endpoint"], headers=headers)
     from gateway.telemetry.otlp_http import OtlpHttpExporter
 
     return OtlpHttpExporter(settings["endpoint"], headers)
@@ -141,13 +141,18 @@ def _request_spans(
             attributes["gen_ai.request.choice.count"] = n
         attributes["switchyard.stream"] = stream
         if classify is not None:
-            spans.append(span("classify", *classify, {"switchyard.prompt_tokens_estimate": estimate}))
+            classify_start, classify_end = classify
+            spans.append(
+                span(
+                    "classify", classify_start, classify_end, {"switchyard.prompt_tokens_estimate": estimate}
+                )
+            )
     if routed is not None:
         route_start, route_end, request_class, route, candidates = routed
         attributes["switchyard.class"] = request_class
         attributes["switchyard.route"] = route
         spans.append(span("route", route_start, route_end, {"switchyard.candidates": candidates}))
-    for span_id, a_start, a_end, number, backend, pool, vendor, host, port, status, error in attempts:
+    for span_id, a_start, a_end, number, backend, pool, vendor, host, port, status, attempt_error in attempts:
         a_attributes: dict[str, Any] = {
             "switchyard.attempt": number,
             "switchyard.backend": backend,
@@ -158,11 +163,11 @@ def _request_spans(
         }
         if status is not None:
             a_attributes["http.response.status_code"] = status
-        if error is not None:
-            a_attributes["error.type"] = error.split(":", 1)[0]
+        if attempt_error is not None:
+            a_attributes["error.type"] = attempt_error.split(":", 1)[0]
         failed = (
-            error
-            if error is not None
+            attempt_error
+            if attempt_error is not None
             else (f"HTTP {status}" if status is not None and status >= 400 else None)
         )
         spans.append(span("upstream", a_start, a_end, a_attributes, SpanKind.CLIENT, failed, span_id))

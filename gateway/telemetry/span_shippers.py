@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -189,7 +189,8 @@ class ChildProcessShipper(SpanShipper):
             # own group, not against the gateway's share of a CPU. It exits at the end of its stdin.
             start_new_session=True,
         )
-        stdin: IO[bytes] = self.process.stdin  # type: ignore[assignment]
+        stdin = self.process.stdin
+        assert stdin is not None  # stdin=PIPE
         stdin.write(frame(self._settings))
         stdin.flush()
         self._fd = stdin.fileno()
