@@ -124,8 +124,8 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
         except GatewayError as error:
             if watch is not None:
                 watch.stop()
-            if caller.key is not None:
-                error = tenants.with_rate_headers(error, caller.key, caller.admission)  # type: ignore[union-attr]
+            if caller.key is not None and tenants is not None:  # a key means tenants authenticated it
+                error = tenants.with_rate_headers(error, caller.key, caller.admission)
             pipeline.end(ctx, error)
             await send_error(send, error, caller.client_request_id or caller.request_id)
             return
@@ -136,10 +136,10 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
                 watch.stop()
             log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
             pipeline.end(ctx, exc)
-            error = _INTERNAL_ERROR
-            if caller.key is not None:
-                error = tenants.with_rate_headers(error, caller.key, caller.admission)  # type: ignore[union-attr]
-            await send_error(send, error, caller.client_request_id or caller.request_id)
+            internal = _INTERNAL_ERROR
+            if caller.key is not None and tenants is not None:
+                internal = tenants.with_rate_headers(internal, caller.key, caller.admission)
+            await send_error(send, internal, caller.client_request_id or caller.request_id)
             return
         except BaseException as exc:  # cancelled: the request still ends
             if watch is not None:

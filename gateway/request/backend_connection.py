@@ -90,6 +90,7 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # typeshed types the argument BaseTransport for every protocol; a TCP connection's is a Transport
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:

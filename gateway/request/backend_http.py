@@ -152,10 +152,12 @@ class Pool:
             try:
                 handed = await waiter
             except BaseException:
-                if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
-                    self.put_back(waiter.result())  # type: ignore[arg-type]
-                elif waiter.done() and not waiter.cancelled():
-                    self._slot_freed()
+                if waiter.done() and not waiter.cancelled():
+                    handed_back = waiter.result()
+                    if handed_back is not None:
+                        self.put_back(handed_back)
+                    else:
+                        self._slot_freed()
                 raise
             if handed is not None:
                 return handed

@@ -78,6 +78,10 @@ class Tracer(Protocol):
 
     def start(self, endpoint: Endpoint, caller: Caller) -> AttemptHooks: ...
 
+    def shutdown(self) -> None:
+        """The app stops: export the last spans."""
+        ...
+
 
 class FailureListener(Protocol):
     """Told of every request that ended in an error: gateway/telemetry `Telemetry`."""
@@ -92,6 +96,10 @@ class FailureListener(Protocol):
         body: bytes | None,
     ) -> None: ...
 
+    def close(self) -> None:
+        """The app stops: write out what is buffered."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class RequestContext:
@@ -100,6 +108,8 @@ class RequestContext:
     endpoint: Endpoint
     caller: Caller
     body: bytes = b""
+    # Set by their step before any later step reads them, so typed as set (the steps read them without a
+    # check); still None only where a request that failed earlier ends, and that code checks for None.
     parsed: ParsedRequest = None  # type: ignore[assignment]
     profile: RequestProfile = None  # type: ignore[assignment]
     decision: Decision = None  # type: ignore[assignment]
@@ -161,7 +171,8 @@ class RequestContext:
         """Give the in-flight slot back (no-op when none is held)."""
         if self.holding:
             self.holding = False
-            backend: Backend = self.backend  # type: ignore[assignment]
+            backend = self.backend
+            assert backend is not None  # holding a slot means a backend holds it
             backend.inflight -= 1
             backend.inflight_seqs -= self.seqs
             backend.inflight_by_class[self.held_class] -= 1

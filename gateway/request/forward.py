@@ -106,7 +106,9 @@ class Upstream:
         """Send a streaming request and wait for its first chunk; errors before it become HTTP errors."""
         response, first = await self.attempts.send(ctx)
         ctx.first_byte_at = asyncio.get_running_loop().time()
-        return OpenStream(ctx.backend, response, first)  # type: ignore[arg-type]
+        backend = ctx.backend
+        assert backend is not None  # the attempt that answered set it
+        return OpenStream(backend, response, first)
 
     def relay(
         self,

@@ -186,8 +186,10 @@ class Pipeline:
         else:
             status = sse.failed.status if sse.failed is not None else 200
             usage, events = sse.usage, sse.events
+        backend = ctx.backend
+        assert backend is not None  # no error: a backend answered
         served = Served(
-            ctx.backend,  # type: ignore[arg-type]
+            backend,
             ctx.concurrency,
             status,
             usage,
@@ -222,9 +224,9 @@ class Pipeline:
         record.queued_s = ctx.queued_s
         admission = ctx.caller.admission
         if admission is not None:
-            self.tenants.settle(  # type: ignore[union-attr]
-                admission, record.prompt_tokens, record.completion_tokens, charged_cost(record)
-            )
+            tenants = self.tenants
+            assert tenants is not None  # an admission comes from the tenants seam
+            tenants.settle(admission, record.prompt_tokens, record.completion_tokens, charged_cost(record))
         if observe_latency:
             observe(served.backend, record, self.clock_scale)
         if record.usage_source == "backend" or served.prompt_tokens_counted is not None:
@@ -241,7 +243,9 @@ class Pipeline:
             status, code, message = 500, "server_error", error.__class__.__name__
         admission = ctx.caller.admission
         if admission is not None:
-            self.tenants.release(admission)  # type: ignore[union-attr]  # nothing was served: no record
+            tenants = self.tenants
+            assert tenants is not None  # an admission comes from the tenants seam
+            tenants.release(admission)  # nothing was served: no record
         ctx.trace.fail(ctx, status, code, message)
         telemetry = self.telemetry
         if telemetry is not None and isinstance(error, Exception):
