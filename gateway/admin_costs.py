@@ -36,7 +36,7 @@ def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
             raise invalid_request(f"`window` must be one of {', '.join(WINDOWS)}.", param="window")
         if format not in ("json", "text"):
             raise invalid_request("`format` must be json or text.", param="format")
-        dimension: Dimension = by  # type: ignore[assignment]
+        dimension: Dimension = by
         cost_rows, totals = await ledger.report(dimension, window)
         every_row = [asdict(row) for row in cost_rows]
         rows = visible_rows(request, every_row)

@@ -65,7 +65,7 @@ def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
         """Route the posted OpenAI request body without sending it: class, candidates, scores, choice."""
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")
-        parsed = parse(endpoint, await request.body())  # type: ignore[arg-type]
+        parsed = parse(endpoint, await request.body())
         profile = classify(parsed, read_caller(request.scope), pipeline.prompt_sizer)
         serving = pipeline.catalog.serving(profile.model)
         if not serving:

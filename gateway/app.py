@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, Request, Response
 from litestar.config.app import AppConfig
 from litestar.exceptions import HTTPException
-from litestar.handlers import ASGIRouteHandler
+from litestar.handlers import ASGIRouteHandler, BaseRouteHandler
 from litestar.plugins import InitPluginProtocol
 
 from backends.catalog import Catalog
@@ -29,7 +29,7 @@ from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
-from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
+from gateway.telemetry import AccessLog, Metrics, Telemetry, Tracing, build_tracing
 from gateway.tenants.admin import admin_guard, key_handlers
 from gateway.tenants.admin_port import AdminPortSplit
 from gateway.tenants.factory import build_tenants, tenants_lifespan
@@ -38,6 +38,8 @@ from policies.least_inflight import LeastInflight
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
+
+    from gateway.request.context import Tracer
 
 log = logging.getLogger("switchyard")
 
@@ -96,6 +98,11 @@ def default_router(settings: Settings) -> Router:
     return settings.policy if settings.policy is not None else LeastInflight()
 
 
+def _span_stats(tracing: Tracer | None) -> dict[str, int] | None:
+    """What the span shipper of the pipeline's current tracer counted (a benchmark swaps the tracer)."""
+    return tracing.shipper.stats() if isinstance(tracing, Tracing) else None
+
+
 def wire_telemetry(
     settings: Settings, pipeline: Pipeline, span_exporter: SpanExporter | None = None
 ) -> Telemetry:
@@ -112,7 +119,7 @@ def wire_telemetry(
             pipeline.ledger,
             router=lambda: pipeline.router,
             queued=lambda: pipeline.queued,
-            spans=lambda: pipeline.tracing.shipper.stats() if pipeline.tracing is not None else None,
+            spans=lambda: _span_stats(pipeline.tracing),
         )
     access = options.access_log
     access_log = AccessLog.open(access.destination, access.include_prompts) if access.enabled else None
@@ -167,7 +174,8 @@ class SwitchyardPlugin(InitPluginProtocol):
             app_config.route_handlers.extend(key_handlers(tenants))
             app_config.guards.append(admin_guard(tenants))
         # The console calls the admin handlers registered above; it belongs wherever they are served.
-        app_config.route_handlers.extend(console_handlers(pipeline, tenants, app_config.route_handlers))
+        handlers = [h for h in app_config.route_handlers if isinstance(h, BaseRouteHandler)]
+        app_config.route_handlers.extend(console_handlers(pipeline, tenants, handlers))
         if self.telemetry.metrics is not None:
             extra = tenants.watch.render if tenants is not None else None
             app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))

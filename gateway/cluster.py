@@ -40,7 +40,7 @@ import yaml
 
 from gateway.workers import die_with_parent
 
-_NO_PROXY = {"trust_env": False}
+_NO_PROXY: dict[str, Any] = {"trust_env": False}
 
 
 def free_port() -> int:
@@ -99,7 +99,7 @@ def _wait(check: Any, what: str, timeout: float) -> None:
 
 def _ready(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1, **_NO_PROXY).status_code == 200  # type: ignore[arg-type]
+        return httpx.get(url, timeout=1, **_NO_PROXY).status_code == 200
     except httpx.HTTPError:
         return False
 

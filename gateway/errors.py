@@ -127,10 +127,12 @@ def normalise_upstream_error(status: int, payload: bytes, backend: str) -> Gatew
     except msgspec.DecodeError:
         data = None
     if isinstance(data, dict):
-        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        nested = data.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else data
         if isinstance(inner.get("message"), str):
             message = inner["message"]
-            err_type = inner.get("type") if isinstance(inner.get("type"), str) else err_type
+            kind = inner.get("type")
+            err_type = kind if isinstance(kind, str) else err_type
             param = inner.get("param") if isinstance(inner.get("param"), str) else None
             code = inner.get("code") if isinstance(inner.get("code"), str | int) else code
     if message is None:

@@ -153,6 +153,7 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         # --- connections ----------------------------------------------------------------------------
 
+        # typeshed types the argument BaseTransport for every protocol; a TCP connection's is a Transport
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -52,7 +52,7 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
     async def usage(request: Request[Any, Any, Any], by: FromQuery[str] = "backend") -> dict[str, Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
-        dimension: Dimension = by  # type: ignore[assignment]
+        dimension: Dimension = by
         totals = await ledger.read_totals(dimension)
         rows = [
             {"name": name, **asdict(t), "total_tokens": t.total_tokens} for name, t in sorted(totals.items())
@@ -72,7 +72,7 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
     return [health, ready, usage, recent_requests]
 
 
-def not_serving_reason(backends: list[Backend]) -> str:
+def not_serving_reason(backends: Sequence[Backend]) -> str:
     """Why no backend can take a request (`/ready` answers 503 with it)."""
     passing = [b for b in backends if b.health_ok]
     if not backends:

@@ -30,6 +30,7 @@ def server_config(
         loop="uvloop",
         http=protocol_class(limits),
         ws="none",
+        # uvicorn annotates it int but hands it to loop.call_later, which takes fractions of a second
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
         access_log=False,
         proxy_headers=False,
