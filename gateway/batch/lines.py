@@ -20,6 +20,7 @@ from gateway.batch.objects import ENDPOINTS
 from gateway.errors import GatewayError
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
+from gateway.request.parse import Endpoint
 from gateway.request.pipeline import Pipeline, Reply
 from gateway.tenants.admission import Tenant
 from policies.framework import Decision
@@ -45,7 +46,7 @@ class Malformed(ValueError):
     pass
 
 
-def parse_line(raw: bytes, endpoint: str) -> tuple[str, str, dict[str, Any]]:
+def parse_line(raw: bytes, endpoint: str) -> tuple[str, Endpoint, dict[str, Any]]:
     """custom_id, gateway endpoint and body of a line; `Malformed` says what is wrong with it."""
     try:
         line = _decoder.decode(raw)
@@ -108,7 +109,8 @@ async def send_to(pipeline: Pipeline, ctx: RequestContext, backend: Backend | No
     if backend is not None and backend.max_model_len >= ctx.profile.context_needed:
         ctx.decision = Decision([backend], routed.route, routed.request_class)
     if key is not None:
-        ctx.caller.admission = await tenants.admit(key, ctx.profile, ctx.decision.candidates, ignored)  # type: ignore[union-attr]
+        assert tenants is not None
+        ctx.caller.admission = await tenants.admit(key, ctx.profile, ctx.decision.candidates, ignored)
     return await pipeline.complete(ctx)
 
 
@@ -136,7 +138,7 @@ async def run_line(
         explicit_class="batch",
         key=tenant,
     )
-    ctx = RequestContext(gateway_endpoint, caller)  # type: ignore[arg-type]
+    ctx = RequestContext(gateway_endpoint, caller)
     ctx.body = _encode(body)
     if contexts is not None:
         contexts[request_id] = ctx

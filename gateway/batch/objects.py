@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from gateway.request.parse import Endpoint
 
 COMPLETION_WINDOW = "24h"
 WINDOW_S = 24 * 3600.0
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 def new_id(prefix: str) -> str:

@@ -9,7 +9,7 @@ from redis.exceptions import WatchError
 
 from gateway.batch.objects import TERMINAL, StoredBatch, StoredFile
 from gateway.batch.state import Change
-from gateway.redis_client import AnyRedis
+from gateway.redis_client import AnyRedis, as_text
 
 _CLAIM = """
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1)
@@ -126,18 +126,19 @@ class RedisBatchState:
         start = 0
         if after is not None:
             rank = await self.client.zrevrank(index, after)
-            if rank is None:
+            if not isinstance(rank, int):  # None: not in the index (a list only comes WITHSCORE)
                 return [], False
             start = rank + 1
         ids = await self.client.zrevrange(index, start, start + limit)
         found = []
         if ids:
-            raws = await self.client.mget([f"{self.ns}:batch:{i.decode()}" for i in ids[:limit]])
+            # redis-py types a range reply as (member, score) pairs too, whatever `withscores` says
+            raws = await self.client.mget([f"{self.ns}:batch:{i.decode()}" for i in ids[:limit]])  # type: ignore[union-attr]
             found = [_batch.decode(raw) for raw in raws if raw is not None]
         return found, len(ids) > limit
 
     async def active(self) -> list[str]:
-        return [m.decode() for m in await self.client.smembers(f"{self.ns}:active")]
+        return [as_text(m) for m in await self.client.smembers(f"{self.ns}:active")]
 
     async def claim(self, batch_id: str, total: int, token: str, lease_s: float) -> int | None:
         now_ms = int(time.time() * 1000)
@@ -169,7 +170,7 @@ class RedisBatchState:
 
     async def results(self, batch_id: str) -> dict[int, str]:
         raw = await self.client.hgetall(self._b(batch_id, "done"))
-        return {int(k): v.decode() for k, v in raw.items()}
+        return {int(k): as_text(v) for k, v in raw.items()}
 
     async def attempt(self, batch_id: str, line: int) -> int:
         return int(await self.client.hincrby(self._b(batch_id, "attempts"), str(line), 1))

@@ -43,8 +43,9 @@ class BatchService:
         if stored.owner not in self._tenants:
             key = await tenants.store.get_key(stored.owner)
             team = await tenants.store.get_team(key.team) if key is not None and key.team else None
-            usable = key is not None and not key.revoked
-            self._tenants[stored.owner] = Tenant(key, team, "admin" in key.scopes) if usable else None  # type: ignore[arg-type,union-attr]
+            self._tenants[stored.owner] = (
+                Tenant(key, team, "admin" in key.scopes) if key is not None and not key.revoked else None
+            )
         return self._tenants[stored.owner]
 
     def forget_tenants(self) -> None:

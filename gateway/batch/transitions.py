@@ -75,13 +75,10 @@ def to_final(ending: str, output_id: str | None, error_id: str | None, counts: R
         if stored.batch.status not in ("finalizing", "cancelling"):
             return None
         stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[ending]
-        return _with(
-            stored,
-            status=ending,
-            output_file_id=output_id,
-            error_file_id=error_id,
-            request_counts=counts,
-            **{stamp: now()},
+        changed = _with(
+            stored, status=ending, output_file_id=output_id, error_file_id=error_id, request_counts=counts
         )
+        changed.batch = msgspec.structs.replace(changed.batch, **{stamp: now()})
+        return changed
 
     return change
