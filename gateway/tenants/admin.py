@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from litestar import Request, delete, get, patch, post, put
 from litestar.connection import ASGIConnection
+from litestar.enums import ScopeType
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
@@ -51,9 +52,11 @@ def admin_guard(tenants: Tenants):
                 connection.scope["state"][_STATE_VISIBLE] = members & {key} if key is not None else members
             return
         own = tenant.key
-        if path == "/admin/v1/keys/self" and connection.scope["method"] == "GET":
+        scope = connection.scope
+        method = scope["method"] if scope["type"] == ScopeType.HTTP else None  # no websockets here
+        if path == "/admin/v1/keys/self" and method == "GET":
             return
-        if path not in TENANT_READABLE or connection.scope["method"] != "GET":
+        if path not in TENANT_READABLE or method != "GET":
             raise errors.forbidden("This endpoint needs an admin key.")
         if team is not None and team != own.team:
             raise errors.forbidden(f"A tenant key reads only its own usage, not team `{team}`'s.")

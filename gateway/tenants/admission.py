@@ -174,8 +174,10 @@ class Tenants:
                 self._cache.clear()
 
     async def _renew_lease(self) -> None:
+        client = self.client
+        assert client is not None  # a lease is kept only with a Redis
         async with asyncio.timeout(self.options.redis_timeout):
-            await self.client.set(self._lease_key, b"1", px=int(SLOT_LEASE_S * 1000))  # type: ignore[union-attr]
+            await client.set(self._lease_key, b"1", px=int(SLOT_LEASE_S * 1000))
 
     async def _keep_lease(self) -> None:
         """Keep this replica's parallel slots counted (limits.ADMIT); a dead replica's lapse in seconds."""
@@ -200,14 +202,14 @@ class Tenants:
         digest = self._digests.get(authorization) if authorization else None
         if digest is None:
             token = bearer_token(authorization)
-            if token is None:
+            if token is None or authorization is None:  # no header has no token either
                 raise errors.invalid_api_key(
                     "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
                 )
             digest = hash_key(token)
             if len(self._digests) >= _CACHE_MAX:
                 self._digests.clear()
-            self._digests[authorization] = digest  # type: ignore[index]
+            self._digests[authorization] = digest
         cached = self._cache.get(digest)
         if cached is None:
             # One lookup per key however many of its requests missed the cache at once.

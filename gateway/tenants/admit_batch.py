@@ -84,7 +84,8 @@ class AdmitBatcher:
             orphans = self._orphans
             failed = not isinstance(replies, list) or len(replies) != len(waiting)
             if failed and settling:
-                settler.restore(settling)  # type: ignore[union-attr]  # not known to be applied: again
+                assert settler is not None  # the settlements were taken from it
+                settler.restore(settling)  # not known to be applied: again
             if failed:
                 if not isinstance(replies, BaseException):
                     replies = RuntimeError(f"limits.ADMIT answered {str(replies)[:200]}")
@@ -94,6 +95,7 @@ class AdmitBatcher:
                     elif orphans:
                         orphans.pop(future, None)  # no answer: nothing was reserved that we know of
                 return
+            assert isinstance(replies, list)  # not failed
             for future, reply in zip(waiting, replies, strict=True):
                 if not future.done():
                     future.set_result(reply)

@@ -4,14 +4,21 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 Reply = Any
 """bytes, int, None, a list of replies, or a `ScriptReplyError`."""
 OnReply = Callable[[Reply | BaseException], None]
 
-INCOMPLETE = object()
+
+class _Incomplete(enum.Enum):
+    INCOMPLETE = enum.auto()
+
+
+INCOMPLETE: Final = _Incomplete.INCOMPLETE
+"""What `parse` answers when the buffer does not hold the whole reply yet."""
 
 
 class ScriptReplyError(Exception):
@@ -33,7 +40,7 @@ def command(*args: bytes | str | int) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
 
 
-def parse(buf: bytearray, pos: int) -> tuple[Reply, int] | object:
+def parse(buf: bytearray, pos: int) -> tuple[Reply, int] | _Incomplete:
     end = buf.find(b"\r\n", pos)
     if end < 0:
         return INCOMPLETE
@@ -53,7 +60,7 @@ def parse(buf: bytearray, pos: int) -> tuple[Reply, int] | object:
             parsed = parse(buf, pos)
             if parsed is INCOMPLETE:
                 return INCOMPLETE
-            item, pos = parsed  # type: ignore[misc]
+            item, pos = parsed
             items.append(item)
         return (items if size >= 0 else None), pos
     if kind == 58:  # : integer
@@ -65,7 +72,8 @@ def parse(buf: bytearray, pos: int) -> tuple[Reply, int] | object:
 
 async def read_replies(reader: asyncio.StreamReader, count: int) -> list[Reply]:
     """`count` replies from `reader` (a short-lived connection: `cluster_slots.slot_owner`)."""
-    buf, pos, replies = bytearray(), 0, []
+    buf, pos = bytearray(), 0
+    replies: list[Reply] = []
     while len(replies) < count:
         parsed = parse(buf, pos)
         if parsed is INCOMPLETE:
@@ -74,6 +82,6 @@ async def read_replies(reader: asyncio.StreamReader, count: int) -> list[Reply]:
                 raise ConnectionError("closed by Redis")
             buf += data
             continue
-        reply, pos = parsed  # type: ignore[misc]
+        reply, pos = parsed
         replies.append(reply)
     return replies

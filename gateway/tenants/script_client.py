@@ -52,7 +52,9 @@ class _Call:
         self.timer: asyncio.TimerHandle | None = None
         self.evaled = False
         self.redialled = False
-        # `deadline` (cluster only: when redirections stop being retried) is set at the first one.
+
+    deadline: float
+    """Cluster only: when redirections stop being retried; unset until the first one."""
 
 
 class ScriptClient(asyncio.Protocol):
@@ -148,7 +150,9 @@ class ScriptClient(asyncio.Protocol):
             head = b"*%d\r\n$4\r\nEVAL\r\n" % (call.argc + 3) + bulk(self._script)
         else:
             head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (call.argc + 3, self._sha)
-        self._transport.write(head + bulk_int(call.numkeys) + call.body)  # type: ignore[union-attr]
+        transport = self._transport
+        assert transport is not None  # calls are written once connected, the rest are queued
+        transport.write(head + bulk_int(call.numkeys) + call.body)
         call.timer = asyncio.get_running_loop().call_later(self._timeout, self._timed_out, call)
         self._sent.append(call)
 
@@ -213,10 +217,13 @@ class ScriptClient(asyncio.Protocol):
                 answered.set_result(reply)
 
         call = _Call(0, b"", 0, done)
-        self._transport.write(command)  # type: ignore[union-attr]
+        transport = self._transport
+        assert transport is not None  # the handshake runs from connection_made on
+        transport.write(command)
         self._sent.append(call)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # typeshed types the argument BaseTransport for every protocol; a TCP connection's is a Transport
         self._transport = transport  # type: ignore[assignment]
         self._buffer.clear()
         self._stale = False
@@ -246,7 +253,7 @@ class ScriptClient(asyncio.Protocol):
             parsed = parse(buf, pos)
             if parsed is INCOMPLETE:
                 break
-            reply, pos = parsed  # type: ignore[misc]
+            reply, pos = parsed
             call = sent.popleft()
             if call.timer is not None:
                 call.timer.cancel()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.redis_client import AnyRedis
+from gateway.redis_client import AnyRedis, as_text
 from gateway.tenants.keys import KeyRecord, TeamRecord
 
 _key_decoder = msgspec.json.Decoder(KeyRecord)
@@ -55,7 +55,7 @@ class RedisTenantStore:
         ids = sorted(await self.client.smembers(f"{self.ns}:keys"))
         if not ids:
             return []
-        raws = await self.client.mget([f"{self.ns}:key:{i.decode()}" for i in ids])
+        raws = await self.client.mget([f"{self.ns}:key:{as_text(i)}" for i in ids])
         records = [_key_decoder.decode(raw) for raw in raws if raw is not None]
         return sorted(records, key=lambda k: k.created_at)
 
@@ -82,7 +82,7 @@ class RedisTenantStore:
         names = sorted(await self.client.smembers(f"{self.ns}:teams"))
         if not names:
             return []
-        raws = await self.client.mget([f"{self.ns}:team:{n.decode()}" for n in names])
+        raws = await self.client.mget([f"{self.ns}:team:{as_text(n)}" for n in names])
         return [_team_decoder.decode(raw) for raw in raws if raw is not None]
 
     async def version(self) -> int:
