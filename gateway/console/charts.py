@@ -6,7 +6,7 @@ come from the `series-N` classes in console.css.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 WIDTH, HEIGHT = 760, 220
@@ -16,7 +16,7 @@ LEFT, RIGHT, TOP, BOTTOM = 64, 12, 14, 28
 def line_chart(
     title: str,
     labels: Sequence[str],
-    series: dict[str, Sequence[float | None]],
+    series: Mapping[str, Sequence[float | None]],
     unit: str = "",
     value_format: str = ".2f",
 ) -> str:

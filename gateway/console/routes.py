@@ -163,7 +163,8 @@ def console_handlers(
     @post("/console/logout", name="console-logout", status_code=303)
     async def logout(request: Req) -> Response[Any]:
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        console.check_action(request, (form.get("csrf") or [None])[0])
+        csrf = form.get("csrf")
+        console.check_action(request, csrf[0] if csrf else None)
         headers = {"location": "/console/login", "set-cookie": cleared_cookie_header()}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
@@ -171,7 +172,8 @@ def console_handlers(
     async def fleet_page(request: Req) -> Response[str]:
         token, refusal = console.page_or_login(request)
         if token is None:
-            return refusal  # type: ignore[return-value]
+            assert refusal is not None  # no session: the login page refuses
+            return refusal
         body = pages.fleet_page(await console.fleet_fragment(request))
         return console.render(token, "fleet", "Fleet", body)
 
@@ -179,14 +181,16 @@ def console_handlers(
     async def fleet_fragment(request: Req) -> Response[str]:
         token, refusal = console.page_or_login(request)
         if token is None:
-            return refusal  # type: ignore[return-value]
+            assert refusal is not None  # no session: the login page refuses
+            return refusal
         return _html(await console.fleet_fragment(request))
 
     @get("/console/costs", name="console-costs")
     async def costs_page(request: Req, window: FromQuery[str] = "1h") -> Response[str]:
         token, refusal = console.page_or_login(request)
         if token is None:
-            return refusal  # type: ignore[return-value]
+            assert refusal is not None  # no session: the login page refuses
+            return refusal
         if window not in data.WINDOWS:
             window = "1h"
         read_at, body = await console.recent.get(
@@ -199,7 +203,8 @@ def console_handlers(
     async def routing(request: Req) -> Response[str]:
         token, refusal = console.page_or_login(request)
         if token is None:
-            return refusal  # type: ignore[return-value]
+            assert refusal is not None  # no session: the login page refuses
+            return refusal
         state = await console.api.call("policy", request=request)
         mix = data.traffic_mix(await data.recent(console.api, request), time.time())
         return console.render(token, "routing", "Routing", routing_page(state, mix, list(UPSTREAM_PATHS)))
@@ -208,7 +213,8 @@ def console_handlers(
     async def keys(request: Req) -> Response[str]:
         token, refusal = console.page_or_login(request)
         if token is None:
-            return refusal  # type: ignore[return-value]
+            assert refusal is not None  # no session: the login page refuses
+            return refusal
         enabled = console.api.has("keys-list")
         return console.render(token, "keys", "Keys", keys_page(await console.keys_fragment(), enabled))
 
@@ -216,7 +222,8 @@ def console_handlers(
     async def keys_fragment_view(request: Req) -> Response[str]:
         token, refusal = console.page_or_login(request)
         if token is None:
-            return refusal  # type: ignore[return-value]
+            assert refusal is not None  # no session: the login page refuses
+            return refusal
         return _html(await console.keys_fragment())
 
     @post("/console/backends/{name:str}/{action:str}", name="console-drain", status_code=200)
