@@ -23,7 +23,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -59,7 +59,7 @@ class Curve:
 @dataclass(frozen=True, slots=True)
 class GpuProfile:
     name: str
-    vendor: str
+    vendor: Literal["amd", "nvidia"]
     memory_gib: float
     hbm_bandwidth_tbps: float
     bf16_tflops: float
