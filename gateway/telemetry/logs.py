@@ -84,7 +84,15 @@ class _Prompt(Protocol):
     def prompt_prefix(self, chars: int) -> str: ...
 
 
-def replay_keys(record: UsageRecord, parsed: _Prompt) -> None:
+class _ReplayKeys(Protocol):
+    """What `replay_keys` reads and sets: a `UsageRecord`, or a log line being synthesised."""
+
+    session: str | None
+    affinity: str
+    prefix: list[str] | None
+
+
+def replay_keys(record: _ReplayKeys, parsed: _Prompt) -> None:
     """Set the record's `affinity` and `prefix` hashes from the prompt's start (only with the access log)."""
     text = parsed.prompt_prefix(PREFIX_BLOCK_CHARS * PREFIX_BLOCKS)
     key = record.session or text[:AFFINITY_CHARS]
