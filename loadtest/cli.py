@@ -107,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _find_capacity(args: argparse.Namespace, scenario: Any, policies: list[str], out: Path) -> None:
-    from loadtest.capacity import SearchSettings, find_capacity
+    from loadtest.capacity import RunPoint, SearchSettings, find_capacity
     from loadtest.compare import run_policy
-    from loadtest.scenario import Bursts, Poisson, Ramp
+    from loadtest.scenario import Bursts, Poisson, Ramp, Scenario
     from loadtest.workload import plan
 
     arrivals = scenario.spec.arrivals
@@ -130,9 +130,10 @@ def _find_capacity(args: argparse.Namespace, scenario: Any, policies: list[str],
         overload=args.overload,
     )
 
-    def run(point: Any, policy: str, workdir: Path) -> dict[str, Any]:
+    def run_live(point: Scenario, policy: str, workdir: Path) -> dict[str, Any]:
         return run_policy(point, policy, plan(point), workdir)
 
+    run: RunPoint = run_live
     if args.virtual:
         from loadtest.whatif.points import replay_point
 

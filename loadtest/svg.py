@@ -6,7 +6,7 @@ No scripts, no external resources: each function returns one `<svg>` element as 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 PALETTE: tuple[str, ...] = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
@@ -158,7 +158,7 @@ def stacked_over_time(title: str, bins: Sequence[dict[str, int]], bin_s: float, 
     width = plot_w / max(1, len(bins))
     colours = {k: VENDOR_COLOURS.get(k, PALETTE[i % len(PALETTE)]) for i, k in enumerate(keys)}
     for i, b in enumerate(bins):
-        y = _H - _B
+        y: float = _H - _B
         for key in keys:
             h = plot_h * b.get(key, 0) / top
             y -= h
@@ -223,7 +223,7 @@ def frontier_chart(
 
 
 def rate_curves(
-    title: str, series: dict[str, Sequence[tuple[float, float]]], target: float | None = None
+    title: str, series: Mapping[str, Sequence[tuple[float, float]]], target: float | None = None
 ) -> str:
     """SLO attainment (0..1) against arrival rate, one line per series; the target as a dashed line."""
     xs = [x for points in series.values() for x, _ in points]

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 MODEL = "llama-3.1-8b"
 FLEET = f"""
@@ -64,16 +65,18 @@ class Outcome:
 
 
 async def one(client: openai.AsyncOpenAI, index: int, stream: bool, max_tokens: int) -> Outcome:
-    messages = [{"role": "user", "content": f"Request {index}: tell me about GPUs."}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"Request {index}: tell me about GPUs."}
+    ]
     began = time.perf_counter()
     started, received, attempts, backend = False, 0, 1, "?"
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=max_tokens,
             stream=stream,
-            **({"stream_options": {"include_usage": True}} if stream else {}),
+            stream_options={"include_usage": True} if stream else openai.omit,
         )
         attempts = int(raw.headers.get("x-switchyard-attempts", "1"))
         backend = raw.headers.get("x-switchyard-backend", "?")

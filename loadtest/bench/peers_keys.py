@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import redis.asyncio as aioredis
 import yaml
@@ -29,7 +30,16 @@ from loadtest.bench._util import delete_prefix
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
 PEERS_CONFIG = ROOT / "loadtest" / "configs" / "peers-mock.yaml"
-LIMITS = {"rpm": 10**9, "tpm": 10**12, "max_parallel": 10**6, "budget_usd": 10**6}
+
+
+class _Limits(TypedDict):
+    rpm: int
+    tpm: int
+    max_parallel: int
+    budget_usd: float
+
+
+LIMITS: _Limits = {"rpm": 10**9, "tpm": 10**12, "max_parallel": 10**6, "budget_usd": 10**6}
 
 
 async def _provision(material: str, prefix: str) -> None:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> list[Result]:
                 assert_loopback(url)
                 argv = python_argv("backends.sim", "--port", str(port), "--model", MODEL, *flags)
                 child = group.start(engine.split()[0], argv, cpu=server_cpu)
-                wait_until(lambda u=url: healthy(u), timeout=20, what=engine, child=child)
+                wait_until(partial(healthy, url), timeout=20, what=engine, child=child)
                 for mode in ("json", "stream"):
                     asyncio.run(
                         _load(url, mode == "stream", min(200, args.requests), 2.0, args.concurrency)

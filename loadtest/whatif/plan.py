@@ -19,6 +19,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
 from backends.sim.profiles import GPUS, ProfileError, build_hardware
@@ -52,7 +53,7 @@ class GpuType:
     max_model_len: int
 
     @property
-    def vendor(self) -> str:
+    def vendor(self) -> Literal["amd", "nvidia"]:
         return GPUS[self.profile].vendor
 
     @property
@@ -118,7 +119,7 @@ def fleet_of(types: Sequence[GpuType], counts: Sequence[int], model: str) -> Fle
     groups = [
         GroupSpec(
             pool=t.name,
-            vendor=t.vendor,  # type: ignore[arg-type]
+            vendor=t.vendor,
             accelerator=t.name,
             count=count,
             gpus_per_backend=t.gpus_per_backend,
@@ -228,7 +229,8 @@ class Planner:
         budget = min((v.usd_per_hour for v in passing), default=float("inf"))
         bounds = [(s if s is not None else MAX_BACKENDS) for s in solos[:last]]
         unit = self.types[last].backend_per_hour
-        cap = solos[last] if solos[last] is not None else MAX_BACKENDS
+        last_solo = solos[last]
+        cap = last_solo if last_solo is not None else MAX_BACKENDS
         for head in itertools.product(*(range(0, b + 1) for b in bounds)):
             base = self.cost([*head, 0])
             if not any(head) or base >= budget:  # the last type alone was searched; dearer mixes lose

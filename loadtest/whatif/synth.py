@@ -7,8 +7,8 @@ requests): the outcome fields are left out, the replay fills them. The prompt ha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import msgspec
 
@@ -27,6 +27,15 @@ class _Body(msgspec.Struct):
     stream: bool = False
 
 
+@dataclass(slots=True)
+class _Keys:
+    """The replay keys of a synthesised line (`replay_keys` sets them as it does on a `UsageRecord`)."""
+
+    session: str | None = None
+    affinity: str = ""
+    prefix: list[str] | None = None
+
+
 class _Prompt:
     def __init__(self, text: str) -> None:
         self.text = text
@@ -41,8 +50,8 @@ def log_lines(requests: list[PlannedRequest]) -> list[dict[str, object]]:
         body = msgspec.json.decode(request.body, type=_Body)
         contents = [m["content"] for m in body.messages]
         text = "\n".join(contents)
-        keys = SimpleNamespace(session=None, affinity="", prefix=None)
-        replay_keys(keys, _Prompt(text))  # type: ignore[arg-type]
+        keys = _Keys()
+        replay_keys(keys, _Prompt(text))
         line: dict[str, object] = {
             "ts": START + request.at_s,
             "request_id": f"req-{request.index}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from loadtest.bench._util import (
@@ -100,9 +101,13 @@ def start_upstream(group: ProcessGroup, kind: str, cpu: int, workdir: Path) -> U
     for mode, base in (("json", upstream.json_base), ("stream", upstream.stream_base)):
         url = base + CHAT_PATH
         body = chat_request(mode == "stream")
-        wait_until(lambda u=url, b=body: http_post(u, b)[0] == 200, timeout=15, what=kind, child=child)
+        wait_until(partial(_answers_ok, url, body), timeout=15, what=kind, child=child)
         check_response(mode, *http_post(url, body))
     return upstream
+
+
+def _answers_ok(url: str, body: bytes) -> bool:
+    return http_post(url, body)[0] == 200
 
 
 def serve_aiohttp_upstream(json_port: int, stream_port: int) -> None:
