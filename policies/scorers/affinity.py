@@ -28,6 +28,7 @@ _MASK = 0xFFFFFFFFFFFFFFFF
 class PrefixAffinity:
     name = "prefix-affinity"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def __init__(self, params: PrefixAffinityParams | None = None) -> None:
         self.prefix_chars = (params or PrefixAffinityParams()).prefix_chars
