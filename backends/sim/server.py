@@ -26,6 +26,7 @@ from backends.sim.engine import BatchEngine, Engine, FixedEngine, Run, SimClock
 from backends.sim.faults import FaultState, FaultUpdate
 from backends.sim.metrics import EngineStats
 from backends.sim.options import SimOptions
+from backends.sim.output import shape
 from backends.sim.protocol import (
     GenerationRequest,
     Kind,
@@ -37,7 +38,7 @@ from backends.sim.protocol import (
     resolve_model,
     stream_usage,
 )
-from backends.sim.text import Generation, count_tokens, embed, generate
+from backends.sim.text import EMBEDDING_DIM, Generation, count_tokens, embed, generate
 
 log = logging.getLogger("backends.sim")
 
@@ -186,16 +187,20 @@ class SimServer:
             await self._inject_faults()
             body = await _read_json(request)
             req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
-            room = options.max_model_len - req.prompt_tokens
             generations = [
-                generate(
-                    req.model,
-                    req.prompt_key,
-                    req.sampling_key,
-                    0 if req.sampling_key is None else index,
+                shape(
+                    generate(
+                        req.model,
+                        prompt_key,
+                        req.sampling_key,
+                        0 if req.sampling_key is None else index,
+                        req.max_tokens,
+                        options.max_model_len - prompt_tokens,
+                    ),
+                    req.output,
                     req.max_tokens,
-                    room,
                 )
+                for prompt_key, prompt_tokens in req.each_prompt()
                 for index in range(req.n)
             ]
             run = self.engine.submit(req, generations)
@@ -242,7 +247,9 @@ class SimServer:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         created = int(time.time())
-        frames = StreamFrames(req.kind, request_id, created, req.model, req.n, self.fingerprint)
+        choices = len(generations)
+        frames = StreamFrames(req.kind, request_id, created, req.model, choices, self.fingerprint)
+        plain, top = req.output.plain, req.output.logprobs
         # Without the usage chunk, the stream's last token chunk carries system_fingerprint.
         last_step = run.steps - 1 if not req.include_usage else -1
         last_index = max((i for i, g in enumerate(generations) if len(g.tokens) == run.steps), default=0)
@@ -259,11 +266,14 @@ class SimServer:
                 parts: list[bytes] = []
                 for step in range(sent, produced):
                     if step == 0 and req.kind == "chat":
-                        parts += (frames.role(i) for i in range(req.n))
+                        parts += (frames.role(i) for i in range(choices))
                     for index, generation in enumerate(generations):
                         tokens = generation.tokens
                         if step < len(tokens):
-                            if step == len(tokens) - 1:
+                            if not plain:
+                                last = step == last_step and index == last_index
+                                parts.append(frames.shaped(index, generation, step, top, last))
+                            elif step == len(tokens) - 1:
                                 last = step == last_step and index == last_index
                                 parts.append(
                                     frames.token(index, tokens[step], generation.finish_reason, last)
@@ -293,13 +303,22 @@ class SimServer:
             encoding = body.get("encoding_format") or "float"
             if encoding not in ("float", "base64"):
                 raise SimError(400, "`encoding_format` must be `float` or `base64`", param="encoding_format")
+            dimensions = body.get("dimensions")
+            if dimensions is not None and (
+                isinstance(dimensions, bool)
+                or not isinstance(dimensions, int)
+                or not 1 <= dimensions <= EMBEDDING_DIM
+            ):
+                raise SimError(
+                    400, f"`dimensions` must be an integer from 1 to {EMBEDDING_DIM}", param="dimensions"
+                )
         except SimError as exc:
             return _error(exc)
         data: list[dict[str, Any]] = []
         prompt_tokens = 0
         for index, (key, tokens) in enumerate(inputs):
             prompt_tokens += tokens
-            vector = embed(f"{model}\x1f{key}")
+            vector = embed(f"{model}\x1f{key}", dimensions)
             value: Any = vector
             if encoding == "base64":
                 value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
