@@ -1,4 +1,4 @@
-"""The `batches:` section of the gateway's config file (README "Batches"; the API is gateway/batch/).
+"""The `batches:` section of the gateway's config file (docs/batches.md; the API is gateway/batch/).
 
 A module of its own, outside gateway/batch/, so the settings import it without importing the batch package
 (which imports the request path, which imports the settings).

@@ -209,7 +209,7 @@ class TelemetryOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
 
 class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """API keys, rate limits and budgets (gateway/tenants/, README "Keys, limits and budgets")."""
+    """API keys, rate limits and budgets (gateway/tenants/, docs/keys.md)."""
 
     mode: Literal["keys", "open"] = "open"
     """`keys`: every request needs a key (`sy-...`); `open`: anyone may call (the demo, tests)."""
