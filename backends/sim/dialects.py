@@ -365,16 +365,18 @@ class MessagesShape:
         return {"type": "text", "text": generation.text}
 
     def body(self, generation: Generation) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "id": self.id,
             "type": "message",
             "role": "assistant",
             "content": [self.block(generation)],
             "model": self.model,
             "stop_reason": self.stop_reason(generation),
-            "stop_sequence": generation.stop_reason,
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": len(generation.tokens)},
         }
+        if generation.stop_reason is not None:  # vLLM leaves the key out otherwise
+            body["stop_sequence"] = generation.stop_reason
+        return body
 
     @staticmethod
     def event(kind: str, **data: Any) -> bytes:
