@@ -47,14 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from backends.accelerators import Accelerator, Runtime, Vendor, find, names_for
+from backends.accelerators import Accelerator, Runtime, find, names_for
 from backends.lifetime import die_with_parent
 
 Target = Literal["amd", "nvidia", "cpu"]
 TARGETS: tuple[Target, ...] = ("amd", "nvidia", "cpu")
-RUNTIMES: dict[Vendor, Runtime] = {"amd": "rocm", "nvidia": "cuda"}
+RUNTIMES: dict[str, Runtime] = {"amd": "rocm", "nvidia": "cuda"}
+"""The runtime each GPU vendor's accelerators run (every catalogue record of the vendor has it)."""
 RUNTIME_NAMES: dict[Runtime, str] = {"rocm": "ROCm", "cuda": "CUDA"}
-DEFAULT_ACCELERATOR: dict[Vendor, str] = {"amd": "mi300x", "nvidia": "h100"}
+DEFAULT_ACCELERATOR: dict[str, str] = {"amd": "mi300x", "nvidia": "h100"}
 """What `--accelerator` is when a GPU vendor is given without one: its flagship."""
 
 _ROCM_ENV = {

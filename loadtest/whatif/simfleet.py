@@ -143,7 +143,7 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
         groups.append(
             GroupSpec(
                 pool=pool.name,
-                vendor=pool.vendor,  # type: ignore[arg-type]
+                vendor=pool.vendor,
                 accelerator=pool.accelerator,
                 price_per_gpu_hour=pool.price_per_gpu_hour,
                 count=len(pool.backends),

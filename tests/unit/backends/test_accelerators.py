@@ -30,11 +30,13 @@ from backends.models import BackendConfig, PoolConfig, build_backends
 from backends.sim.app import start_server
 from backends.sim.options import SimOptions
 from backends.sim.profiles import GPUS, EngineLimits, ProfileError, build_hardware
+from backends.yamlfile import ConfigError
 from gateway.batch.slowdown import LineShape, line_cost
 from gateway.ops import backend_state
 from gateway.settings import settings_from_text
 from loadtest.whatif.plan import PlanError, fleet_of, gpu_type
 from loadtest.whatif.plan_cli import parse_gpu
+from loadtest.whatif.simfleet import fleet_from_gateway_config
 
 ROOT = Path(__file__).resolve().parents[3]
 ADDED = ("b200", "h200", "a100", "l40s", "mi325x", "mi355x")
@@ -184,6 +186,27 @@ pools:
     assert (
         b200.pool.prior_ttft_s == CATALOGUE["b200"].priors.ttft_s and b200.pool.light_load_tpot_s is not None
     )
+
+
+def test_a_gateway_configs_fleet_is_simulated_on_the_catalogues_profiles(tmp_path: Path) -> None:
+    pool = """\
+  - name: {name}
+    vendor: {vendor}
+    accelerator: {accelerator}
+    price_per_gpu_hour: 2
+    backends:
+      - {{url: "http://127.0.0.1:{port}", models: [llama-3.1-8b], max_model_len: 8192}}
+"""
+    pools = [("h", "nvidia", "H100-SXM5", 8001), ("b", "nvidia", "b200", 8002), ("m", "amd", "mi355x", 8003)]
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "pools:\n" + "".join(pool.format(name=n, vendor=v, accelerator=a, port=p) for n, v, a, p in pools)
+    )
+    fleet = fleet_from_gateway_config(str(config))
+    assert [g.profile.gpu for g in fleet.groups if g.profile] == ["h100-sxm5", "b200", "mi355x"]
+    config.write_text("pools:\n" + pool.format(name="t", vendor="nvidia", accelerator="tpu-v9", port=8001))
+    with pytest.raises(ConfigError, match="pool `t`: no GPU profile for accelerator `tpu-v9`"):
+        fleet_from_gateway_config(str(config))
 
 
 def test_unknown_names_are_refused_where_a_guess_cannot_stand() -> None:
