@@ -164,6 +164,11 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
         guess = guess_note(pool_config.accelerator)
         if guess is not None:
             log.warning("pool %s: %s", pool_config.name, guess)
+        elif record is not None and record.vendor != pool_config.vendor:
+            log.warning(
+                "pool %s: accelerator `%s` is an %s GPU (backends/accelerators.py), not %s",
+                pool_config.name, pool_config.accelerator, record.vendor, pool_config.vendor,
+            )  # fmt: skip
         gpus = pool_config.gpus_per_backend
         params_b = pool_config.model_params_b or params_b_from_names(
             name for cfg in pool_config.backends for name in cfg.models

@@ -257,3 +257,21 @@ async def test_the_simulator_serves_from_each_added_profile(name: str) -> None:
     record = CATALOGUE[name]
     weights_read_s = 8.03e9 * 2 / (record.datasheet.bandwidth_tbps * 1e12 * record.kernels.bw_eff(1))
     assert weights_read_s < float(tpot.group(1)) < weights_read_s * 1.6
+
+
+def test_a_pool_whose_vendor_is_not_its_accelerators_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def pool(name: str, vendor: str, accelerator: str) -> PoolConfig:
+        return PoolConfig(
+            name=name,
+            vendor=vendor,  # type: ignore[arg-type]
+            accelerator=accelerator,
+            price_per_gpu_hour=1.0,
+            backends=[BackendConfig(url="http://127.0.0.1:9", models=["m"], max_model_len=8192)],
+        )
+
+    with caplog.at_level(logging.WARNING):
+        build_backends([pool("odd", "amd", "H100"), pool("fine", "nvidia", "h100")], environ={})
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == ["pool odd: accelerator `H100` is an nvidia GPU (backends/accelerators.py), not amd"]
