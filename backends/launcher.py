@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from backends.accelerators import Accelerator, Runtime, find, names_for
+from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
 from backends.lifetime import die_with_parent
 
-Target = Literal["amd", "nvidia", "cpu"]
-TARGETS: tuple[Target, ...] = ("amd", "nvidia", "cpu")
+Target = Literal[Vendor, "cpu"]
+TARGETS: tuple[Target, ...] = (*VENDORS, "cpu")
 RUNTIMES: dict[str, Runtime] = {"amd": "rocm", "nvidia": "cuda"}
 """The runtime each GPU vendor's accelerators run (every catalogue record of the vendor has it)."""
 RUNTIME_NAMES: dict[Runtime, str] = {"rocm": "ROCm", "cuda": "CUDA"}
