@@ -37,11 +37,16 @@ from backends.accelerator_types import (
 
 __all__ = [
     "CATALOGUE",
+    "CUDA_KERNELS",
     "GUESS",
+    "REFERENCE",
+    "ROCM_KERNELS",
     "VENDORS",
     "Accelerator",
     "Curve",
+    "Datasheet",
     "Guess",
+    "Kernels",
     "Priors",
     "Runtime",
     "Tier",
@@ -226,7 +231,8 @@ def canonical(name: str) -> str:
 
 
 def find(name: str) -> Accelerator | None:
-    return CATALOGUE.get(canonical(name))
+    record = CATALOGUE.get(name)  # the routing path's case: a pool's name, already the catalogue's
+    return record if record is not None else CATALOGUE.get(canonical(name))
 
 
 def priors(name: str) -> Priors:
