@@ -24,6 +24,10 @@ class FileStore(Protocol):
 
     async def exists(self, name: str) -> bool: ...
 
+    async def delete(self, name: str) -> None:
+        """Remove the file; a missing one is no error."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -71,6 +75,9 @@ class LocalFileStore:
 
     async def exists(self, name: str) -> bool:
         return await asyncio.to_thread(self._path(name).is_file)
+
+    async def delete(self, name: str) -> None:
+        await asyncio.to_thread(self._path(name).unlink, missing_ok=True)
 
     async def close(self) -> None:
         return None
