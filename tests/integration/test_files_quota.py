@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +41,11 @@ LINE = json.dumps(
 @dataclass
 class Gateway:
     url: str
+    directory: Path
+    """Where the gateway writes file bodies (`batches.directory`)."""
+
+    def bodies(self) -> set[str]:
+        return {p.name for p in (self.directory / "files").glob("*")}
 
     def admin(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
@@ -57,12 +63,13 @@ class Gateway:
 @pytest.fixture(scope="module", params=["memory", "redis"])
 def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     store = request.param
+    directory = tmp_path_factory.mktemp("files")
     prefix = f"itest-files-{uuid.uuid4().hex[:10]}"
     config: dict[str, Any] = {
         "auth": {"mode": "keys", "store": store},
         "batches": {
             "store": store,
-            "directory": str(tmp_path_factory.mktemp("files")),
+            "directory": str(directory),
             "max_file_bytes": MAX_FILE_BYTES,
             "max_stored_files": 4,
             "max_stored_bytes": 10 * MAX_FILE_BYTES,
@@ -86,7 +93,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     try:
         workdir = tmp_path_factory.mktemp(f"gw-files-{store}")
         with running_gateway(config, workdir, env={"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}) as url:
-            yield Gateway(url)
+            yield Gateway(url, directory)
     finally:
         if store == "redis":
             clean_redis(prefix)
@@ -120,6 +127,7 @@ def test_files_list_pages_and_delete_frees_the_quota(gateway: Gateway) -> None:
     assert over.value.code == "files_quota_exceeded"
     deleted = client.files.delete(made[0])
     assert (deleted.id, deleted.deleted, deleted.object) == (made[0], True, "file")
+    assert made[0] not in gateway.bodies() and made[1] in gateway.bodies()
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(made[0])
     with pytest.raises(openai.NotFoundError):
@@ -133,6 +141,7 @@ def test_files_list_pages_and_delete_frees_the_quota(gateway: Gateway) -> None:
 
 def test_uploads_over_the_size_or_the_bytes_are_refused_and_leave_nothing(gateway: Gateway) -> None:
     client = gateway.key(max_stored_bytes=3000)
+    before = gateway.bodies()
     with pytest.raises(openai.APIStatusError) as big:
         _upload(client, MAX_FILE_BYTES + 1)
     assert (big.value.status_code, big.value.code) == (413, "file_too_large")
@@ -145,6 +154,7 @@ def test_uploads_over_the_size_or_the_bytes_are_refused_and_leave_nothing(gatewa
         _upload(client, 1001)
     assert over.value.code == "files_quota_exceeded" and "max_stored_bytes" in over.value.message
     assert _ids(client) == [kept] and _ids(small) == []
+    assert gateway.bodies() - before == {kept}  # the refused uploads left no body behind
     _upload(client, 1000)
 
 
