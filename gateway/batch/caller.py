@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from litestar import Request
+from litestar.connection import ASGIConnection
 
 from gateway.batch.service import BatchService
 from gateway.request.classify import key_id
@@ -23,7 +23,7 @@ class Caller:
     """Open mode only: the caller's Authorization, so a batch's lines carry the same key in the ledger."""
 
 
-async def caller_of(service: BatchService, request: Request[Any, Any, Any]) -> Caller:
+async def caller_of(service: BatchService, request: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     """The caller; in keys mode a missing, unknown, revoked or expired key is 401 `invalid_api_key`."""
     authorization = request.headers.get("authorization")
     tenants = service.pipeline.tenants

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 from litestar import Request, Response, delete, get, post
+from litestar.connection import ASGIConnection
 from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.handlers import BaseRouteHandler
@@ -81,11 +82,19 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
             raise _not_found(file_id)
         return stored
 
+    async def upload_allowed(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        """Before the body is read: a key (keys mode), and a declared length within its upload limit."""
+        limit = quota_for(options, (await caller_of(service, connection)).key).max_file_bytes
+        declared = connection.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > limit + _MULTIPART_SLACK:
+            raise file_too_large(limit)
+
     @post(
         "/v1/files",
         name="files-create",
         status_code=200,
         request_max_body_size=options.max_file_bytes + _MULTIPART_SLACK,
+        guards=[upload_allowed],
     )
     async def create_file(
         request: Request[Any, Any, Any],

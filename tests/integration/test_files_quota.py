@@ -145,10 +145,14 @@ def test_uploads_over_the_size_or_the_bytes_are_refused_and_leave_nothing(gatewa
     with pytest.raises(openai.APIStatusError) as big:
         _upload(client, MAX_FILE_BYTES + 1)
     assert (big.value.status_code, big.value.code) == (413, "file_too_large")
+    with pytest.raises(openai.APIStatusError) as far:  # refused by its Content-Length, before it is read
+        _upload(client, MAX_FILE_BYTES + 200_000)
+    assert (far.value.status_code, far.value.code) == (413, "file_too_large")
     small = gateway.key(max_file_bytes=1024)
-    with pytest.raises(openai.APIStatusError) as own:
-        _upload(small, 2000)
-    assert (own.value.status_code, own.value.code) == (413, "file_too_large")
+    for size in (2000, 100_000):
+        with pytest.raises(openai.APIStatusError) as own:
+            _upload(small, size)
+        assert (own.value.status_code, own.value.code) == (413, "file_too_large")
     kept = _upload(client, 2000)
     with pytest.raises(openai.RateLimitError) as over:
         _upload(client, 1001)
@@ -217,6 +221,10 @@ def test_another_key_neither_lists_nor_deletes_a_keys_files_and_the_admin_lists_
     for method, path in (("GET", "/v1/files"), ("DELETE", f"/v1/files/{file_id}")):
         answer = anonymous.request(method, path)
         assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+    upload = anonymous.post(
+        "/v1/files", data={"purpose": "batch"}, files={"file": ("x.jsonl", LINE.encode())}
+    )
+    assert upload.status_code == 401 and upload.json()["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         gateway.sdk("sy-wrong").files.list()
     assert owner.files.retrieve(file_id).id == file_id
