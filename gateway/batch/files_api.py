@@ -151,6 +151,9 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
         purpose: str | None = None,
     ) -> Response[bytes]:
         caller = await caller_of(service, request)
+        for name in ("limit", "after", "order", "purpose"):
+            if len(request.query_params.getall(name, [])) > 1:
+                raise _invalid(f"`{name}` is given more than once.", name)
         count = _limit(limit)
         if order not in (None, "asc", "desc"):
             raise _invalid("`order` must be `asc` or `desc`.", "order")

@@ -242,6 +242,9 @@ def test_another_key_neither_lists_nor_deletes_a_keys_files_and_the_admin_lists_
         ("after=../../etc", "after"),
         ("after=file-never-made", "after"),
         ("purpose=B%00", "purpose"),
+        ("limit=1&limit=2", "limit"),
+        ("order=asc&order=desc", "order"),
+        ("after=" + "file-" + "a" * 200, "after"),
     ],
 )
 def test_bad_list_parameters_are_invalid_values(gateway: Gateway, query: str, param: str) -> None:
