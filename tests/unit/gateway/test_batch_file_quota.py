@@ -9,11 +9,13 @@ import uuid
 import msgspec
 import pytest
 
+from backends.yamlfile import ConfigError
 from gateway.batch.objects import BatchObject, ErrorData, FileObject, StoredBatch, StoredFile
 from gateway.batch.quota import Quota, quota_for
 from gateway.batch.state import BatchState, UnknownCursor
 from gateway.batch.transitions import to_failed, to_in_progress
 from gateway.batch_options import BatchOptions
+from gateway.settings import settings_from_text
 from gateway.tenants.keys import KeyRecord
 from tests.unit.gateway.test_batch_state import _each_state
 
@@ -175,3 +177,16 @@ async def test_listing_pages_in_either_order_by_purpose_and_past_a_deleted_curso
     assert [f.file.id for f in rest] == ids[::-1][2:4] and more
     with pytest.raises(UnknownCursor):  # a deleted file of key-a's is still no cursor for key-b
         await state.list_files("key-b", page[-1].file.id, 2, "desc", None)
+
+
+@pytest.mark.parametrize("field", ["max_stored_files", "max_stored_bytes", "max_open_batches"])
+def test_a_negative_quota_in_the_config_is_refused_at_its_line(field: str) -> None:
+    text = (
+        "pools: [{name: a, vendor: nvidia, accelerator: h100, price_per_gpu_hour: 1,\n"
+        "  backends: [{url: 'http://127.0.0.1:1', models: [m], max_model_len: 10}]}]\n"
+        f"batches:\n  {field}: -1\n"
+    )
+    with pytest.raises(ConfigError, match=rf"<config>:4: .*>= 0 \(at batches\.{field}\)"):
+        settings_from_text(text)
+    unlimited = settings_from_text(text.replace("-1", "null")).batches
+    assert getattr(unlimited, field) is None
