@@ -65,12 +65,18 @@ def _json(obj: Any) -> Response[bytes]:
     return Response(to_json(obj), media_type="application/json")
 
 
+def _whole(text: str) -> int | None:
+    """`text` as a whole number, if it is one of at most 18 ASCII digits."""
+    return int(text) if len(text) <= 18 and text.isascii() and text.isdigit() else None
+
+
 def _limit(text: str | None) -> int:
     if text is None:
         return MAX_LIST
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_LIST:
+    limit = _whole(text)
+    if limit is None or not 1 <= limit <= MAX_LIST:
         raise _invalid(f"`limit` must be a whole number from 1 to {MAX_LIST}.", "limit")
-    return int(text)
+    return limit
 
 
 def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
@@ -86,7 +92,7 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
         """Before the body is read: a key (keys mode), and a declared length within its upload limit."""
         limit = quota_for(options, (await caller_of(service, connection)).key).max_file_bytes
         declared = connection.headers.get("content-length", "")
-        if declared.isascii() and declared.isdigit() and int(declared) > limit + _MULTIPART_SLACK:
+        if len(declared) > 18 or (_whole(declared) or 0) > limit + _MULTIPART_SLACK:
             raise file_too_large(limit)
 
     @post(

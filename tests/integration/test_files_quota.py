@@ -237,6 +237,7 @@ def test_another_key_neither_lists_nor_deletes_a_keys_files_and_the_admin_lists_
         ("limit=10001", "limit"),
         ("limit=abc", "limit"),
         ("limit=-1", "limit"),
+        ("limit=" + "9" * 5000, "limit"),
         ("limit=%EF%BC%91", "limit"),  # a full-width digit
         ("order=up", "order"),
         ("after=../../etc", "after"),
