@@ -23,7 +23,7 @@ import openai
 import pytest
 import redis
 
-from tests.support import ROOT, clean_redis, free_port, running_gateway
+from tests.support import ROOT, clean_redis, free_port, running_gateway, running_replicas
 
 MODEL = "llama-3.1-8b"
 ADMIN_KEY = "sy-test-admin-" + uuid.uuid4().hex
@@ -96,12 +96,17 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             yield Gateway(url, directory)
     finally:
         if store == "redis":
-            clean_redis(prefix)
-            client = redis.Redis()
-            keys = list(client.scan_iter(match=f"*syb:{prefix}*", count=1000))
-            if keys:
-                client.delete(*keys)
-            client.close()
+            _clean(prefix)
+
+
+def _clean(prefix: str) -> None:
+    """The keys gateways wrote under ledger prefix `prefix`: ledger and tenants, and batch state (`syb:`)."""
+    clean_redis(prefix)
+    client = redis.Redis()
+    keys = list(client.scan_iter(match=f"*syb:{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def _upload(client: openai.OpenAI, size: int = 0) -> str:
@@ -323,3 +328,61 @@ def test_the_cli_and_the_admin_api_set_and_clear_a_keys_quotas(gateway: Gateway)
         except openai.RateLimitError:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+def test_two_replicas_on_one_redis_hold_the_quotas_together(tmp_path: Path) -> None:
+    prefix = f"itest-files2-{uuid.uuid4().hex[:10]}"
+    config: dict[str, Any] = {
+        "auth": {"mode": "keys"},
+        "ledger": {"redis_url": "redis://127.0.0.1:6379/0", "key_prefix": prefix},
+        "batches": {"directory": str(tmp_path / "files"), "max_stored_files": 3, "max_open_batches": 2},
+        "pools": [
+            {
+                "name": "h100",
+                "vendor": "nvidia",
+                "accelerator": "h100",
+                "price_per_gpu_hour": 2.9,
+                "backends": [
+                    {"url": f"http://127.0.0.1:{free_port()}", "models": [MODEL], "max_model_len": 4096}
+                ],
+            }
+        ],
+    }
+    try:
+        workdirs = [tmp_path / "a", tmp_path / "b"]
+        with running_replicas([config, config], workdirs, env={"SWITCHYARD_ADMIN_KEY": ADMIN_KEY}) as urls:
+            made = Gateway(urls[0], tmp_path / "files").key()
+            clients = [Gateway(url, tmp_path / "files").sdk(made.api_key) for url in urls]
+
+            def upload(i: int) -> str | None:
+                try:
+                    return _upload(clients[i % 2])
+                except openai.RateLimitError:
+                    return None
+
+            with ThreadPoolExecutor(12) as pool:
+                uploaded = [f for f in pool.map(upload, range(24)) if f is not None]
+            assert len(uploaded) == 3 and sorted(_ids(clients[1])) == sorted(uploaded)
+
+            def create(i: int) -> str | None:
+                try:
+                    return (
+                        clients[i % 2]
+                        .batches.create(
+                            input_file_id=uploaded[i % 3],
+                            endpoint="/v1/chat/completions",
+                            completion_window="24h",
+                        )
+                        .id
+                    )
+                except openai.RateLimitError as exc:
+                    assert exc.code == "batch_quota_exceeded"
+                    return None
+
+            with ThreadPoolExecutor(12) as pool:
+                created = [b for b in pool.map(create, range(24)) if b is not None]
+            assert len(created) == 2
+            for batch_id in created:
+                clients[0].batches.cancel(batch_id)
+    finally:
+        _clean(prefix)
