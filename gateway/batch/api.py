@@ -113,11 +113,12 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
         )
         window = options.window_s or WINDOW_S
         stored = StoredBatch(batch=batch, owner=owner, authorization=authorization, deadline=created + window)
-        refusal = await state.create(stored, quota_for(options, caller.key).max_open_batches)
+        quota = quota_for(options, caller.key)
+        refusal = await state.create(stored, quota.max_open_batches)
         if refusal == "no_file":  # deleted since it was read
             raise _not_found("file", body.input_file_id)
         if refusal is not None:
-            raise over_quota(refusal, quota_for(options, caller.key))
+            raise over_quota(refusal, quota)
         return _json(batch)
 
     @get("/v1/batches/{batch_id:str}", name="batches-retrieve")

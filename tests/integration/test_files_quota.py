@@ -167,6 +167,25 @@ def test_uploads_over_the_size_or_the_bytes_are_refused_and_leave_nothing(gatewa
     _upload(client, 1000)
 
 
+def test_an_upload_the_store_cannot_write_is_forgotten_and_frees_its_quota(gateway: Gateway) -> None:
+    client = gateway.key(max_stored_files=1)
+    bodies = gateway.directory / "files"
+    aside = gateway.directory / "files.aside"
+    bodies.mkdir(exist_ok=True)
+    bodies.rename(aside)
+    bodies.write_bytes(b"")  # a file where the store's folder should be: every write fails
+    try:
+        with pytest.raises(openai.InternalServerError) as failed:
+            _upload(client)
+        assert (failed.value.status_code, failed.value.code) == (503, "file_store_unavailable")
+        assert _ids(client) == []
+    finally:
+        bodies.unlink()
+        aside.rename(bodies)
+    kept = _upload(client)  # the failed upload holds no share of the quota
+    assert _ids(client) == [kept]
+
+
 def test_concurrent_uploads_cannot_go_over_the_quota(gateway: Gateway) -> None:
     client = gateway.key(max_stored_files=3)
 
