@@ -198,3 +198,12 @@ async def test_a_proxy_header_sets_the_client_and_its_count() -> None:
     assert transport.written.startswith(b"HTTP/1.1 400") and b"proxy_header_required" in transport.written
     for protocol, _ in [*connections, (bare, transport)]:
         protocol.connection_lost(None)
+
+
+async def test_a_proxy_header_that_never_ends_is_closed_after_the_idle_timeout() -> None:
+    cls = protocol_class(LIMITS, ["127.0.0.9/32"], "required")
+    protocol, transport = _connect(_slow_app, cls)
+    protocol.data_received(b"PROXY TCP4 198.51.100.1 ")
+    await asyncio.sleep(TIMEOUT * 3)
+    assert transport.closed and transport.written == b""
+    protocol.connection_lost(None)
