@@ -171,3 +171,33 @@ def test_the_balancer_without_a_proxy_header_is_served_and_keeps_its_connection(
         for _ in range(3):
             sock.sendall(forwarded)
             assert read_response(sock)[0] == 200
+
+
+def test_counts_are_released_whatever_way_a_balancers_connection_ends(gateway: Gateway) -> None:
+    client = "203.0.113.10"
+    for ending in ("served", "truncated header", "closed after header", "garbage"):
+        for _ in range(PER_CLIENT + 2):  # more than the cap, one after another: each must be released
+            with connect(gateway, BALANCER) as sock:
+                if ending == "served":
+                    sock.sendall(proxy_v2(client) + REQUEST)
+                    assert read_response(sock)[0] == 200
+                elif ending == "truncated header":
+                    sock.sendall(proxy_v2(client)[:20])
+                elif ending == "closed after header":
+                    sock.sendall(proxy_v1(client))
+                else:
+                    sock.sendall(b"\r\n\r\n\x00\r\nQUIT\n" + bytes(range(256)) * 4)
+    held = []
+    try:
+        for _ in range(PER_CLIENT):  # nothing leaked: the client's whole allowance is there, kept alive
+            sock = connect(gateway, BALANCER)
+            held.append(sock)
+            sock.sendall(proxy_v2(client) + REQUEST)
+            assert read_response(sock)[0] == 200
+        with connect(gateway, BALANCER) as sock:
+            sock.sendall(proxy_v2(client) + REQUEST)
+            status, _, body = read_response(sock)
+            assert error_code(status, body, 429) == "too_many_connections"
+    finally:
+        for sock in held:
+            sock.close()
