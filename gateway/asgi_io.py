@@ -2,7 +2,7 @@
 
 The forwarding endpoints are Litestar ASGI route handlers rather than regular ones: a regular handler's
 parameter resolution, response objects and middleware cost about as much CPU as the forwarding itself, and
-the gateway adds every microsecond of it to every request (see the README's design notes).
+the gateway adds every microsecond of it to every request (see docs/internals.md, design notes).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ handlers, everything else (admin, health, metrics, lifespan) to Litestar.
 
 The forwarding handlers are Litestar ASGI route handlers already (gateway/routes.py); this only skips
 Litestar's per-request dispatch (middleware stack, router lookup, scope copy) for them, which measured
-about a tenth of the gateway's CPU per request on one core (README, design notes).
+about a tenth of the gateway's CPU per request on one core (docs/internals.md, design notes).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`switchyard policy check|explain`: validate a policy file, and show how it would route a request.
+"""`switchyard policy check|explain|plugins`: validate a policy file, show how it would route a request, and
+list the filters, scorers and pickers a policy file can name (policies/reference.py).
 
 Both work offline against a fleet: the pools of a gateway config (`--config`), or the demo fleet's.
 `check` fails when the policy is invalid or part of it (a `prefer` or `fallback` selector) matches no pool
@@ -11,6 +12,7 @@ of that fleet. `explain` can also take a backend state file, to see what the pol
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +30,7 @@ from gateway.settings import ConfigFile, load_settings
 from policies.engine import PolicyEngine, load_engine
 from policies.explain import Explained, explain
 from policies.presets import preset_names, resolve
+from policies.reference import markdown, plugin_docs, text
 
 
 def _backends(config: str | None) -> tuple[list[Backend], str]:
@@ -189,6 +192,19 @@ def render(explained: Explained) -> str:
     return "\n".join(lines)
 
 
+def plugins_command(args: argparse.Namespace) -> int:
+    """Print the plugin reference: every registered plugin, after importing the modules named."""
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a plugin module may fail in any way while importing
+            print(f"error: cannot import `{module}`: {exc}", file=sys.stderr)
+            return 1
+    docs = plugin_docs()
+    sys.stdout.write(markdown(docs) if args.markdown else text(docs))
+    return 0
+
+
 def add_commands(commands: Any) -> None:
     policy = commands.add_parser("policy", help="check a routing policy, or explain a routing decision")
     sub = policy.add_subparsers(dest="policy_command", required=True)
@@ -212,3 +228,14 @@ def add_commands(commands: Any) -> None:
         help="print the explanation as JSON (as POST /admin/v1/explain answers)",
     )
     x.set_defaults(run=explain_command)
+    p = sub.add_parser("plugins", help="list every filter, scorer and picker, with its parameters")
+    p.add_argument("--markdown", action="store_true", help="print it as markdown (docs/plugins.md)")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a plugin module first, as a policy file's `imports:` does (repeatable)",
+    )
+    p.set_defaults(run=plugins_command)

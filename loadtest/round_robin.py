@@ -14,6 +14,9 @@ from policies.registry import register
 
 
 class RoundRobin:
+    """Ignores scores, tiers and saturation: each request starts one place further along the candidate
+    list, so backends take turns (the round-robin baseline of the load tests)."""
+
     name = "round-robin"
 
     def __init__(self) -> None:

@@ -41,7 +41,9 @@ class CompiledRoute:
     filters: list[Filter]
     """All filters, the always-on `healthy` and `context-fits` first (these two are inlined when routing)."""
     extra_filters: list[Filter]
-    scorers: list[tuple[Scorer, float]]
+    scorers: list[tuple[Scorer, float, bool]]
+    """Each scorer, its weight (the route's weights normalised to sum 1) and whether its scores are clamped
+    into 0..1 (it does not declare `scores_in_unit_range`)."""
     picker: Picker
     predicts: bool
     """Whether latency predictions are needed (an SLO, or a scorer that reads them)."""
@@ -155,6 +157,24 @@ class PolicyEngine:
             )
         return self._plugins[name]
 
+    def _scorer(self, name: str, *path: Any) -> Scorer:
+        """The scorer named in a route's strategy, which must declare its capabilities (framework.Scorer)."""
+        scorer = self._plugin(name, "scorer", *path)
+        missing = [
+            attr
+            for attr in ("scores_in_unit_range", "reads_predictions")
+            if not isinstance(getattr(scorer, attr, None), bool)
+        ]
+        if missing:
+            raise ConfigError(
+                self.loaded.source,
+                self.loaded.line(*path),
+                f"scorer `{name}` ({type(scorer).__module__}.{type(scorer).__qualname__}) does not declare "
+                + " and ".join(f"`{attr}`" for attr in missing),
+                hint="a scorer sets both as class attributes, True or False (policies/framework.py Scorer)",
+            )
+        return scorer
+
     def _compile_route(self, name: str, route: Route, backends: Sequence[Backend]) -> CompiledRoute:
         tiers: dict[Backend, int] = {}
         for backend in backends:
@@ -171,14 +191,13 @@ class PolicyEngine:
             self._plugin(f, "filter", "routes", name, "filters", i) for i, f in enumerate(route.filters)
         ]
         filters: list[Filter] = [Healthy(), ContextFits(), *extra]
-        scorers = [
-            (self._plugin(s, "scorer", "routes", name, "strategy", s), weight)
-            for s, weight in route.strategy.items()
+        chosen = [
+            (self._scorer(s, "routes", name, "strategy", s), weight) for s, weight in route.strategy.items()
         ]
-        total = sum(weight for _, weight in scorers) or 1.0
-        scorers = [(scorer, weight / total) for scorer, weight in scorers]
+        total = sum(weight for _, weight in chosen) or 1.0
+        scorers = [(scorer, weight / total, not scorer.scores_in_unit_range) for scorer, weight in chosen]
         picker = self._plugin(route.picker, "picker", "routes", name, "picker")
-        predicts = route.slo is not None or any(getattr(s, "reads_predictions", False) for s, _ in scorers)
+        predicts = route.slo is not None or any(scorer.reads_predictions for scorer, _ in chosen)
         slo = route.slo
         ttft_limit = slo.ttft_ms / 1000 if slo is not None and slo.ttft_ms is not None else float("inf")
         tpot_limit = slo.tpot_ms / 1000 if slo is not None and slo.tpot_ms is not None else float("inf")
@@ -268,7 +287,8 @@ class PolicyEngine:
         kept_tiers = [tiers[b] for b in kept]
         # Whether each can take more work: not saturated, and (below) not predicted to miss the SLO. The
         # queue counts what this engine sent since the last scrape (policies/predict.py).
-        # One pass, inlining policies/predict.py's queue_estimate and ttft_estimate (hot path).
+        # One pass, inlining policies/predict.py's queue_estimate, ttft_estimate and saturation_reason (hot
+        # path); tests/unit/policies/test_engine_formulas.py holds the copy equal to them on random states.
         recent = self.recent
         sent_to = recent.by_backend
         speeds = recent.speeds
@@ -315,9 +335,9 @@ class PolicyEngine:
             return self._nothing_fits(ctx, route, serving)
         totals: list[float] | None = None
         per_plugin: dict[str, Sequence[float]] = {}
-        for scorer, weight in route.scorers:
+        for scorer, weight, clamp in route.scorers:
             scores = scorer.score(ctx, kept)
-            if not getattr(scorer, "scores_in_unit_range", False):
+            if clamp:
                 scores = [0.0 if s < 0 else 1.0 if s > 1 else s for s in scores]
             if trace is not None:
                 per_plugin[scorer.name] = scores

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from backends.models import Backend
@@ -51,11 +51,16 @@ class Filter(Protocol):
 class Scorer(Protocol):
     """Rates candidates in 0..1 (1 best); sees all of them, so it may compare them with each other.
 
-    The engine clamps scores into 0..1 before weighting, unless the scorer declares
-    `scores_in_unit_range = True` (the built-ins do: their formulas cannot leave it).
+    Every scorer declares its two capabilities as class attributes; the engine reads them once, when the
+    policy is loaded, and refuses a scorer that leaves either out.
     """
 
     name: str
+    scores_in_unit_range: ClassVar[bool]
+    """True when its formula cannot leave 0..1 (the built-ins'): the engine then does not clamp."""
+    reads_predictions: ClassVar[bool]
+    """True when it reads `RouteContext.predicted_ttft` / `predicted_tpot`: the engine then computes them
+    for every request of the route, SLO or not."""
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> Sequence[float]: ...
 

@@ -134,7 +134,8 @@ def predicted_ttft(backend: Backend, prompt_tokens: int = 0, recent: RecentSends
 
 
 def saturation_reason(backend: Backend, limits: Saturation, recent: RecentSends | None = None) -> str | None:
-    """Why `backend` is past a route's `saturation` limits, or None (the engine inlines the same test)."""
+    """Why `backend` is past a route's `saturation` limits, or None (the engine inlines the same test; a
+    property test holds the two equal)."""
     load = backend.load
     queue = queue_estimate(backend, (recent or _NO_RECENT).get(backend), limits.max_kv_cache_usage)
     if queue > limits.max_waiting:

@@ -8,6 +8,8 @@ A third-party module registers its own plugins when imported; a policy file name
 
     class PreferMyRack:
         name = "prefer-my-rack"
+        scores_in_unit_range = True     # else the engine clamps its scores into 0..1
+        reads_predictions = False       # True: the engine computes predicted TTFT/TPOT for it
         def score(self, ctx, candidates): ...
 
     register("prefer-my-rack", "scorer", PreferMyRack)

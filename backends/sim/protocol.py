@@ -12,6 +12,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from backends.sim.output import (
+    PLAIN,
+    OutputError,
+    OutputSpec,
+    chat_token_logprobs,
+    completion_logprobs,
+    parse_output,
+)
 from backends.sim.text import Generation, chat_prompt_tokens, count_tokens
 
 Kind = Literal["chat", "completion"]
@@ -66,6 +74,12 @@ class GenerationRequest:
     sampling_key: str | None  # None means greedy: output does not depend on seed or choice index
     stream: bool
     include_usage: bool
+    prompts: tuple[tuple[str, int], ...] = ()
+    """Each prompt's key and tokens (a completions request may send several); empty: the one above."""
+    output: OutputSpec = PLAIN
+
+    def each_prompt(self) -> tuple[tuple[str, int], ...]:
+        return self.prompts or ((self.prompt_key, self.prompt_tokens),)
 
 
 def resolve_model(body: dict[str, Any], models: tuple[str, ...]) -> str:
@@ -113,24 +127,51 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
     return key, chat_prompt_tokens(contents)
 
 
-def _completion_prompt(body: dict[str, Any]) -> tuple[str, int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+def _one_prompt(prompt: Any) -> tuple[str, int] | None:
     if isinstance(prompt, str):
         return prompt, count_tokens(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         return ",".join(map(str, prompt)), len(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise SimError(400, "the simulator serves one prompt per request", param="prompt")
-    raise SimError(400, "`prompt` is required: a string or a list of token ids", param="prompt")
+    return None
+
+
+MAX_PROMPTS = 64
+
+
+def _completion_prompts(body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """A string, token ids, or a list of either (one choice set per prompt, as vLLM answers)."""
+    prompt = body.get("prompt")
+    one = _one_prompt(prompt)
+    if one is not None:
+        return (one,)
+    if isinstance(prompt, list) and 0 < len(prompt) <= MAX_PROMPTS:
+        each = [_one_prompt(p) for p in prompt]
+        if all(p is not None for p in each):
+            return tuple(p for p in each if p is not None)
+    raise SimError(
+        400,
+        f"`prompt` is required: a string, a list of token ids, or a list of up to {MAX_PROMPTS} of either",
+        param="prompt",
+    )
 
 
 def parse_generation(
     kind: Kind, body: dict[str, Any], models: tuple[str, ...], server_seed: int, max_model_len: int
 ) -> GenerationRequest:
     model = resolve_model(body, models)
-    prompt_key, prompt_tokens = _chat_prompt(body) if kind == "chat" else _completion_prompt(body)
+    prompts: tuple[tuple[str, int], ...] = ()
+    if kind == "chat":
+        prompt_key, prompt_tokens = _chat_prompt(body)
+    else:
+        prompts = _completion_prompts(body)
+        prompt_key = "\x1d".join(key for key, _ in prompts)
+        prompt_tokens = sum(tokens for _, tokens in prompts)
+        if len(prompts) == 1:
+            prompts = ()
+    try:
+        output = parse_output(body, chat=kind == "chat")
+    except OutputError as exc:
+        raise SimError(400, str(exc), param=exc.param) from None
     max_tokens = _optional_int(body, "max_tokens", 1)
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         max_tokens = _optional_int(body, "max_completion_tokens", 1)
@@ -154,12 +195,13 @@ def parse_generation(
             param="max_tokens",
         )
     requested = max_tokens or 0
-    if prompt_tokens + requested > max_model_len or prompt_tokens >= max_model_len:
+    longest = max((tokens for _, tokens in prompts), default=prompt_tokens)
+    if longest + requested > max_model_len or longest >= max_model_len:
         raise SimError(
             400,
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{requested} output tokens and your prompt contains {prompt_tokens} input tokens, for a total "
-            f"of {prompt_tokens + requested} tokens. Please reduce the length of the input prompt or the "
+            f"{requested} output tokens and your prompt contains {longest} input tokens, for a total "
+            f"of {longest + requested} tokens. Please reduce the length of the input prompt or the "
             "number of requested output tokens.",
         )
     greedy = temperature is not None and temperature == 0
@@ -173,6 +215,8 @@ def parse_generation(
         sampling_key=None if greedy else f"{server_seed}/{seed}/{temperature}",
         stream=stream,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        prompts=prompts,
+        output=output,
     )
 
 
@@ -203,29 +247,37 @@ def full_response(
     choices: list[dict[str, Any]] = []
     for index, generation in enumerate(generations):
         choice: dict[str, Any] = {"index": index}
+        top = req.output.logprobs
         if req.kind == "chat":
-            choice["message"] = {
+            message: dict[str, Any] = {
                 "role": "assistant",
                 "content": generation.text,
                 "refusal": None,
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "reasoning": None,
             }
+            if generation.tool_call is not None:
+                call_id, name, arguments = generation.tool_call
+                message["content"] = None
+                message["tool_calls"] = [
+                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                ]
+            message["reasoning"] = None
+            choice["message"] = message
             choice.update(
-                logprobs=None,
-                finish_reason=generation.finish_reason,
-                stop_reason=None,
+                logprobs=None if top is None else chat_logprobs(generation.tokens, top),
+                finish_reason=generation.api_finish_reason,
+                stop_reason=generation.stop_reason,
                 token_ids=None,
                 routed_experts=None,
             )
         else:
             choice.update(
                 text=generation.text,
-                logprobs=None,
+                logprobs=None if top is None else completion_logprobs(generation.tokens, top),
                 finish_reason=generation.finish_reason,
-                stop_reason=None,
+                stop_reason=generation.stop_reason,
                 token_ids=None,
                 prompt_logprobs=None,
                 prompt_token_ids=None,
@@ -249,6 +301,14 @@ def full_response(
     return response
 
 
+def chat_logprobs(tokens: list[str], top: int, offset: int = 0) -> dict[str, Any]:
+    """OpenAI's chat shape: one entry per generated token (the end-of-sequence token has no text)."""
+    return {
+        "content": [chat_token_logprobs(t, offset + i, top) for i, t in enumerate(tokens) if t],
+        "refusal": None,
+    }
+
+
 def chunk_object(kind: Kind) -> str:
     return "chat.completion.chunk" if kind == "chat" else "text_completion"
 
@@ -263,7 +323,7 @@ class StreamFrames:
     `include_usage`) carries `system_fingerprint`.
     """
 
-    __slots__ = ("_fingerprint", "_heads", "_kind")
+    __slots__ = ("_fingerprint", "_fingerprint_value", "_heads", "_kind", "_meta")
 
     def __init__(
         self, kind: Kind, request_id: str, created: int, model: str, n: int, fingerprint: str
@@ -277,6 +337,8 @@ class StreamFrames:
         self._heads = [head + str(index).encode() for index in range(n)]
         self._kind = kind
         self._fingerprint = b',"system_fingerprint":' + _encode(fingerprint)
+        self._fingerprint_value = fingerprint
+        self._meta = {"id": request_id, "object": chunk_object(kind), "created": created, "model": model}
 
     def role(self, index: int) -> bytes:
         return self._heads[index] + _ROLE_TAIL
@@ -297,6 +359,42 @@ class StreamFrames:
             _CHAT_FINISH_TAIL if chat else _TEXT_FINISH_TAIL,
             self._fingerprint + _CLOSE if last else _CLOSE,
         )
+
+    def shaped(self, index: int, generation: Generation, step: int, top: int | None, last: bool) -> bytes:
+        """Token `step` of a choice off the fast path (log probabilities or a tool call), built as a dict."""
+        token = generation.tokens[step]
+        finished = step == len(generation.tokens) - 1
+        choice: dict[str, Any] = {"index": index}
+        if self._kind == "chat":
+            call = generation.tool_call
+            if call is None:
+                choice["delta"] = {"content": token}
+            elif token:
+                choice["delta"] = {"tool_calls": [{"index": 0, "function": {"arguments": token}}]}
+            else:
+                choice["delta"] = {}
+            choice["logprobs"] = None if top is None else chat_logprobs([token], top, step)
+        else:
+            choice["text"] = token
+            choice["logprobs"] = None if top is None else completion_logprobs([token], top, step)
+        choice["finish_reason"] = generation.api_finish_reason if finished else None
+        if finished:
+            choice["stop_reason"] = generation.stop_reason
+        chunk: dict[str, Any] = {**self._meta, "choices": [choice]}
+        if last:
+            chunk["system_fingerprint"] = self._fingerprint_value
+        frame = b"data: " + _encode(chunk) + b"\n\n"
+        if step == 0 and generation.tool_call is not None:
+            call_id, name, _ = generation.tool_call
+            header = {
+                "id": call_id,
+                "type": "function",
+                "index": 0,
+                "function": {"name": name, "arguments": ""},
+            }
+            opening = {**self._meta, "choices": [{"index": index, "delta": {"tool_calls": [header]}}]}
+            frame = b"data: " + _encode(opening) + b"\n\n" + frame
+        return frame
 
     def usage(self, request_id: str, created: int, model: str, usage_: dict[str, Any]) -> bytes:
         chunk = {

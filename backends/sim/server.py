@@ -22,10 +22,20 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from backends.sim.dialects import (
+    AnthropicError,
+    MessagesShape,
+    ResponsesShape,
+    anthropic,
+    messages_to_chat,
+    not_found_response,
+    responses_to_chat,
+)
 from backends.sim.engine import BatchEngine, Engine, FixedEngine, Run, SimClock
 from backends.sim.faults import FaultState, FaultUpdate
 from backends.sim.metrics import EngineStats
 from backends.sim.options import SimOptions
+from backends.sim.output import shape
 from backends.sim.protocol import (
     GenerationRequest,
     Kind,
@@ -37,7 +47,7 @@ from backends.sim.protocol import (
     resolve_model,
     stream_usage,
 )
-from backends.sim.text import Generation, count_tokens, embed, generate
+from backends.sim.text import EMBEDDING_DIM, Generation, count_tokens, embed, generate
 
 log = logging.getLogger("backends.sim")
 
@@ -181,24 +191,9 @@ class SimServer:
         return await self._generation(request, "completion")
 
     async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        options = self.options
         try:
             await self._inject_faults()
-            body = await _read_json(request)
-            req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
-            room = options.max_model_len - req.prompt_tokens
-            generations = [
-                generate(
-                    req.model,
-                    req.prompt_key,
-                    req.sampling_key,
-                    0 if req.sampling_key is None else index,
-                    req.max_tokens,
-                    room,
-                )
-                for index in range(req.n)
-            ]
-            run = self.engine.submit(req, generations)
+            req, generations, run = self._start(kind, await _read_json(request))
         except SimError as exc:
             return _error(exc)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
@@ -207,6 +202,86 @@ class SimServer:
             if req.stream:
                 return await self._stream(request, req, request_id, generations, run)
             return await self._complete(request, req, request_id, generations, run)
+        finally:
+            run.close()
+
+    def _start(self, kind: Kind, body: dict[str, Any]) -> tuple[GenerationRequest, list[Generation], Run]:
+        """Parse a generation request, draw its choices and hand it to the engine."""
+        options = self.options
+        req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
+        generations = [
+            shape(
+                generate(
+                    req.model,
+                    prompt_key,
+                    req.sampling_key,
+                    0 if req.sampling_key is None else index,
+                    req.max_tokens,
+                    options.max_model_len - prompt_tokens,
+                ),
+                req.output,
+                req.max_tokens,
+            )
+            for prompt_key, prompt_tokens in req.each_prompt()
+            for index in range(req.n)
+        ]
+        return req, generations, self.engine.submit(req, generations)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/responses: the Responses API over one chat generation."""
+        try:
+            await self._inject_faults()
+            body = await _read_json(request)
+            req, generations, run = self._start("chat", responses_to_chat(body))
+        except SimError as exc:
+            return _error(exc)
+        answer = ResponsesShape(body, req.model, req.prompt_tokens)
+        return await self._dialect(request, req, generations[0], run, answer)
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        """Like vLLM by default, the simulator stores no response."""
+        return _error(not_found_response(request.match_info["response_id"]))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/messages: Anthropic's Messages API over one chat generation."""
+        try:
+            await self._inject_faults()
+            body = await _read_json(request)
+            req, generations, run = self._start("chat", messages_to_chat(body))
+        except AnthropicError as exc:
+            return _error(exc)
+        except SimError as exc:
+            return _error(anthropic(exc))
+        answer = MessagesShape(req.model, req.prompt_tokens)
+        return await self._dialect(request, req, generations[0], run, answer)
+
+    async def _dialect(
+        self,
+        request: web.Request,
+        req: GenerationRequest,
+        generation: Generation,
+        run: Run,
+        answer: ResponsesShape | MessagesShape,
+    ) -> web.StreamResponse:
+        try:
+            if not req.stream:
+                await run.finish()
+                return _json(answer.body(generation))
+            response = web.StreamResponse(headers=_SSE_HEADERS)
+            await response.prepare(request)
+            await response.write(answer.opening(generation))
+            sent = 0
+            tokens = generation.tokens
+            while sent < run.steps:
+                produced = await run.advance(sent)
+                await response.write(b"".join(answer.delta(generation, t) for t in tokens[sent:produced]))
+                sent = produced
+            await response.write(answer.closing(generation))
+            await response.write_eof()
+            return response
+        except ConnectionResetError:
+            log.debug("client went away during a %s stream", request.path)
+            return web.Response(status=499)
         finally:
             run.close()
 
@@ -242,7 +317,9 @@ class SimServer:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         created = int(time.time())
-        frames = StreamFrames(req.kind, request_id, created, req.model, req.n, self.fingerprint)
+        choices = len(generations)
+        frames = StreamFrames(req.kind, request_id, created, req.model, choices, self.fingerprint)
+        plain, top = req.output.plain, req.output.logprobs
         # Without the usage chunk, the stream's last token chunk carries system_fingerprint.
         last_step = run.steps - 1 if not req.include_usage else -1
         last_index = max((i for i, g in enumerate(generations) if len(g.tokens) == run.steps), default=0)
@@ -259,11 +336,14 @@ class SimServer:
                 parts: list[bytes] = []
                 for step in range(sent, produced):
                     if step == 0 and req.kind == "chat":
-                        parts += (frames.role(i) for i in range(req.n))
+                        parts += (frames.role(i) for i in range(choices))
                     for index, generation in enumerate(generations):
                         tokens = generation.tokens
                         if step < len(tokens):
-                            if step == len(tokens) - 1:
+                            if not plain:
+                                last = step == last_step and index == last_index
+                                parts.append(frames.shaped(index, generation, step, top, last))
+                            elif step == len(tokens) - 1:
                                 last = step == last_step and index == last_index
                                 parts.append(
                                     frames.token(index, tokens[step], generation.finish_reason, last)
@@ -293,13 +373,22 @@ class SimServer:
             encoding = body.get("encoding_format") or "float"
             if encoding not in ("float", "base64"):
                 raise SimError(400, "`encoding_format` must be `float` or `base64`", param="encoding_format")
+            dimensions = body.get("dimensions")
+            if dimensions is not None and (
+                isinstance(dimensions, bool)
+                or not isinstance(dimensions, int)
+                or not 1 <= dimensions <= EMBEDDING_DIM
+            ):
+                raise SimError(
+                    400, f"`dimensions` must be an integer from 1 to {EMBEDDING_DIM}", param="dimensions"
+                )
         except SimError as exc:
             return _error(exc)
         data: list[dict[str, Any]] = []
         prompt_tokens = 0
         for index, (key, tokens) in enumerate(inputs):
             prompt_tokens += tokens
-            vector = embed(f"{model}\x1f{key}")
+            vector = embed(f"{model}\x1f{key}", dimensions)
             value: Any = vector
             if encoding == "base64":
                 value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
+"""The engine's reasons (vLLM's metrics count a tool call as `stop`; the API says `tool_calls`)."""
 
 EMBEDDING_DIM = 64
 CHAT_TOKENS_PER_MESSAGE = 4  # role header and end-of-turn markers a chat template adds
@@ -43,6 +44,18 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN_RE.findall(text))
 
 
+_PIECE_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
+
+
+def tokenize(text: str) -> list[str]:
+    """`text` in `count_tokens(text)` pieces (a token with the spaces before it) that join back to it."""
+    pieces = _PIECE_RE.findall(text)
+    rest = len(text) - sum(map(len, pieces))
+    if pieces and rest:
+        pieces[-1] += text[-rest:]
+    return pieces or ([text] if text else [])
+
+
 def chat_prompt_tokens(messages: Iterable[str]) -> int:
     """Tokens a chat template would feed the model: each message's content plus its framing."""
     total = CHAT_TOKENS_FOR_REPLY
@@ -62,10 +75,22 @@ class Generation:
 
     tokens: list[str]
     finish_reason: FinishReason
+    stop_reason: str | None = None
+    """The stop string that ended it (vLLM's `stop_reason`), if one did."""
+    tool_call: tuple[str, str, str] | None = None
+    """(call id, function name, arguments JSON) of a tool call (its tokens are the arguments)."""
 
     @property
     def text(self) -> str:
         return "".join(self.tokens)
+
+    @property
+    def api_finish_reason(self) -> str:
+        return (
+            "tool_calls"
+            if self.tool_call is not None and self.finish_reason == "stop"
+            else self.finish_reason
+        )
 
 
 def generate(
@@ -96,9 +121,10 @@ def generate(
     return Generation(tokens=tokens, finish_reason=finish)
 
 
-def embed(key: str) -> list[float]:
-    """A unit-length vector that depends only on `key`."""
+def embed(key: str, dimensions: int | None = None) -> list[float]:
+    """A unit-length vector that depends only on `key`; with `dimensions`, its first that many components,
+    normalised again (as a Matryoshka model shortens its embeddings)."""
     rng = _rng("embedding", key)
-    vector = [rng.gauss(0.0, 1.0) for _ in range(EMBEDDING_DIM)]
+    vector = [rng.gauss(0.0, 1.0) for _ in range(EMBEDDING_DIM)][: dimensions or EMBEDDING_DIM]
     norm = math.sqrt(sum(x * x for x in vector)) or 1.0
     return [x / norm for x in vector]

@@ -1,1 +1,1 @@
-"""The OpenAI Batch API, served from the fleet's idle capacity (README "Batches"; app wiring in wiring.py)."""
+"""The OpenAI Batch API, served from the fleet's idle capacity (docs/batches.md; app wiring in wiring.py)."""

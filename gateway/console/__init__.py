@@ -1,4 +1,4 @@
-"""The operator console at `/console`: server-rendered pages over the admin API (README "Console")."""
+"""The operator console at `/console`: server-rendered pages over the admin API (docs/console.md)."""
 
 from gateway.console.routes import console_handlers
 

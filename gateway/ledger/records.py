@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import msgspec
+
 UsageSource = Literal["backend", "estimated"]
 Dimension = Literal["backend", "pool", "vendor", "model", "key", "class"]
 DIMENSIONS: tuple[Dimension, ...] = ("backend", "pool", "vendor", "model", "key", "class")
@@ -62,6 +64,59 @@ class UsageRecord:
     before `duration_s` starts (a replay needs its arrival)."""
     prompt_chars: int = 0
     """The prompt's characters, which the estimate divides (a replay estimates again from them)."""
+
+
+LOGGER = "switchyard.access"
+"""The access log's logger, named on every line."""
+
+LEDGER_ONLY = frozenset({"accelerator", "busy_s", "bound_nusd", "session", "finished_at"})
+"""`UsageRecord` fields the access log does not write (`finished_at` is its `ts`; a session id only as
+the `affinity` hash)."""
+
+
+class AccessLine(msgspec.Struct, omit_defaults=True):
+    """One line of the access log (gateway/telemetry/logs.py writes it, loadtest/whatif/ reads it back):
+    a `UsageRecord`'s fields under the same names, `finished_at` as `ts`, plus the log's own (level,
+    logger, an error's code and message, the body when prompts are logged). What the ledger keeps and the
+    log leaves out is `LEDGER_ONLY`; tests/unit/telemetry/test_access_record.py holds the three together."""
+
+    ts: float
+    request_id: str = ""
+    endpoint: str = ""
+    status: int = 0
+    model: str = ""
+    stream: bool = False
+    backend: str = ""
+    pool: str = ""
+    vendor: str = ""
+    request_class: str = msgspec.field(default="", name="class")
+    route: str = ""
+    key: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_source: str = ""
+    cost_usd: float = 0.0
+    ttft_s: float | None = None
+    duration_s: float | None = None
+    error_code: str | None = None
+    error: str | None = None
+    request_body: str | None = None
+    prompt_estimate: int = 0
+    max_tokens: int | None = None
+    n: int = 1
+    priority: str | None = None
+    class_header: str | None = None
+    tenant: str | None = None
+    affinity: str = ""
+    prefix: list[str] | None = None
+    level: str = "info"
+    logger: str = LOGGER
+    client_request_id: str | None = None
+    """The client's `x-request-id`, when it sent one (request_id is the gateway's)."""
+    queued_s: float = 0.0
+    """Seconds it waited for room before it was sent (it arrived at ts - duration_s - queued_s)."""
+    prompt_chars: int = 0
+    """The prompt's characters: a replay estimates its tokens again from them, as the gateway would."""
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ each, answers parsed by httptools (llhttp, the parser uvicorn uses).
 Why not aiohttp here: a forwarded request needs one write and one parse, and aiohttp's general client
 (request and response objects, payload registry, header multidicts, stream readers, timers) cost about
 a third of the gateway's CPU per request on one core; this client does the same hop for a fraction of
-that (`python -m loadtest.bench.http_clients` compares them; the README's design notes have figures).
+that (`python -m loadtest.bench.http_clients` compares them; docs/internals.md, design notes, has figures).
 aiohttp still carries the calls off the request path: health checks, `/metrics` scrapes, `/tokenize`.
 
 A connection serves one exchange at a time. It goes back to its pool only when its answer was read to

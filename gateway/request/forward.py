@@ -8,7 +8,7 @@
 
 `Upstream` puts them together. The transport on the request path is gateway/request/backend_http.py:
 pooled keep-alive HTTP/1.1 connections, parsed by httptools, as cheap per request as we could make it
-(`make bench-clients`; figures in the README's design notes). One aiohttp `ClientSession` lives beside it
+(`make bench-clients`; figures in docs/internals.md). One aiohttp `ClientSession` lives beside it
 for the calls off the request path (health checks, `/metrics` scrapes, `/tokenize`).
 """
 

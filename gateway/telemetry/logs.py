@@ -25,52 +25,11 @@ from typing import IO, Protocol
 
 import msgspec
 
-from gateway.ledger.records import UsageRecord
+from gateway.ledger.records import LOGGER, AccessLine, UsageRecord
 from gateway.telemetry.batch_timer import BatchTimer
 
 FLUSH_S = 0.2
 MAX_BUFFERED = 512
-LOGGER = "switchyard.access"
-
-
-class AccessLine(msgspec.Struct, omit_defaults=True):
-    ts: float
-    request_id: str
-    endpoint: str
-    status: int
-    model: str = ""
-    stream: bool = False
-    backend: str = ""
-    pool: str = ""
-    vendor: str = ""
-    request_class: str = msgspec.field(default="", name="class")
-    route: str = ""
-    key: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    usage_source: str = ""
-    cost_usd: float = 0.0
-    ttft_s: float | None = None
-    duration_s: float | None = None
-    error_code: str | None = None
-    error: str | None = None
-    request_body: str | None = None
-    prompt_estimate: int = 0
-    max_tokens: int | None = None
-    n: int = 1
-    priority: str | None = None
-    class_header: str | None = None
-    tenant: str | None = None
-    affinity: str = ""
-    prefix: list[str] | None = None
-    level: str = "info"
-    logger: str = LOGGER
-    client_request_id: str | None = None
-    """The client's `x-request-id`, when it sent one (request_id is the gateway's)."""
-    queued_s: float = 0.0
-    """Seconds it waited for room before it was sent (it arrived at ts - duration_s - queued_s)."""
-    prompt_chars: int = 0
-    """The prompt's characters: a replay estimates its tokens again from them, as the gateway would."""
 
 
 PREFIX_BLOCK_CHARS = 1024

@@ -1,5 +1,5 @@
 """The seam the request path calls: `authenticate` at the edge, `check` + `admit` once the request is
-routed, `settle` once from the request's end (README "Keys, limits and budgets").
+routed, `settle` once from the request's end (docs/keys.md).
 
 Hot path cost: a cached key lookup (no I/O) and one Redis round trip (`limits.ADMIT`). Settling is
 batched in the background (`Settler`). Key lookups are cached per replica; a background task polls the

@@ -1,10 +1,11 @@
 """The recorded traffic: the gateway's access log (gateway/telemetry/logs.py) read as requests to replay.
 
-A line gives when the request arrived (its end, `ts`, minus its `duration_s` and the `queued_s` the gateway
-held it for room), what it asked for (endpoint,
-model, prompt tokens, `max_tokens`, `n`, stream), what classified it (the gateway's prompt estimate,
-priority, class header, tenant, key id), hashes of its prompt's start (`affinity`, `prefix`) and what
-happened (output tokens, TTFT, duration, backend, class). Lines the gateway refused itself (no backend
+Lines are decoded into the schema the gateway writes them with (`AccessLine`); fields a replay does not
+read are kept but ignored. A line gives when the request arrived (its end, `ts`, minus its `duration_s`
+and the `queued_s` the gateway held it for room), what it asked for (endpoint, model, prompt tokens,
+`max_tokens`, `n`, stream), what classified it (the gateway's prompt estimate, priority, class header,
+tenant, key id), hashes of its prompt's start (`affinity`, `prefix`) and what happened (output tokens,
+TTFT, duration, backend, class). Lines the gateway refused itself (no backend
 answered, so no tokens) are kept as `refused`: a replay cannot know what they would have cost.
 """
 
@@ -17,39 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-
-class LogLine(msgspec.Struct, kw_only=True, rename={"request_class": "class"}):
-    """The fields of an access-log line a replay reads; others are ignored."""
-
-    ts: float
-    request_id: str = ""
-    client_request_id: str | None = None
-    """The client's `x-request-id`, when it sent one (the gateway makes its own `request_id`)."""
-    endpoint: str = ""
-    status: int = 0
-    model: str = ""
-    stream: bool = False
-    backend: str = ""
-    vendor: str = ""
-    request_class: str = ""
-    key: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float | None = None
-    duration_s: float | None = None
-    error_code: str | None = None
-    prompt_estimate: int = 0
-    max_tokens: int | None = None
-    n: int = 1
-    priority: str | None = None
-    class_header: str | None = None
-    tenant: str | None = None
-    affinity: str = ""
-    prefix: list[str] | None = None
-    queued_s: float = 0.0
-    """Seconds the gateway held it for room (back-pressure) before sending it."""
-    prompt_chars: int = 0
-    """The prompt's characters (absent from older logs: then 4 x `prompt_estimate`, as it was made)."""
+from gateway.ledger.records import AccessLine
 
 
 @dataclass(slots=True)
@@ -58,7 +27,7 @@ class Recorded:
 
     index: int
     at_s: float
-    line: LogLine
+    line: AccessLine
 
     @property
     def output_per_choice(self) -> int:
@@ -81,7 +50,7 @@ class LogError(ValueError):
     """An access log that cannot be read at all (the message names the file)."""
 
 
-_decoder = msgspec.json.Decoder(LogLine)
+_decoder = msgspec.json.Decoder(AccessLine)
 MAX_BAD_LINES = 5
 
 
@@ -92,7 +61,7 @@ def read_log(path: str | Path, scale: float = 1.0) -> Trace:
         handle = path.open("rb")
     except OSError as exc:
         raise LogError(f"{path}: cannot read access log: {exc.strerror}") from None
-    lines: list[LogLine] = []
+    lines: list[AccessLine] = []
     refused = 0
     bad: list[str] = []
     endpoints: Counter[str] = Counter()

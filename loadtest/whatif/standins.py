@@ -4,8 +4,9 @@ and the names of the prompt's KV-cache blocks (from the logged prefix hashes).""
 
 from __future__ import annotations
 
+from gateway.ledger.records import AccessLine
 from gateway.request.prompt_size import PromptSizer
-from loadtest.whatif.accesslog import LogLine, Recorded
+from loadtest.whatif.accesslog import Recorded
 from policies.profile import RequestProfile, context_needed
 
 PREFIX_BLOCK_CHARS = 1024
@@ -25,7 +26,7 @@ class _AffinityKey:
         return self.key
 
 
-def prompt_chars(line: LogLine) -> int:
+def prompt_chars(line: AccessLine) -> int:
     """The prompt's characters: logged, or (older logs) 4 x the estimate, which the gateway made from them
     at 4 characters per token (the recorded count stands in for an estimate never logged)."""
     return line.prompt_chars or 4 * (line.prompt_estimate or line.prompt_tokens)
@@ -38,7 +39,7 @@ class Profiles:
     def __init__(self) -> None:
         self.sizer = PromptSizer()
 
-    def of(self, line: LogLine) -> RequestProfile:
+    def of(self, line: AccessLine) -> RequestProfile:
         key = line.key or "anonymous"
         estimate = self.sizer.estimate(line.model, key, prompt_chars(line))
         return RequestProfile(
@@ -55,7 +56,7 @@ class Profiles:
             parsed=_AffinityKey(line.affinity) if line.affinity else None,
         )
 
-    def counted(self, line: LogLine) -> None:
+    def counted(self, line: AccessLine) -> None:
         """The backend answered it with its count of the prompt's tokens (`usage.prompt_tokens`)."""
         self.sizer.learn(line.model, line.key or "anonymous", prompt_chars(line), line.prompt_tokens)
 

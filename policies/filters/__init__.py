@@ -27,6 +27,9 @@ class Healthy:
 
 
 class ContextFits:
+    """Only backends whose `max_model_len` holds the request: its estimated prompt tokens plus
+    `max_tokens` (1 without it; policies/profile.py `context_needed`)."""
+
     name = "context-fits"
 
     def keep(self, ctx: RouteContext, backend: Backend) -> str | None:
@@ -37,7 +40,7 @@ class ContextFits:
 
 
 class ExcludeSaturated:
-    """Drops saturated backends outright (by default they are only tried last)."""
+    """Drops backends past the route's `saturation` limits outright (by default they are only tried last)."""
 
     name = "exclude-saturated"
 

@@ -26,8 +26,13 @@ _MASK = 0xFFFFFFFFFFFFFFFF
 
 
 class PrefixAffinity:
+    """The same session (`x-session-id`, or the body's `user`), else the same first `prefix_chars` of the
+    prompt, goes to the same backend: the candidate with the highest rendezvous hash of (key, backend)
+    scores 1, the others 0. A request with neither scores every candidate 0."""
+
     name = "prefix-affinity"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def __init__(self, params: PrefixAffinityParams | None = None) -> None:
         self.prefix_chars = (params or PrefixAffinityParams()).prefix_chars

@@ -21,6 +21,7 @@ class Cheapest:
 
     name = "cheapest"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         costs = [cost_per_mtok(b) for b in candidates]

@@ -21,6 +21,7 @@ class LeastOutstanding:
 
     name = "least-outstanding"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         work: list[float] = []
@@ -37,6 +38,7 @@ class KvHeadroom:
 
     name = "kv-headroom"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         room = [(1.0 - min(1.0, b.load.kv_cache_usage)) * b.pool.memory_gb for b in candidates]
@@ -57,6 +59,7 @@ class ClassOutstanding:
 
     name = "class-outstanding"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         cls = ctx.request_class
@@ -72,6 +75,7 @@ class ClassTokens:
 
     name = "class-tokens"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         cls = ctx.request_class
@@ -87,6 +91,7 @@ class PromptTokens:
 
     name = "prompt-tokens"
     scores_in_unit_range = True
+    reads_predictions = False
 
     def score(self, ctx: RouteContext, candidates: Sequence[Backend]) -> list[float]:
         return fewest_first([sum(b.prompt_tokens_by_class.values()) / 1000 for b in candidates])

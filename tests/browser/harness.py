@@ -1,7 +1,7 @@
 """The console in a real headless browser: Debian's chromium driven by Playwright (never `playwright
 install`: `make browser` installs the system chromium). Two gateway replicas share the real Redis under a
 private key prefix, in front of a simulated fleet; screenshots go to $SWITCHYARD_ARTIFACTS/console (or a
-temporary folder), and into deploy/console-screenshots/ with SWITCHYARD_UPDATE_SCREENSHOTS=1.
+temporary folder), and into docs/console-screenshots/ with SWITCHYARD_UPDATE_SCREENSHOTS=1.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ groups:
   - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 2, price_per_gpu_hour: 1.75, ttft_ms: 5,
       tpot_ms: 1}}
 """
-REPO_SCREENSHOTS = ROOT / "deploy" / "console-screenshots"
-README_SHOTS = {"fleet", "costs", "routing-explain", "keys-created"}
-"""The screenshots the README shows, one per page."""
+REPO_SCREENSHOTS = ROOT / "docs" / "console-screenshots"
+DOCS_SHOTS = {"fleet", "costs", "routing-explain", "keys-created"}
+"""The screenshots docs/console.md shows, one per page."""
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: run `make browser` (make test does)", allow_module_level=True)
@@ -154,7 +154,7 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def save_screenshot(page: Any, folder: Path, name: str) -> Path:
     path = folder / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
-    if name in README_SHOTS and os.environ.get("SWITCHYARD_UPDATE_SCREENSHOTS") == "1":
+    if name in DOCS_SHOTS and os.environ.get("SWITCHYARD_UPDATE_SCREENSHOTS") == "1":
         REPO_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         (REPO_SCREENSHOTS / path.name).write_bytes(path.read_bytes())
     return path

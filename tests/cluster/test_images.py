@@ -1,6 +1,6 @@
 """The image's install step, run as the Dockerfile runs it, in a fresh virtualenv: only what the
 Dockerfile copies, the exact `pip install` command, then the image's own health check against the
-installed gateway. (No container engine runs on these machines; README "Deploy" says how to build it.)"""
+installed gateway. (No container engine runs on these machines; docs/deploy.md says how to build it.)"""
 
 from __future__ import annotations
 

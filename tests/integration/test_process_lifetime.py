@@ -172,7 +172,7 @@ def test_fleet_children_die_with_the_fleet(command: list[str], sig: signal.Signa
         fleet.assert_all_gone(fleet.ports())
 
 
-def test_switchyard_sim_fleet_takes_the_options_the_readme_shows() -> None:
+def test_switchyard_sim_fleet_takes_the_options_docs_simulator_shows() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "sim", "fleet", "--help"],
         cwd=ROOT,

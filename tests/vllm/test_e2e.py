@@ -162,7 +162,7 @@ def test_vllms_own_400_comes_back_in_openai_shape(client: OpenAI, vllm_env: Vllm
         )
     error = info.value
     assert error.status_code == 400
-    # Noticed: the README says every response carries x-switchyard-backend; a relayed backend 4xx does not.
+    # Noticed: docs/api.md says every response carries x-switchyard-backend; a relayed backend 4xx does not.
     body = error.response.json()
     assert set(body) == {"error"} and set(body["error"]) >= {"message", "type", "param", "code"}
     print(f"\nvLLM's 400 through the gateway: {body}")

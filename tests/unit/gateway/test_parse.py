@@ -250,7 +250,7 @@ def test_wrong_types(endpoint: str, body: bytes, param: str):
     ],
 )
 def test_wrong_values(endpoint: str, body: bytes, param: str):
-    """The right type, a value out of range: `invalid_value`, as the README's error table says."""
+    """The right type, a value out of range: `invalid_value`, as docs/api.md's error table says."""
     error = _err(endpoint, body)
     assert error.body.code == "invalid_value"
     assert error.body.param == param

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, build_backends
+from backends.yamlfile import ConfigError
 from gateway.request.classify import Caller, classify, key_id
 from gateway.request.parse import parse
 from policies import registry
@@ -468,6 +469,8 @@ from policies.registry import register
 
 class Amd:
     name = "{name}"
+    scores_in_unit_range = {declared}
+    reads_predictions = False
 
     def score(self, ctx, candidates):
         return [{amd} if b.pool.vendor == "amd" else {nvidia} for b in candidates]
@@ -484,8 +487,11 @@ def plugin_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     written: list[str] = []
 
-    def write(module: str, name: str, amd: float, nvidia: float) -> str:
-        (tmp_path / f"{module}.py").write_text(PLUGIN.format(name=name, amd=amd, nvidia=nvidia))
+    def write(module: str, name: str, amd: float, nvidia: float, declared: str = "False") -> str:
+        text = PLUGIN.format(name=name, amd=amd, nvidia=nvidia, declared=declared)
+        if declared == "":
+            text = text.replace("    scores_in_unit_range = \n", "")
+        (tmp_path / f"{module}.py").write_text(text)
         written.append(module)
         return module
 
@@ -501,6 +507,24 @@ routes:
     prefer: any
     strategy: {strategy}
 """
+
+
+def test_a_scorer_that_does_not_declare_its_capabilities_is_refused_at_load(plugin_module):
+    module = plugin_module("switchyard_test_undeclared_scorer", "undeclared", 1.0, 0.0, declared="")
+    backends = [b for b in _fleet() if b.pool.name != "spare"]
+    text = PLUGIN_POLICY.format(module=module, strategy="{least-outstanding: 1, undeclared: 1}")
+    with pytest.raises(ConfigError) as caught:
+        _engine(text, backends)
+    assert caught.value.line == 6
+    assert "scorer `undeclared`" in str(caught.value) and "`scores_in_unit_range`" in str(caught.value)
+
+
+def test_a_scorer_declaring_scores_in_unit_range_false_is_clamped(plugin_module):
+    module = plugin_module("switchyard_test_wide_scorer", "wide", 7.0, -3.0)
+    backends = [b for b in _fleet() if b.pool.name != "spare"]
+    engine = _engine(PLUGIN_POLICY.format(module=module, strategy="{wide: 1}"), backends)
+    scores = {c.backend: c.scores["wide"] for c in _explanation(engine, _profile(), backends).candidates}
+    assert scores == {"h100-0": 0.0, "h100-1": 0.0, "mi300x-0": 1.0, "mi300x-1": 1.0}
 
 
 def test_third_party_scorer_changes_the_choice(plugin_module):
