@@ -159,7 +159,7 @@ class PolicyEngine:
 
     def _scorer(self, name: str, *path: Any) -> Scorer:
         """The scorer named in a route's strategy, which must declare its capabilities (framework.Scorer)."""
-        scorer = self._plugin(name, "scorer", *path)
+        scorer: Scorer = self._plugin(name, "scorer", *path)
         missing = [
             attr
             for attr in ("scores_in_unit_range", "reads_predictions")
