@@ -268,12 +268,12 @@ def minimal_instance(schema: dict[str, Any], root: dict[str, Any] | None = None,
 
 def _minimal_of_type(kind: str, schema: dict[str, Any], root: dict[str, Any], depth: int) -> Any:
     if kind == "object":
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        properties = found if isinstance(found := schema.get("properties"), dict) else {}
+        required = listed if isinstance(listed := schema.get("required"), list) else []
         return {name: minimal_instance(properties.get(name, {}), root, depth + 1) for name in required}
     if kind == "array":
-        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-        count = schema.get("minItems") if isinstance(schema.get("minItems"), int) else 0
+        items = found if isinstance(found := schema.get("items"), dict) else {}
+        count = least if isinstance(least := schema.get("minItems"), int) else 0
         return [minimal_instance(items, root, depth + 1) for _ in range(count)]
     if kind in ("integer", "number"):
         return _minimal_number(schema, kind == "integer")
@@ -309,8 +309,8 @@ _FORMATS = {
 
 def _minimal_string(schema: dict[str, Any]) -> str:
     text = _FORMATS.get(schema.get("format", ""), "text")
-    low = schema.get("minLength") if isinstance(schema.get("minLength"), int) else 0
-    high = schema.get("maxLength") if isinstance(schema.get("maxLength"), int) else None
+    low = least if isinstance(least := schema.get("minLength"), int) else 0
+    high = most if isinstance(most := schema.get("maxLength"), int) else None
     if len(text) < low:
         text = (text * (low // len(text) + 1))[:low]
     if high is not None:
