@@ -130,6 +130,7 @@ class ClientCapProtocol(HttpToolsProtocol):
         self._answered = False
         self._timer: asyncio.TimerHandle | None = None
 
+    # typeshed types the argument BaseTransport for every protocol; a TCP connection's is a Transport
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         caps = self.caps
@@ -164,7 +165,7 @@ class ClientCapProtocol(HttpToolsProtocol):
             self._timer = None
         super().connection_lost(exc)
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         if self._refusal and not self._answered:
             self._answer_refusal()  # the client sent all it will: answer now; the transport then closes
         return None
@@ -257,8 +258,10 @@ class ClientCapProtocol(HttpToolsProtocol):
             if self._drained > _DRAIN_BYTES + _LINGER_BYTES:
                 self.transport.close()
             return
+        drain = self._drain
+        assert drain is not None  # set with the refusal, before any data is drained
         try:
-            self._drain.feed_data(data)  # type: ignore[union-attr]
+            drain.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             pass  # not (plain) HTTP: answer it all the same
         else:

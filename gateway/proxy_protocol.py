@@ -39,6 +39,10 @@ class ProxyHeader:
 
 
 ABSENT = ProxyHeader(0, None)
+_V1_FAMILIES: dict[bytes, type[ipaddress.IPv4Address] | type[ipaddress.IPv6Address]] = {
+    b"TCP4": ipaddress.IPv4Address,
+    b"TCP6": ipaddress.IPv6Address,
+}
 
 
 def read_header(data: bytes) -> ProxyHeader | None:
@@ -69,7 +73,7 @@ def _read_v1(data: bytes) -> ProxyHeader | None:
     if len(fields) != 5:
         raise ProxyHeaderError("PROXY v1 line needs protocol, two addresses and two ports")
     protocol, source, destination, source_port, destination_port = fields
-    family = {b"TCP4": ipaddress.IPv4Address, b"TCP6": ipaddress.IPv6Address}.get(protocol)
+    family = _V1_FAMILIES.get(protocol)
     if family is None:
         raise ProxyHeaderError("PROXY v1 protocol must be TCP4, TCP6 or UNKNOWN")
     try:
