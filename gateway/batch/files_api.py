@@ -169,7 +169,9 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
             raise _invalid("`purpose` must be a purpose such as `batch` or `batch_output`.", "purpose")
         owner = None if caller.admin else caller.owner
         try:
-            found, more = await state.list_files(owner, after, count, order or "desc", purpose)
+            found, more = await state.list_files(
+                owner, after, count, "asc" if order == "asc" else "desc", purpose
+            )
         except UnknownCursor:
             raise _invalid(f"`after`: no file '{after}' in this list.", "after") from None
         data = [stored.file for stored in found]

@@ -186,7 +186,7 @@ class RedisBatchState:
             return float(seq)
         gone = await self.client.get(f"{self.ns}:fgone:{after}")
         if gone is not None:
-            whose, _, seq_text = gone.decode().rpartition(" ")
+            whose, _, seq_text = as_text(gone).rpartition(" ")
             if owner is None or whose == owner:
                 return float(seq_text)
         raise UnknownCursor(after)
@@ -214,7 +214,8 @@ class RedisBatchState:
                 )
             if not ids:
                 break
-            raws = await self.client.mget([f"{self.ns}:file:{i.decode()}" for i, _ in ids])
+            # redis-py types a range reply alike with or without `withscores`; with it, items are pairs
+            raws = await self.client.mget([f"{self.ns}:file:{i.decode()}" for i, _ in ids])  # type: ignore[str-unpack, union-attr]
             for raw in raws:
                 stored = _file.decode(raw) if raw is not None else None
                 if stored is not None and (purpose is None or stored.file.purpose == purpose):
@@ -234,7 +235,12 @@ class RedisBatchState:
             f"{ns}:fuse:{batch.input_file_id}",
             f"{ns}:file:{batch.input_file_id}",
         ]
-        args = [_encode(stored), batch.id, time.time(), "" if max_open is None else max_open]
+        args: list[bytes | str | float] = [
+            _encode(stored),
+            batch.id,
+            time.time(),
+            "" if max_open is None else max_open,
+        ]
         answer = await self._create(keys=keys, args=args)
         answer = answer.decode() if isinstance(answer, bytes) else str(answer)
         return None if answer == "ok" else cast(NotCreated, answer)
