@@ -33,6 +33,7 @@ from gateway.errors import GatewayError
 from gateway.request.parse import UPSTREAM_PATHS
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
+from gateway.tenants.login_throttle import LoginThrottle, client_address, retry_after
 
 log = logging.getLogger("switchyard.console")
 STATIC = Path(__file__).parent / "static"
@@ -138,10 +139,15 @@ class Console:
 
 
 def console_handlers(
-    pipeline: Pipeline, tenants: Tenants | None, handlers: list[BaseRouteHandler]
+    pipeline: Pipeline,
+    tenants: Tenants | None,
+    handlers: list[BaseRouteHandler],
+    throttle: LoginThrottle | None = None,
 ) -> list[HTTPRouteHandler]:
-    """The console's routes; `handlers` are the app's route handlers, among them the admin API's."""
+    """The console's routes; `handlers` are the app's route handlers, among them the admin API's. With
+    `throttle`, a wrong admin key at the login slows its address down."""
     console = Console(pipeline, tenants, handlers)
+    throttle = throttle if throttle is not None else LoginThrottle()
     assets = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
 
     @get("/console", name="console", include_in_schema=False)
@@ -165,8 +171,19 @@ def console_handlers(
             return _html(pages.login("Refused: the login was not sent from this console's origin."), 403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         material = (form.get("admin_key") or [""])[0].strip()
-        if not material or not sessions.is_admin_key(material):
+        if not material:
             return _html(pages.login("That is not the admin key."), 401)
+        address = client_address(request.client.host if request.client else None)
+        gate = await throttle.check(address)
+        if gate.wait_s > 0:  # refused unchecked: checking would tell a guesser which guess was right
+            throttle.refused("console")
+            wait = retry_after(gate.wait_s)
+            message = f"Too many failed logins from your address: try again in {wait} s."
+            return _html(pages.login(message), 429, {"retry-after": wait})
+        if not sessions.is_admin_key(material):
+            await throttle.failed(address, "console")
+            return _html(pages.login("That is not the admin key."), 401)
+        await throttle.succeeded(address, gate)
         # Start reading the costs now: the slow read is done while the operator looks at the fleet.
         console.recent.start(("costs", "1h"), lambda: console.costs_body(request, "1h"))
         headers = {"location": "/console/fleet", "set-cookie": sessions.cookie_header(sessions.issue())}
