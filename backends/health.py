@@ -45,6 +45,7 @@ class HealthChecker:
     ) -> None:
         """`plans` maps a pool name to its plan; other pools use `default` (or `interval`/`timeout`)."""
         self._session: aiohttp.ClientSession | None = None
+        self._stopped = False
         self._backends = tuple(backends)
         default = default or CheckPlan(interval=interval, timeout=timeout)
         self._groups: dict[CheckPlan, list[Backend]] = {}
@@ -74,6 +75,8 @@ class HealthChecker:
         return self._session
 
     async def _probe(self, backend: Backend, limit: aiohttp.ClientTimeout) -> bool:
+        if self._stopped:  # a breaker's check asked for during shutdown: no new session
+            return False
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         try:
             async with self._probes().get(backend.url + "/health", timeout=limit, headers=headers) as r:
@@ -120,6 +123,7 @@ class HealthChecker:
         ]
 
     async def stop(self) -> None:
+        self._stopped = True
         for backend in self._backends:
             backend.breaker.confirm = None
         for task in self._tasks:
