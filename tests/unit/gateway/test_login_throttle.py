@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import redis.asyncio as aioredis
 
+from gateway.redis_client import redis_client
 from gateway.tenants.login_throttle import (
     FORGET_AFTER_S,
     FREE_FAILURES,
@@ -78,8 +80,12 @@ def test_an_ipv6_client_counts_by_its_64() -> None:
     assert client_address("10.0.0.1") == "10.0.0.1" and client_address(None) == "unknown"
 
 
-async def test_replicas_share_the_count_and_the_wait_through_redis() -> None:
-    client = aioredis.Redis.from_url(REDIS)
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+async def test_replicas_share_the_count_and_the_wait_through_redis(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("cluster_redis").url if kind == "cluster" else REDIS
+    client = redis_client(url)
     namespace = "{syt:test-throttle-" + f"{os.getpid()}-{time.monotonic_ns()}" + "}"
     try:
         first, second = LoginThrottle(client, namespace), LoginThrottle(client, namespace)
