@@ -30,6 +30,7 @@ from gateway.console.session import (
     same_origin,
 )
 from gateway.errors import GatewayError
+from gateway.redis_client import REDIS_ERRORS
 from gateway.request.parse import UPSTREAM_PATHS
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
@@ -194,13 +195,17 @@ def console_handlers(
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         token = await console.check_action(request, (form.get("csrf") or [None])[0])
         assert console.sessions is not None
+        cleared = {"set-cookie": cleared_cookie_header()}
         try:
             await console.sessions.end(token)
-        except Exception as exc:  # this replica refuses it already; say the others may not
+        except (TimeoutError, *REDIS_ERRORS) as exc:  # this replica refuses it already; the others may not
             log.warning("console: logout not shared with the other replicas (%s)", exc)
             message = "Logged out here, but the other replicas could not be told (Redis unreachable)."
-            raise _refused(503, message, "logout_not_shared") from None
-        headers = {"location": "/console/login", "set-cookie": cleared_cookie_header()}
+            headers = {**SECURITY_HEADERS, **cleared}
+            raise GatewayError(
+                503, message, "server_error", code="logout_not_shared", headers=headers
+            ) from None
+        headers = {"location": "/console/login", **cleared}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
     @get("/console/fleet", name="console-fleet")
