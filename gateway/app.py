@@ -33,6 +33,7 @@ from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admin import admin_guard, key_handlers
 from gateway.tenants.admin_port import AdminPortSplit
 from gateway.tenants.factory import build_tenants, tenants_lifespan
+from gateway.tenants.login_throttle import LoginThrottle
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
 
@@ -163,13 +164,21 @@ class SwitchyardPlugin(InitPluginProtocol):
         app_config.route_handlers.extend(policy_handlers(pipeline))
         app_config.route_handlers.append(costs_handler(pipeline.ledger))
         tenants = pipeline.tenants
+        throttle = None
         if tenants is not None:
+            throttle = LoginThrottle(
+                tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
+            )
             app_config.route_handlers.extend(key_handlers(tenants))
-            app_config.guards.append(admin_guard(tenants))
+            app_config.guards.append(admin_guard(tenants, throttle))
         # The console calls the admin handlers registered above; it belongs wherever they are served.
-        app_config.route_handlers.extend(console_handlers(pipeline, tenants, app_config.route_handlers))
+        handlers = app_config.route_handlers
+        app_config.route_handlers.extend(console_handlers(pipeline, tenants, handlers, throttle))
         if self.telemetry.metrics is not None:
-            extra = tenants.watch.render if tenants is not None else None
+            extra = None
+            if tenants is not None and throttle is not None:
+                watch, logins = tenants.watch, throttle
+                extra = lambda: watch.render() + logins.render()  # noqa: E731
             app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))
         app_config.lifespan.append(lifespan(self.settings, pipeline))
         if tenants is not None:
