@@ -10,8 +10,9 @@ lock the real admin out from elsewhere.
 
 With Redis (the key store's) the count and the wait are shared by every replica; each replica also keeps
 its own in memory (at most `MAX_ADDRESSES` addresses, the least recently failing dropped first), which
-is what it goes by while Redis is unreachable. The address is the TCP peer's: behind a proxy every client
-shares the proxy's, so serve `/admin` and `/console` directly (the admin port).
+is what it goes by while Redis is unreachable. The address is the client the app sees (`scope["client"]`):
+the TCP peer, or the client a trusted balancer names (PROXY protocol or X-Forwarded-For,
+gateway/client_cap.py); behind any other proxy every client shares the proxy's.
 """
 
 from __future__ import annotations
