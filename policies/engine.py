@@ -27,6 +27,7 @@ from policies.classes import Predicate, compile_condition
 from policies.config import DEFAULT_CLASS, LoadedPolicy, Route, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
+from policies.hints import HeaderHints
 from policies.predict import RecentSends, decoding_slowly, idle, saturation_reason
 from policies.profile import RequestProfile
 from policies.selectors import each_selector, selects
@@ -94,6 +95,8 @@ class PolicyEngine:
         self._headers: list[tuple[bytes, dict[str, str]]] = [
             (name.encode("latin-1"), values) for name, values in loaded.policy.headers.items()
         ]
+        self.hints = HeaderHints(loaded.policy)
+        """The headers this policy reads, for the gateway to hide those an API key may not give."""
         self.recent = RecentSends()
         """What this engine routed to each backend since its last scrape (policies/predict.py)."""
 
@@ -217,6 +220,9 @@ class PolicyEngine:
             if predicate(profile):
                 return name, f"rule {index + 1}"
         return DEFAULT_CLASS, "default"
+
+    def class_of(self, profile: RequestProfile) -> str:
+        return self.classify(profile)[0]
 
     def _mapped_header(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The class a `headers:` mapping of the policy gives these request headers, if any."""

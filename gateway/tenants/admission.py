@@ -25,7 +25,7 @@ from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
 from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
-from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
+from gateway.tenants.keys import KeyRecord, TeamRecord, bearer_token, hash_key
 from gateway.tenants.limits import (
     ADMIT,
     NANO,
@@ -249,24 +249,12 @@ class Tenants:
 
     # --- after classify: what the key may ask for ------------------------------------------------------
 
-    def check(self, tenant: Tenant, profile: RequestProfile) -> list[str]:
-        """403 for a model the key may not use; caps the client's hints. Returns the hints ignored."""
+    def check(self, tenant: Tenant, profile: RequestProfile) -> None:
+        """403 for a model the key may not use. (Its hints were capped when the profile was built:
+        gateway/request/allowance.py.)"""
         key = tenant.key
         if key.models and profile.model not in key.models:
             raise errors.model_not_allowed(profile.model)
-        ignored: list[str] = []
-        ceiling = PRIORITY_RANK[key.max_priority]
-        if profile.priority is not None and PRIORITY_RANK.get(profile.priority, 1) < ceiling:
-            ignored.append("priority")
-            profile.priority = None
-        if ceiling > 1 and profile.priority is None:
-            profile.priority = key.max_priority
-        if profile.explicit_class is not None and key.classes and profile.explicit_class not in key.classes:
-            ignored.append("class")
-            profile.explicit_class = None
-        profile.key_id = key.id
-        profile.tenant = key.team
-        return ignored
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 
