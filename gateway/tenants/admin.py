@@ -16,7 +16,9 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
+from gateway.credentials import authorization
 from gateway.errors import GatewayError, invalid_request
+from gateway.query_params import refuse_repeated
 from gateway.tenants import errors
 from gateway.tenants.admission import Tenant, Tenants
 from gateway.tenants.keys import (
@@ -41,7 +43,8 @@ def admin_guard(tenants: Tenants):
         path = connection.scope["path"]
         if not path.startswith(ADMIN_PREFIX):
             return
-        tenant = await tenants.authenticate(connection.headers.get("authorization"))
+        refuse_repeated(connection.scope.get("query_string", b""))
+        tenant = await tenants.authenticate(authorization(connection.scope["headers"]))
         connection.scope.setdefault("state", {})[_STATE_TENANT] = tenant
         query = connection.query_params
         team, key = query.get("team"), query.get("key")
