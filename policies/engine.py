@@ -95,8 +95,7 @@ class PolicyEngine:
         self._headers: list[tuple[bytes, dict[str, str]]] = [
             (name.encode("latin-1"), values) for name, values in loaded.policy.headers.items()
         ]
-        self.hints = HeaderHints(loaded.policy)
-        """The headers this policy reads, for the gateway to hide those an API key may not give."""
+        self.hints = HeaderHints(loaded.policy)  # the headers it reads (gateway/request/allowance.py)
         self.recent = RecentSends()
         """What this engine routed to each backend since its last scrape (policies/predict.py)."""
 
@@ -220,9 +219,6 @@ class PolicyEngine:
             if predicate(profile):
                 return name, f"rule {index + 1}"
         return DEFAULT_CLASS, "default"
-
-    def class_of(self, profile: RequestProfile) -> str:
-        return self.classify(profile)[0]
 
     def _mapped_header(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The class a `headers:` mapping of the policy gives these request headers, if any."""

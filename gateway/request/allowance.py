@@ -15,8 +15,8 @@ from gateway.tenants.keys import PRIORITY_RANK, KeyRecord
 from policies.hints import HeaderHints
 from policies.profile import RequestProfile
 
-ClassOf = Callable[[RequestProfile], str]
-"""The class the policy gives a profile (`PolicyEngine.classify`, without what decided it)."""
+ClassOf = Callable[[RequestProfile], tuple[str, str]]
+"""The class the policy gives a profile, and what decided it (`PolicyEngine.classify`)."""
 
 PRIORITY_HEADER = b"x-switchyard-priority"
 CLASS_HEADER = b"x-switchyard-class"
@@ -57,10 +57,10 @@ def apply_allowance(
     if allowed and asked not in (None, default_priority) and class_of is not None:
         # The policy's rules read the priority too: one the key may give must not lead to a class it
         # may not use (unless the request is in that class without it).
-        cls = class_of(profile)
+        cls = class_of(profile)[0]
         if cls not in allowed:
             profile.priority = default_priority
-            if class_of(profile) == cls:
+            if class_of(profile)[0] == cls:
                 profile.priority = asked
             else:
                 ignored.append("priority")

@@ -124,10 +124,9 @@ class Pipeline:
         ctx.parsed = parse(ctx.endpoint, ctx.body)
 
     def classify(self, ctx: RequestContext) -> None:
-        router = self.router
+        router = self.router  # with a key, the profile holds only the hints it may give (allowance.py)
         if ctx.caller.key is not None and isinstance(router, PolicyEngine):
-            # The key's hints are capped where the profile is built, before the policy reads them.
-            ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer, router.hints, router.class_of)
+            ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer, router.hints, router.classify)
         else:
             ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer)
         ctx.classified_ns = time_ns()

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +24,8 @@ from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
 from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
-from gateway.tenants.keys import KeyRecord, TeamRecord, bearer_token, hash_key
+from gateway.tenants.key_lookup import KeyLookup, Tenant
+from gateway.tenants.keys import hash_key
 from gateway.tenants.limits import (
     ADMIT,
     NANO,
@@ -36,7 +35,7 @@ from gateway.tenants.limits import (
     Verdict,
     nano,
 )
-from gateway.tenants.prepared import Prepared, SettleNames, prepare, settle_names
+from gateway.tenants.prepared import SettleNames, prepare, settle_names
 from gateway.tenants.reservation import max_cost_usd, max_output_tokens
 from gateway.tenants.script_client import ScriptClient
 from gateway.tenants.settler import Settler
@@ -47,23 +46,8 @@ from policies.profile import RequestProfile
 log = logging.getLogger("switchyard.tenants")
 
 _CACHE_MAX = 50_000
-"""Keys that exist (cached lookups, and the `Authorization` values that name them)."""
-_UNKNOWN_MAX = 4096
-"""Hashes of well-formed tokens that name no key (a few hundred KB at most), so a client retrying a wrong
-key costs no lookup per request."""
-_KEY_FORMAT = re.compile(r"^sy-[A-Za-z0-9_-]{43}$")
-"""What `keys.new_key_material` makes: `sy-` and 32 random bytes in URL-safe base64."""
-_INCORRECT = "Incorrect API key provided."
 _REDIS_RETRY_S = 1.0
 """After a failed Redis call, admissions use the local share for this long before trying Redis again."""
-
-
-@dataclass(slots=True)
-class Tenant:
-    key: KeyRecord
-    team: TeamRecord | None
-    admin: bool
-    prepared: Prepared | None = None
 
 
 @dataclass(slots=True)
@@ -82,12 +66,6 @@ class Admission:
     """The shared counters to settle (`Prepared.names_for`); empty: built when settling."""
 
 
-@dataclass(slots=True)
-class _Cached:
-    tenant: Tenant | None
-    why: str = ""
-
-
 @dataclass
 class Tenants:
     options: AuthOptions
@@ -97,22 +75,19 @@ class Tenants:
     client: AnyRedis | None = None
     """Redis for the shared counters; None: this replica's counters are the whole truth (memory store)."""
     admin_hash: str | None = None
-    _cache: dict[str, _Cached] = field(default_factory=dict)
     _version: int = -1
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
     _closing: bool = False
     """Set by `close`: the background loops stop on it, not only on a cancellation (redis-py can swallow
     one that lands while it reconnects: the call then returns and the loop would go on forever)."""
-    _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
-    _digests: dict[str, str] = field(default_factory=dict)
-    """`Authorization: Bearer <key>` of keys that exist -> the key's hash."""
-    _unknown: set[str] = field(default_factory=set)
-    """Hashes of well-formed tokens the store does not know (`_UNKNOWN_MAX` at most)."""
     _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
     def __post_init__(self) -> None:
+        self.keys = KeyLookup(self.store, self.admin_hash, self.options.redis_timeout)
+        self.authenticate = self.keys.authenticate
+        """The caller's tenant, or 401 `invalid_api_key` (gateway/tenants/key_lookup.py)."""
         ns = "{syt:" + self.prefix + "}"
         self._ns = ns
         self.local = LocalCounters(self.options.window_s)
@@ -182,8 +157,7 @@ class Tenants:
             failing = False
             if version != self._version:
                 self._version = version
-                self._cache.clear()
-                self._unknown.clear()
+                self.keys.forget()
 
     async def _renew_lease(self) -> None:
         async with asyncio.timeout(self.options.redis_timeout):
@@ -201,82 +175,11 @@ class Tenants:
     def changed(self, version: int) -> None:
         """This replica changed a key or team (the store is now at `version`): forget cached lookups now.
         If nobody else changed anything since the last poll, the poll need not forget them again."""
-        self._cache.clear()
-        self._unknown.clear()
+        self.keys.forget()
         if version == self._version + 1:
             self._version = version
 
     # --- the edge ------------------------------------------------------------------------------------
-
-    async def authenticate(self, authorization: str | None) -> Tenant:
-        """The caller's tenant, or 401 `invalid_api_key` (no key, unknown, revoked, expired).
-
-        Anonymous traffic cannot grow memory: a token not in the keys' format is refused without a
-        lookup (unless it is the environment's admin key); an unknown one in the format is remembered by
-        its hash only, in a small table of its own, so bad tokens never evict the real keys' lookups."""
-        digest = self._digests.get(authorization) if authorization else None
-        canonical = False
-        if digest is None:
-            token = bearer_token(authorization)
-            if token is None:
-                raise errors.invalid_api_key(
-                    "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
-                )
-            digest = hash_key(token)
-            if _KEY_FORMAT.match(token) is None and not self._is_admin(digest):
-                raise errors.invalid_api_key(_INCORRECT)
-            if digest in self._unknown:
-                raise errors.invalid_api_key(_INCORRECT)
-            canonical = len(authorization) == len(token) + 7  # type: ignore[arg-type]  # `Bearer <token>`
-        cached = self._cache.get(digest)
-        if cached is None:
-            # One lookup per key however many of its requests missed the cache at once.
-            pending = self._lookups.get(digest)
-            if pending is None:
-                pending = self._lookups[digest] = asyncio.ensure_future(self._lookup(digest))
-                pending.add_done_callback(lambda _: self._lookups.pop(digest, None))
-            cached = await asyncio.shield(pending)
-        tenant = cached.tenant
-        if tenant is None:
-            raise errors.invalid_api_key(cached.why)
-        if canonical:  # one spelling per existing key: the next request skips parsing and hashing
-            if len(self._digests) >= _CACHE_MAX:
-                self._digests.clear()
-            self._digests[authorization] = digest  # type: ignore[index]
-        expires = tenant.key.expires_at
-        if expires is not None and time.time() >= expires:
-            raise errors.invalid_api_key("This API key has expired.")
-        return tenant
-
-    def _is_admin(self, digest: str) -> bool:
-        return self.admin_hash is not None and hmac.compare_digest(digest, self.admin_hash)
-
-    async def _lookup(self, digest: str) -> _Cached:
-        if self._is_admin(digest):
-            cached = _Cached(
-                Tenant(KeyRecord(id="admin", name="admin (environment)", scopes=["admin"]), None, True)
-            )
-        else:
-            try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    key = await self.store.key_by_hash(digest)
-                    team = await self.store.get_team(key.team) if key is not None else None
-            except Exception as exc:
-                raise errors.limits_unavailable(f"key store unreachable: {exc.__class__.__name__}") from None
-            if key is None:
-                unknown = self._unknown
-                if len(unknown) >= _UNKNOWN_MAX:
-                    unknown.clear()
-                unknown.add(digest)
-                return _Cached(None, _INCORRECT)
-            if key.revoked:
-                cached = _Cached(None, "This API key has been revoked.")
-            else:
-                cached = _Cached(Tenant(key, team, "admin" in key.scopes))
-        if len(self._cache) >= _CACHE_MAX:
-            self._cache.clear()
-        self._cache[digest] = cached
-        return cached
 
     # --- after classify: what the key may ask for ------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from gateway.errors import GatewayError
 from gateway.ledger.factory import build_ledger
 from gateway.settings import AuthOptions, LedgerOptions
-from gateway.tenants import admission
+from gateway.tenants import key_lookup
 from gateway.tenants.admission import Tenants
 from gateway.tenants.keys import KeyFields, hash_key, new_key, new_key_material
 from gateway.tenants.store_memory import MemoryTenantStore
@@ -52,21 +52,21 @@ def test_bad_tokens_are_not_cached_and_do_not_evict_a_real_keys_lookup() -> None
         tenants = _tenants(store)
         real = f"Bearer {material}"
         assert (await tenants.authenticate(real)).key.id == record.id
-        cached = tenants._cache[record.hash]
+        cached = tenants.keys._cache[record.hash]
         assert store.lookups == 1
 
         for i in range(20_000):  # malformed: any text, up to kilobytes
             assert await _refused(tenants, f"Bearer junk-{i}-" + "x" * (i % 4000)) == "invalid_api_key"
         assert store.lookups == 1  # refused without a lookup
-        for _ in range(2 * admission._UNKNOWN_MAX + 10):  # well-formed, unknown
+        for _ in range(2 * key_lookup._UNKNOWN_MAX + 10):  # well-formed, unknown
             await _refused(tenants, f"Bearer {new_key_material()}")
-        assert store.lookups == 1 + 2 * admission._UNKNOWN_MAX + 10
+        assert store.lookups == 1 + 2 * key_lookup._UNKNOWN_MAX + 10
 
-        assert set(tenants._cache) == {record.hash} and tenants._cache[record.hash] is cached
-        assert list(tenants._digests) == [real]
-        assert len(tenants._unknown) <= admission._UNKNOWN_MAX
+        assert set(tenants.keys._cache) == {record.hash} and tenants.keys._cache[record.hash] is cached
+        assert list(tenants.keys._digests) == [real]
+        assert len(tenants.keys._unknown) <= key_lookup._UNKNOWN_MAX
         assert (await tenants.authenticate(real)).key.id == record.id
-        assert store.lookups == 1 + 2 * admission._UNKNOWN_MAX + 10  # still cached: no new lookup
+        assert store.lookups == 1 + 2 * key_lookup._UNKNOWN_MAX + 10  # still cached: no new lookup
 
     asyncio.run(run())
 
@@ -96,7 +96,7 @@ def test_the_environments_admin_key_may_be_any_text_and_spellings_of_a_key_are_n
         for spaces in range(1, 50):
             tenant = await tenants.authenticate("Bearer" + " " * spaces + material + " " * spaces)
             assert tenant.key.id == record.id
-        assert len(tenants._digests) <= 1 and set(tenants._cache) == {hash_key(ADMIN), record.hash}
+        assert len(tenants.keys._digests) <= 1 and set(tenants.keys._cache) == {hash_key(ADMIN), record.hash}
         assert await _refused(tenants, "Bearer sy-" + os.urandom(8).hex()) == "invalid_api_key"
 
     asyncio.run(run())

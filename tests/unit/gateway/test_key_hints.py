@@ -56,7 +56,7 @@ def _decide(
         caller.key = Tenant(key, None, False)
     payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, **body}
     parsed = parse("chat", json.dumps(payload).encode())
-    profile = classify(parsed, caller, hints=engine.hints, class_of=engine.class_of)
+    profile = classify(parsed, caller, hints=engine.hints, class_of=engine.classify)
     return engine.classify(profile)[0], profile.priority, caller.hints_ignored or []
 
 
@@ -179,7 +179,7 @@ def _kept_headers(
     caller.key = Tenant(key, None, False)
     payload = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, **body}
     parsed = parse("chat", json.dumps(payload).encode())
-    profile = classify(parsed, caller, hints=engine.hints, class_of=engine.class_of)
+    profile = classify(parsed, caller, hints=engine.hints, class_of=engine.classify)
     return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in profile.headers or []]
 
 
