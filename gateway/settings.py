@@ -241,6 +241,9 @@ class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     refresh_interval: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
     """How often each replica checks for changed keys (revocations reach it within this)."""
     redis_timeout: _Seconds = 0.5
+    public_key_metrics: bool = False
+    """`/metrics` on the public port with the per-key and per-team budget series too; off, only the admin
+    port (`gateway.admin_port`) shows them (they name every budgeted key)."""
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -16,7 +16,9 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
+from gateway.credentials import authorization
 from gateway.errors import GatewayError, invalid_request
+from gateway.query_params import refuse_repeated
 from gateway.tenants import errors
 from gateway.tenants.admission import Tenant, Tenants
 from gateway.tenants.keys import (
@@ -41,16 +43,16 @@ def admin_guard(tenants: Tenants, throttle: LoginThrottle | None = None):
     """With `throttle`, a wrong key slows its address down (gateway/tenants/login_throttle.py)."""
 
     async def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Tenant:
-        authorization = connection.headers.get("authorization")
-        if throttle is None or not authorization:  # no key given: nothing guessed
-            return await tenants.authenticate(authorization)
+        credential = authorization(connection.scope["headers"])
+        if throttle is None or not credential:  # no key given: nothing guessed
+            return await tenants.authenticate(credential)
         address = client_address(connection.client.host if connection.client else None)
         gate = await throttle.check(address)
         if gate.wait_s > 0:
             throttle.refused("admin_api")
             raise too_many_failed_logins(gate.wait_s)
         try:
-            tenant = await tenants.authenticate(authorization)
+            tenant = await tenants.authenticate(credential)
         except GatewayError as exc:
             if exc.status == 401:
                 await throttle.failed(address, "admin_api")
@@ -63,6 +65,7 @@ def admin_guard(tenants: Tenants, throttle: LoginThrottle | None = None):
         path = connection.scope["path"]
         if not path.startswith(ADMIN_PREFIX):
             return
+        refuse_repeated(connection.scope.get("query_string", b""))
         tenant = await authenticate(connection)
         connection.scope.setdefault("state", {})[_STATE_TENANT] = tenant
         query = connection.query_params
