@@ -139,7 +139,12 @@ class Cluster:
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("ab")
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        # The replicas are open (admin through each replica's port, without a key): an admin key from the
+        # caller's shell is not the cluster's.
+        env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent, env=env
+        )
 
     def start(self) -> Cluster:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -225,6 +225,8 @@ class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """`keys`: every request needs a key (`sy-...`); `open`: anyone may call (the demo, tests)."""
     admin_key_env: Annotated[str, msgspec.Meta(min_length=1)] = "SWITCHYARD_ADMIN_KEY"
     """Environment variable holding the bootstrap admin key (read at start; may be unset)."""
+    allow_weak_admin_key: bool = False
+    """Start even with a weak admin key (gateway/tenants/admin_key.py says which are), with a warning."""
     store: Literal["auto", "redis", "memory"] = "auto"
     """`auto`: Redis when `redis_url` (or `ledger.redis_url`) is set, else memory (one replica)."""
     redis_url: Annotated[str, msgspec.Meta(pattern=REDIS_URL_PATTERN)] | None = None
@@ -239,6 +241,9 @@ class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     refresh_interval: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
     """How often each replica checks for changed keys (revocations reach it within this)."""
     redis_timeout: _Seconds = 0.5
+    public_key_metrics: bool = False
+    """`/metrics` on the public port with the per-key and per-team budget series too; off, only the admin
+    port (`gateway.admin_port`) shows them (they name every budgeted key)."""
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

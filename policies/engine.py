@@ -27,6 +27,7 @@ from policies.classes import Predicate, compile_condition
 from policies.config import LoadedPolicy, Route, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
+from policies.hints import HeaderHints
 from policies.predict import RecentSends, decoding_slowly, idle, saturation_reason
 from policies.profile import DEFAULT_CLASS, RequestProfile
 from policies.selectors import each_selector, selects
@@ -96,6 +97,7 @@ class PolicyEngine:
         self._headers: list[tuple[bytes, dict[str, str]]] = [
             (name.encode("latin-1"), values) for name, values in loaded.policy.headers.items()
         ]
+        self.hints = HeaderHints(loaded.policy)  # the headers it reads (gateway/request/allowance.py)
         self.recent = RecentSends()
         """What this engine routed to each backend since its last scrape (policies/predict.py)."""
 

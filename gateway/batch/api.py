@@ -26,6 +26,7 @@ from gateway.batch.objects import (
 from gateway.batch.quota import over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_cancelling
+from gateway.credentials import authorization as authorization_of
 from gateway.errors import GatewayError, invalid_request
 from gateway.request.classify import key_id
 
@@ -53,7 +54,7 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
     tenants = service.pipeline.tenants
 
     async def owner_of(request: Request[Any, Any, Any]) -> tuple[str, str | None]:
-        authorization = request.headers.get("authorization")
+        authorization = authorization_of(request.scope["headers"])
         if service.keys_mode and tenants is not None:
             tenant = await tenants.authenticate(authorization)
             return tenant.key.id, None
