@@ -41,8 +41,6 @@ VIEW_TTL = 5.0
 """Seconds a replica's view outlives its last heartbeat (a replica gone for longer drops out)."""
 RECENT_KEEP = 1000
 REPLICA_ENV = "SWITCHYARD_REPLICA"
-_LISTEN_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
-"""What ends a subscription until the next try: Redis failing, or an event that is not JSON."""
 
 
 def replica_id() -> str:
@@ -198,7 +196,7 @@ class FleetSync:
                         await self._on_event(json.loads(message["data"]))
             except asyncio.CancelledError:
                 raise
-            except _LISTEN_ERRORS as exc:
+            except (*REDIS_ERRORS, ValueError) as exc:
                 self.listening = False
                 self._failed(exc)
                 await asyncio.sleep(self.interval)

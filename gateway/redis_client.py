@@ -26,7 +26,11 @@ URL_PATTERN = r"^(rediss?(\+cluster)?|unix)://"
 """What the settings accept (the schema's check); `parse_redis_url` says what is wrong with the rest."""
 
 AnyRedis = aioredis.Redis | RedisCluster
-REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
+REDIS_ERRORS: tuple[type[RedisError], type[RedisClusterException], type[OSError]] = (
+    RedisError,
+    RedisClusterException,
+    OSError,
+)
 """What a failed call raises, on either client (a cluster's "no node serves this slot" is not a
 RedisError)."""
 
