@@ -121,10 +121,10 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             await send_error(send, error, new_request_id())
             return
         if scope["method"] != "POST":
-            error = GatewayError(
+            not_post = GatewayError(
                 405, f"Use POST for {scope['path']}.", "invalid_request_error", headers=_ALLOW
             )
-            await send_error(send, error, caller.client_request_id or caller.request_id)
+            await send_error(send, not_post, caller.client_request_id or caller.request_id)
             return
         ctx = RequestContext(endpoint, caller)
         watch: DisconnectWatch | None = None
