@@ -67,7 +67,7 @@ class KeyLookup:
         canonical = False
         if digest is None:
             token = bearer_token(authorization)
-            if token is None:
+            if token is None or authorization is None:  # no header has no token either
                 raise errors.invalid_api_key(
                     "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
                 )
@@ -76,7 +76,7 @@ class KeyLookup:
                 raise errors.invalid_api_key(_INCORRECT)
             if digest in self._unknown:
                 raise errors.invalid_api_key(_INCORRECT)
-            canonical = len(authorization) == len(token) + 7  # type: ignore[arg-type]  # `Bearer <token>`
+            canonical = len(authorization) == len(token) + 7  # `Bearer <token>`
         cached = self._cache.get(digest)
         if cached is None:
             # One lookup per key however many of its requests missed the cache at once.
@@ -88,10 +88,11 @@ class KeyLookup:
         tenant = cached.tenant
         if tenant is None:
             raise errors.invalid_api_key(cached.why)
-        if canonical:  # one spelling per existing key (`Bearer` in any case, one space)
+        # one spelling per existing key (`Bearer` in any case, one space)
+        if canonical and authorization is not None:
             if len(self._digests) >= _CACHE_MAX:
                 self._digests.clear()
-            self._digests[authorization] = digest  # type: ignore[index]
+            self._digests[authorization] = digest
         expires = tenant.key.expires_at
         if expires is not None and time.time() >= expires:
             raise errors.invalid_api_key("This API key has expired.")

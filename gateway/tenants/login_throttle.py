@@ -143,7 +143,7 @@ class LoginThrottle:
         if local_wait > 0 or self._client is None:
             return Gate(local_wait, entry is not None)
         count, wait = self._keys(address)
-        reply = await self._shared(self._client.eval(_CHECK, 2, count, wait))  # type: ignore[misc]
+        reply = await self._shared(self._client.eval(_CHECK, 2, count, wait))
         if reply is None:
             return Gate(local_wait, entry is not None)
         pttl, exists = int(reply[0]), int(reply[1])
@@ -175,7 +175,7 @@ class LoginThrottle:
                 int(FIRST_WAIT_S * 1000),
                 int(MAX_WAIT_S * 1000),
             )
-            shared = await self._shared(self._client.eval(_FAILED, 2, count, wait_key, *limits))  # type: ignore[misc]
+            shared = await self._shared(self._client.eval(_FAILED, 2, count, wait_key, *limits))
             if shared is not None:
                 wait = max(wait, int(shared) / 1000)
         return wait
