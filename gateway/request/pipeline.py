@@ -194,14 +194,7 @@ class Pipeline:
         backend = ctx.backend
         assert backend is not None  # no error: a backend answered
         served = Served(
-            backend,
-            ctx.concurrency,
-            status,
-            usage,
-            events,
-            ctx.started_at,
-            ctx.first_byte_at,
-            ctx.ended_at,
+            backend, ctx.concurrency, status, usage, events, ctx.started_at, ctx.first_byte_at, ctx.ended_at
         )
         if usage is None and (sse is not None or status == CLIENT_CLOSED_REQUEST):
             served.first_byte_at = ctx.first_byte_at or None
