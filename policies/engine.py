@@ -20,13 +20,13 @@ import msgspec
 
 from backends.models import Backend
 from policies.classes import Predicate, compile_condition
-from policies.config import DEFAULT_CLASS, LoadedPolicy, Route, load_policy
+from policies.config import LoadedPolicy, Route, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
 from policies.hints import HeaderHints
 from policies.plugins import PolicyPlugins
 from policies.predict import RecentSends, decoding_slowly, idle, saturation_reason
-from policies.profile import RequestProfile
+from policies.profile import DEFAULT_CLASS, RequestProfile
 from policies.selectors import each_selector, selects
 
 

@@ -79,7 +79,7 @@ class PolicyPlugins:
 
     def scorer(self, name: str, *path: Any) -> Scorer:
         """The scorer named in a route's strategy, which must declare its capabilities (framework.Scorer)."""
-        scorer = self.get(name, "scorer", *path)
+        scorer: Scorer = self.get(name, "scorer", *path)
         missing = [
             attr
             for attr in ("scores_in_unit_range", "reads_predictions")

@@ -117,7 +117,7 @@ class MessagesShape:
         return b"event: %s\ndata: %s\n\n" % (kind.encode(), _encode({"type": kind, **data}))
 
     def opening(self, generation: Generation) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self.id,
             "type": "message",
             "role": "assistant",
