@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from backends.yamlfile import ConfigError
-from gateway.redis_client import ClusterTarget, parse_redis_url, redis_client
+from gateway.redis_client import ClusterTarget, as_text, parse_redis_url, redis_client
 from gateway.settings import settings_from_text
 from tests.support import ONE_POOL as POOLS
 
@@ -63,3 +65,18 @@ def test_settings_accept_a_cluster_url_for_the_ledger_and_for_keys() -> None:
     assert settings.ledger.redis_url == "redis+cluster://a:7000,b:7000"
     with pytest.raises(ConfigError, match="redis_url"):
         settings_from_text("ledger: {redis_url: 'cluster://a:7000'}\n" + POOLS)
+
+
+async def test_as_text_reads_a_reply_alike_from_either_kind_of_client() -> None:
+    key = f"test-as-text-{uuid.uuid4().hex}"
+    raw = redis_client("redis://127.0.0.1:6379/0")
+    decoding = redis_client("redis://127.0.0.1:6379/0", decode_responses=True)
+    try:
+        await raw.set(key, "drain \u2713")
+        replies = [await raw.get(key), await decoding.get(key)]
+        assert [type(reply) for reply in replies] == [bytes, str]
+        assert [as_text(reply) for reply in replies] == ["drain \u2713", "drain \u2713"]
+    finally:
+        await raw.delete(key)
+        await raw.aclose()
+        await decoding.aclose()
