@@ -89,7 +89,9 @@ class RedisBatchState:
         batch = stored.batch
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(f"{self.ns}:batch:{batch.id}", _encode(stored))
-            pipe.zadd(f"{self.ns}:owner:{stored.owner}", {batch.id: time.time()})
+            created = time.time()
+            pipe.zadd(f"{self.ns}:owner:{stored.owner}", {batch.id: created})
+            pipe.zadd(f"{self.ns}:batches", {batch.id: created})
             pipe.sadd(f"{self.ns}:active", batch.id)
             await pipe.execute()
 
@@ -121,8 +123,8 @@ class RedisBatchState:
                 except WatchError:
                     continue
 
-    async def page(self, owner: str, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
-        index = f"{self.ns}:owner:{owner}"
+    async def page(self, owner: str | None, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
+        index = f"{self.ns}:owner:{owner}" if owner is not None else f"{self.ns}:batches"
         start = 0
         if after is not None:
             rank = await self.client.zrevrank(index, after)

@@ -58,6 +58,14 @@ class Tenant:
     prepared: Prepared | None = None
 
 
+_ENV_ADMIN_ID = "admin"
+"""The key id of the admin key from the environment (`auth.admin_key_env`)."""
+
+
+def _env_admin() -> Tenant:
+    return Tenant(KeyRecord(id=_ENV_ADMIN_ID, name="admin (environment)", scopes=["admin"]), None, True)
+
+
 @dataclass(slots=True)
 class Admission:
     scopes: list[ScopeCounters]
@@ -78,6 +86,8 @@ class Admission:
 class _Cached:
     tenant: Tenant | None
     why: str = ""
+    code: str = ""
+    """Why the key cannot be used, for work run by key id (`resolve`): `key_revoked`, `key_not_found`."""
 
 
 @dataclass
@@ -98,6 +108,11 @@ class Tenants:
     one that lands while it reconnects: the call then returns and the loop would go on forever)."""
     _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
     _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
+    _by_id: dict[str, _Cached] = field(default_factory=dict)
+    """Per key id: its lookup for `resolve`, forgotten with `_cache`."""
+    _forgotten: int = 0
+    """Times the caches were dropped: a lookup that was under way meanwhile may have read the old key,
+    so `resolve` does not cache its answer."""
     _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
@@ -161,17 +176,27 @@ class Tenants:
         while not self._closing:
             await asyncio.sleep(self.options.refresh_interval)
             try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    version = await self.store.version()
+                await self.sync()
             except Exception as exc:
                 if not failing:
                     log.warning("tenants: cannot read the key store (%s); cached keys stay in use", exc)
                 failing = True
                 continue
             failing = False
-            if version != self._version:
-                self._version = version
-                self._cache.clear()
+
+    async def sync(self) -> None:
+        """Read the store's version now and forget the cached keys if anything changed (raises when the
+        store cannot be read). The batch scheduler calls it before handing out lines."""
+        async with asyncio.timeout(self.options.redis_timeout):
+            version = await self.store.version()
+        if version != self._version:
+            self._version = version
+            self._forget()
+
+    def _forget(self) -> None:
+        self._cache.clear()
+        self._by_id.clear()
+        self._forgotten += 1
 
     async def _renew_lease(self) -> None:
         async with asyncio.timeout(self.options.redis_timeout):
@@ -189,7 +214,7 @@ class Tenants:
     def changed(self, version: int) -> None:
         """This replica changed a key or team (the store is now at `version`): forget cached lookups now.
         If nobody else changed anything since the last poll, the poll need not forget them again."""
-        self._cache.clear()
+        self._forget()
         if version == self._version + 1:
             self._version = version
 
@@ -226,9 +251,7 @@ class Tenants:
 
     async def _lookup(self, digest: str) -> _Cached:
         if self.admin_hash is not None and hmac.compare_digest(digest, self.admin_hash):
-            cached = _Cached(
-                Tenant(KeyRecord(id="admin", name="admin (environment)", scopes=["admin"]), None, True)
-            )
+            cached = _Cached(_env_admin())
         else:
             try:
                 async with asyncio.timeout(self.options.redis_timeout):
@@ -245,6 +268,49 @@ class Tenants:
         if len(self._cache) >= _CACHE_MAX:
             self._cache.clear()
         self._cache[digest] = cached
+        return cached
+
+    async def resolve(self, key_id: str) -> Tenant:
+        """The key `key_id` as it is now, for work a key started that runs without its material (a
+        batch's lines): cached like `authenticate`'s lookups and forgotten with them. Raises 401
+        `key_revoked`, `key_expired` or `key_not_found`, or 503 `limits_unavailable` when the store cannot
+        be read (nothing runs on a key not known to be good)."""
+        cached = self._by_id.get(key_id)
+        if cached is None:
+            pending = self._lookups.get("id:" + key_id)
+            if pending is None:
+                pending = self._lookups["id:" + key_id] = asyncio.ensure_future(self._lookup_id(key_id))
+                pending.add_done_callback(lambda _: self._lookups.pop("id:" + key_id, None))
+            cached = await asyncio.shield(pending)
+        tenant = cached.tenant
+        if tenant is None:
+            raise errors.key_unusable(cached.code, cached.why)
+        expires = tenant.key.expires_at
+        if expires is not None and time.time() >= expires:
+            raise errors.key_unusable("key_expired", f"The API key `{key_id}` has expired.")
+        return tenant
+
+    async def _lookup_id(self, key_id: str) -> _Cached:
+        forgotten = self._forgotten
+        if key_id == _ENV_ADMIN_ID and self.admin_hash is not None:
+            cached = _Cached(_env_admin())
+        else:
+            try:
+                async with asyncio.timeout(self.options.redis_timeout):
+                    key = await self.store.get_key(key_id)
+                    team = await self.store.get_team(key.team) if key is not None else None
+            except Exception as exc:
+                raise errors.limits_unavailable(f"key store unreachable: {exc.__class__.__name__}") from None
+            if key is None:
+                cached = _Cached(None, f"The API key `{key_id}` does not exist.", "key_not_found")
+            elif key.revoked:
+                cached = _Cached(None, f"The API key `{key_id}` has been revoked.", "key_revoked")
+            else:
+                cached = _Cached(Tenant(key, team, "admin" in key.scopes))
+        if len(self._by_id) >= _CACHE_MAX:
+            self._by_id.clear()
+        if forgotten == self._forgotten:
+            self._by_id[key_id] = cached
         return cached
 
     # --- after classify: what the key may ask for ------------------------------------------------------
