@@ -63,15 +63,20 @@ class BatchRunner:
         self.held: set[str] = set()
         """Batches whose key could not be checked this tick: no line of theirs is handed out."""
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        """Set by `stop`: the loop ends on it, not only on a cancellation (redis-py can swallow one that
+        lands while it reconnects, as gateway/tenants/admission.py says)."""
         self._next_refresh = 0.0
         self._next_renew = 0.0
         self._turn = 0
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
         """Stop claiming; give back the lines still running, so another replica takes them at once."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -86,7 +91,7 @@ class BatchRunner:
 
     async def _loop(self) -> None:
         away = False
-        while True:
+        while not self._stopping:
             try:
                 await self.tick()
             except asyncio.CancelledError:
