@@ -29,6 +29,7 @@ from backends.sim.fleet_spec import parse_fleet_spec
 from gateway.app import create_app
 from gateway.batch.runner import BatchRunner
 from gateway.settings import settings_from_text
+from tests.integration.tcp_proxy import CuttableProxy
 
 MODEL = "llama-3.1-8b"
 FLEET = f"""
@@ -106,24 +107,26 @@ class Replicas:
         return count
 
 
-def _config(fleet: Fleet, prefix: str, files: Path) -> str:
+def _config(fleet: Fleet, prefix: str, files: Path, keys_redis: str) -> str:
     config: dict[str, Any] = fleet.gateway_config(health={"interval": 0.5, "timeout": 0.5})
     config["ledger"] = {"redis_url": REDIS, "key_prefix": prefix, "flush_interval": 0.05}
-    config["auth"] = {"mode": "keys"}
+    config["auth"] = {"mode": "keys", "redis_url": keys_redis}
     config["telemetry"] = {"access_log": {"enabled": False}}
     config["batches"] = {"directory": str(files), "lease_s": 1.5, "per_backend": 3}
     return yaml.safe_dump(config, sort_keys=False)
 
 
 @asynccontextmanager
-async def _replicas(fleet: Fleet, files: Path) -> AsyncIterator[Replicas]:
+async def _replicas(fleet: Fleet, files: Path, keys_redis: str = REDIS) -> AsyncIterator[Replicas]:
+    """Two apps; their keys and limits in the Redis at `keys_redis` (a proxy the test can cut)."""
     prefix = f"itest-trust-{uuid.uuid4().hex[:10]}"
     os.environ["SWITCHYARD_ADMIN_KEY"] = ADMIN_KEY
     try:
         async with AsyncExitStack() as stack:
             clients = []
             for _ in range(2):
-                app = create_app(settings_from_text(_config(fleet, prefix, files), "<batch trust>"))
+                config = _config(fleet, prefix, files, keys_redis)
+                app = create_app(settings_from_text(config, "<batch trust>"))
                 clients.append(await stack.enter_async_context(AsyncTestClient(app, timeout=30)))
             yield Replicas(clients)
     finally:
@@ -364,3 +367,30 @@ async def test_the_admin_key_lists_and_cancels_any_tenants_batch(replicas: Repli
     assert 4 <= done["request_counts"]["completed"] < 80
     seen = await replicas.a.get(f"/v1/batches/{batch_id}", headers={"authorization": f"Bearer {key}"})
     assert seen.json()["status"] == "cancelled"
+
+
+async def test_no_line_is_handed_out_while_the_key_store_cannot_be_read(fleet: Fleet, tmp_path: Path) -> None:
+    proxy = CuttableProxy(6379)
+    try:
+        async with _replicas(fleet, tmp_path / "files", f"redis://127.0.0.1:{proxy.port}/0") as replicas:
+            total = 100
+            key, _ = await replicas.create_key()  # no budget: admission alone would go on from a local share
+            batch_id = await _batch(replicas.a, key, [_line(f"h-{i}", max_tokens=100) for i in range(total)])
+            await _done_lines(replicas.a, batch_id, 5)
+            proxy.set_cut(True)
+
+            async def idle() -> bool:
+                return replicas.running_lines(batch_id) == 0
+
+            await _until(idle, STOP_WITHIN_S)  # the lines in flight finish; no other starts
+            held = (await _get(replicas.a, batch_id))["request_counts"]
+            for _ in range(15):
+                await asyncio.sleep(0.1)
+                assert replicas.running_lines(batch_id) == 0
+            assert (await _get(replicas.a, batch_id))["request_counts"] == held
+            assert held["completed"] < total
+            proxy.set_cut(False)
+            done = await _wait(replicas.a, batch_id, {"completed", "failed"})
+            assert done["status"] == "completed" and done["request_counts"]["completed"] == total, done
+    finally:
+        proxy.close()
