@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import time
@@ -25,7 +24,7 @@ from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
 from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
-from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
+from gateway.tenants.keys import PRIORITY_RANK, hash_key
 from gateway.tenants.limits import (
     ADMIT,
     NANO,
@@ -35,7 +34,8 @@ from gateway.tenants.limits import (
     Verdict,
     nano,
 )
-from gateway.tenants.prepared import Prepared, SettleNames, prepare, settle_names
+from gateway.tenants.lookup import KeyLookups, Tenant
+from gateway.tenants.prepared import SettleNames, prepare, settle_names
 from gateway.tenants.reservation import max_cost_usd, max_output_tokens
 from gateway.tenants.script_client import ScriptClient
 from gateway.tenants.settler import Settler
@@ -48,22 +48,6 @@ log = logging.getLogger("switchyard.tenants")
 _CACHE_MAX = 50_000
 _REDIS_RETRY_S = 1.0
 """After a failed Redis call, admissions use the local share for this long before trying Redis again."""
-
-
-@dataclass(slots=True)
-class Tenant:
-    key: KeyRecord
-    team: TeamRecord | None
-    admin: bool
-    prepared: Prepared | None = None
-
-
-_ENV_ADMIN_ID = "admin"
-"""The key id of the admin key from the environment (`auth.admin_key_env`)."""
-
-
-def _env_admin() -> Tenant:
-    return Tenant(KeyRecord(id=_ENV_ADMIN_ID, name="admin (environment)", scopes=["admin"]), None, True)
 
 
 @dataclass(slots=True)
@@ -82,14 +66,6 @@ class Admission:
     """The shared counters to settle (`Prepared.names_for`); empty: built when settling."""
 
 
-@dataclass(slots=True)
-class _Cached:
-    tenant: Tenant | None
-    why: str = ""
-    code: str = ""
-    """Why the key cannot be used, for work run by key id (`resolve`): `key_revoked`, `key_not_found`."""
-
-
 @dataclass
 class Tenants:
     options: AuthOptions
@@ -99,20 +75,12 @@ class Tenants:
     client: AnyRedis | None = None
     """Redis for the shared counters; None: this replica's counters are the whole truth (memory store)."""
     admin_hash: str | None = None
-    _cache: dict[str, _Cached] = field(default_factory=dict)
     _version: int = -1
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
     _closing: bool = False
     """Set by `close`: the background loops stop on it, not only on a cancellation (redis-py can swallow
     one that lands while it reconnects: the call then returns and the loop would go on forever)."""
-    _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
-    _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
-    _by_id: dict[str, _Cached] = field(default_factory=dict)
-    """Per key id: its lookup for `resolve`, forgotten with `_cache`."""
-    _forgotten: int = 0
-    """Times the caches were dropped: a lookup that was under way meanwhile may have read the old key,
-    so `resolve` does not cache its answer."""
     _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
@@ -128,6 +96,7 @@ class Tenants:
         client, timeout = self.client, self.options.redis_timeout
         self.settler = Settler(client, timeout, self.replica, ns) if client is not None else None
         self._lease_task: asyncio.Task[None] | None = None
+        self.keys = KeyLookups(self.store, timeout, self.admin_hash)
         self.watch = BudgetWatch()
         self._admit = ScriptClient.like(client, ADMIT, timeout, ns) if client is not None else None
         self._batcher = (
@@ -194,9 +163,7 @@ class Tenants:
             self._forget()
 
     def _forget(self) -> None:
-        self._cache.clear()
-        self._by_id.clear()
-        self._forgotten += 1
+        self.keys.forget()
 
     async def _renew_lease(self) -> None:
         async with asyncio.timeout(self.options.redis_timeout):
@@ -222,96 +189,12 @@ class Tenants:
 
     async def authenticate(self, authorization: str | None) -> Tenant:
         """The caller's tenant, or 401 `invalid_api_key` (no key, unknown, revoked, expired)."""
-        digest = self._digests.get(authorization) if authorization else None
-        if digest is None:
-            token = bearer_token(authorization)
-            if token is None:
-                raise errors.invalid_api_key(
-                    "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
-                )
-            digest = hash_key(token)
-            if len(self._digests) >= _CACHE_MAX:
-                self._digests.clear()
-            self._digests[authorization] = digest  # type: ignore[index]
-        cached = self._cache.get(digest)
-        if cached is None:
-            # One lookup per key however many of its requests missed the cache at once.
-            pending = self._lookups.get(digest)
-            if pending is None:
-                pending = self._lookups[digest] = asyncio.ensure_future(self._lookup(digest))
-                pending.add_done_callback(lambda _: self._lookups.pop(digest, None))
-            cached = await asyncio.shield(pending)
-        tenant = cached.tenant
-        if tenant is None:
-            raise errors.invalid_api_key(cached.why)
-        expires = tenant.key.expires_at
-        if expires is not None and time.time() >= expires:
-            raise errors.invalid_api_key("This API key has expired.")
-        return tenant
-
-    async def _lookup(self, digest: str) -> _Cached:
-        if self.admin_hash is not None and hmac.compare_digest(digest, self.admin_hash):
-            cached = _Cached(_env_admin())
-        else:
-            try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    key = await self.store.key_by_hash(digest)
-                    team = await self.store.get_team(key.team) if key is not None else None
-            except Exception as exc:
-                raise errors.limits_unavailable(f"key store unreachable: {exc.__class__.__name__}") from None
-            if key is None:
-                cached = _Cached(None, "Incorrect API key provided.")
-            elif key.revoked:
-                cached = _Cached(None, "This API key has been revoked.")
-            else:
-                cached = _Cached(Tenant(key, team, "admin" in key.scopes))
-        if len(self._cache) >= _CACHE_MAX:
-            self._cache.clear()
-        self._cache[digest] = cached
-        return cached
+        return await self.keys.authenticate(authorization)
 
     async def resolve(self, key_id: str) -> Tenant:
         """The key `key_id` as it is now, for work a key started that runs without its material (a
-        batch's lines): cached like `authenticate`'s lookups and forgotten with them. Raises 401
-        `key_revoked`, `key_expired` or `key_not_found`, or 503 `limits_unavailable` when the store cannot
-        be read (nothing runs on a key not known to be good)."""
-        cached = self._by_id.get(key_id)
-        if cached is None:
-            pending = self._lookups.get("id:" + key_id)
-            if pending is None:
-                pending = self._lookups["id:" + key_id] = asyncio.ensure_future(self._lookup_id(key_id))
-                pending.add_done_callback(lambda _: self._lookups.pop("id:" + key_id, None))
-            cached = await asyncio.shield(pending)
-        tenant = cached.tenant
-        if tenant is None:
-            raise errors.key_unusable(cached.code, cached.why)
-        expires = tenant.key.expires_at
-        if expires is not None and time.time() >= expires:
-            raise errors.key_unusable("key_expired", f"The API key `{key_id}` has expired.")
-        return tenant
-
-    async def _lookup_id(self, key_id: str) -> _Cached:
-        forgotten = self._forgotten
-        if key_id == _ENV_ADMIN_ID and self.admin_hash is not None:
-            cached = _Cached(_env_admin())
-        else:
-            try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    key = await self.store.get_key(key_id)
-                    team = await self.store.get_team(key.team) if key is not None else None
-            except Exception as exc:
-                raise errors.limits_unavailable(f"key store unreachable: {exc.__class__.__name__}") from None
-            if key is None:
-                cached = _Cached(None, f"The API key `{key_id}` does not exist.", "key_not_found")
-            elif key.revoked:
-                cached = _Cached(None, f"The API key `{key_id}` has been revoked.", "key_revoked")
-            else:
-                cached = _Cached(Tenant(key, team, "admin" in key.scopes))
-        if len(self._by_id) >= _CACHE_MAX:
-            self._by_id.clear()
-        if forgotten == self._forgotten:
-            self._by_id[key_id] = cached
-        return cached
+        batch's lines): 401 `key_revoked`, `key_expired`, `key_not_found`, or 503 `limits_unavailable`."""
+        return await self.keys.resolve(key_id)
 
     # --- after classify: what the key may ask for ------------------------------------------------------
 
