@@ -99,8 +99,9 @@ def test_fleet_pubsub_reaches_a_subscriber_from_every_node(cluster_redis: RedisC
         test_batch_state.test_a_lapsed_lease_is_claimed_again_and_a_result_counts_once,
         test_batch_state.test_a_released_line_waits_its_backoff,
         test_batch_state.test_status_changes_happen_once_and_listing_pages,
+        test_batch_state.test_every_owners_batches_list_together_for_an_admin,
     ],
-    ids=["claims", "backoff", "status-and-pages"],
+    ids=["claims", "backoff", "status-and-pages", "admin-pages"],
 )
 def test_batch_state_on_a_cluster(cluster_redis: RedisCluster, test: Any) -> None:
     async def run() -> None:
