@@ -2,8 +2,8 @@
 prefix per test) and a simulated fleet. A $0 budget refuses every line; a key revoked right after
 `batches.create` (a model-restricted one too) gets no line sent and nothing is billed to `anonymous`; a key
 revoked or expired mid-run stops its batch's lines on both replicas within a second, the batch ending
-`failed` with the finished lines kept and an error line per unfinished one; the admin key lists and
-cancels any tenant's batch.
+`failed` with the finished lines kept and an error line per unfinished one; while the key store cannot be
+read no line is handed out; the admin key lists and cancels any tenant's batch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 import yaml
+from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from backends.sim.fleet import Fleet
@@ -116,21 +117,31 @@ def _config(fleet: Fleet, prefix: str, files: Path, keys_redis: str) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def _app(config: str) -> Litestar:
+    """The app, with the admin key in its environment (read when the app is built)."""
+    previous = os.environ.get("SWITCHYARD_ADMIN_KEY")
+    os.environ["SWITCHYARD_ADMIN_KEY"] = ADMIN_KEY
+    try:
+        return create_app(settings_from_text(config, "<batch trust>"))
+    finally:
+        if previous is None:
+            os.environ.pop("SWITCHYARD_ADMIN_KEY", None)
+        else:
+            os.environ["SWITCHYARD_ADMIN_KEY"] = previous
+
+
 @asynccontextmanager
 async def _replicas(fleet: Fleet, files: Path, keys_redis: str = REDIS) -> AsyncIterator[Replicas]:
     """Two apps; their keys and limits in the Redis at `keys_redis` (a proxy the test can cut)."""
     prefix = f"itest-trust-{uuid.uuid4().hex[:10]}"
-    os.environ["SWITCHYARD_ADMIN_KEY"] = ADMIN_KEY
     try:
         async with AsyncExitStack() as stack:
             clients = []
             for _ in range(2):
                 config = _config(fleet, prefix, files, keys_redis)
-                app = create_app(settings_from_text(config, "<batch trust>"))
-                clients.append(await stack.enter_async_context(AsyncTestClient(app, timeout=30)))
+                clients.append(await stack.enter_async_context(AsyncTestClient(_app(config), timeout=30)))
             yield Replicas(clients)
     finally:
-        os.environ.pop("SWITCHYARD_ADMIN_KEY", None)
         client = aioredis.Redis.from_url(REDIS)
         for pattern in (f"*syb:{prefix}*", f"*syt:{prefix}*", f"*sy:{prefix}*"):
             keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
