@@ -17,7 +17,7 @@ from gateway.admin_costs import costs_handler
 from gateway.admin_policy import policy_handlers
 from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
 from gateway.console import console_handlers
-from gateway.errors import GatewayError, body_too_large
+from gateway.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.fastpath import FastPath
 from gateway.ledger.factory import build_ledger
 from gateway.ledger.records import Ledger
@@ -74,14 +74,20 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     status = exc.status_code
     if status == 500 and exc.detail == _CLIENT_LEFT:  # the client closed mid-body: its doing, not ours
         return _gateway_error(
-            request, GatewayError(400, "The request body was cut short.", "invalid_request_error")
+            request,
+            GatewayError(
+                400, "The request body was cut short.", "invalid_request_error", code="body_cut_short"
+            ),
         )
     if status >= 500:
         log.error("%s on %s: %s", status, request.url.path, exc.detail, exc_info=exc)
     kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     message = exc.detail if status < 500 else "Internal gateway error."
     if status == 404:
-        message = f"Unknown path `{request.url.path}`."
+        path = request.url.path
+        if path == "/v1" or path.startswith("/v1/"):  # an OpenAI endpoint the gateway does not serve
+            return _gateway_error(request, unsupported_endpoint(path))
+        message = f"Unknown path `{path}`."
     return _gateway_error(request, GatewayError(status, message, kind))
 
 
