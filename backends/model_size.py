@@ -1,6 +1,6 @@
 """A model's size in billions of parameters, read from the names it is served under.
 
-The accelerator facts (backends/hardware.py) are for an 8B model. A decode step at light load reads every
+The accelerator priors (backends/accelerators.py) are for an 8B model. A decode step at light load reads every
 weight once, so its time, and the saturated throughput, scale with the model's size: a 70B model decodes
 about 9x slower than an 8B one on the same GPU. Names say the size by convention (`Llama-3.1-70B-Instruct`,
 `qwen2.5-0.5b`, `opt-125m`); a mixture of experts (`Mixtral-8x7B`) reads only some weights a step, so its

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
+from backends.accelerators import GUESS, Vendor, find, guess_note, priors
 from backends.breaker import Breaker
-from backends.hardware import ACCELERATORS, accelerator
 from backends.model_size import REFERENCE_PARAMS_B, params_b_from_names
 
-Vendor = Literal["amd", "nvidia"]
+log = logging.getLogger("switchyard.backends")
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 _Url = Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
@@ -65,12 +66,15 @@ class Pool:
     """Its model's size over the 8B the accelerator facts are for (1 when unknown)."""
     cost_floor_per_mtok: float = 0.0
     """USD per million tokens at the accelerator's saturated throughput: the cost before one is measured."""
+    accelerator_guess: str | None = None
+    """What is guessed for an accelerator the catalogue (backends/accelerators.py) does not know; None
+    for a known one."""
 
     @property
     def saturated_tokens_per_s(self) -> float:
         """Output tokens per second one backend of this pool serves at a saturated batch, from its
         accelerator's facts for its model's size: its cost floor and the gateway's prefill-speed prior."""
-        return accelerator(self.accelerator).tokens_per_second * self.gpus_per_backend / self.model_scale
+        return priors(self.accelerator).tokens_per_second * self.gpus_per_backend / self.model_scale
 
     @property
     def backend_price_per_second(self) -> float:
@@ -155,7 +159,16 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
     backends: list[Backend] = []
     for pool_config in pools:
         kind = pool_config.accelerator.lower()
-        facts = accelerator(kind)
+        record = find(kind)
+        facts = priors(kind)
+        guess = guess_note(pool_config.accelerator)
+        if guess is not None:
+            log.warning("pool %s: %s", pool_config.name, guess)
+        elif record is not None and record.vendor != pool_config.vendor:
+            log.warning(
+                "pool %s: accelerator `%s` is an %s GPU (backends/accelerators.py), not %s",
+                pool_config.name, pool_config.accelerator, record.vendor, pool_config.vendor,
+            )  # fmt: skip
         gpus = pool_config.gpus_per_backend
         params_b = pool_config.model_params_b or params_b_from_names(
             name for cfg in pool_config.backends for name in cfg.models
@@ -164,7 +177,7 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
         # a known size scales every prior alike; an accelerator the facts do not know gives a guess, which
         # may predict but sets no `max_slowdown` mark (that refuses work)
         scaled_tpot = facts.tpot_s * scale / gpus if params_b is not None else facts.tpot_s
-        light_load_tpot = scaled_tpot if params_b is not None and kind in ACCELERATORS else None
+        light_load_tpot = scaled_tpot if params_b is not None and record is not None else None
         pool = Pool(
             name=pool_config.name,
             vendor=pool_config.vendor,
@@ -172,11 +185,12 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
             gpus_per_backend=gpus,
             price_per_gpu_hour=pool_config.price_per_gpu_hour,
             labels=dict(pool_config.labels),
-            memory_gb=facts.memory_gb * gpus,
+            memory_gb=(record.datasheet.memory_gb if record is not None else GUESS.memory_gb) * gpus,
             prior_ttft_s=facts.ttft_s,
             prior_tpot_s=scaled_tpot,
             light_load_tpot_s=light_load_tpot,
             model_scale=scale,
+            accelerator_guess=guess,
         )
         floor = pool.backend_price_per_second / pool.saturated_tokens_per_s * 1e6
         pool = replace(pool, cost_floor_per_mtok=floor)

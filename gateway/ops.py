@@ -94,6 +94,8 @@ def backend_state(backend: Backend) -> dict[str, Any]:
         "name": backend.name,
         "pool": backend.pool.name,
         "vendor": backend.pool.vendor,
+        "accelerator": backend.pool.accelerator,
+        "accelerator_guess": backend.pool.accelerator_guess,
         "url": backend.url,
         "routable": backend.healthy,
         "healthy": backend.health_ok,

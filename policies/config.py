@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from backends.accelerators import Vendor
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from policies.profile import DEFAULT_CLASS
 
@@ -73,7 +74,7 @@ class ClassRule(msgspec.Struct, forbid_unknown_fields=True):
 class PoolSelector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Pools by vendor, accelerator, name or labels; every field given must match."""
 
-    vendor: Literal["amd", "nvidia"] | None = None
+    vendor: Vendor | None = None
     accelerator: str | list[str] | None = None
     pool: str | list[str] | None = None
     labels: dict[str, str] | None = None

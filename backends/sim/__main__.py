@@ -16,7 +16,7 @@ import sys
 from backends.sim.app import start_server
 from backends.sim.faults import Faults
 from backends.sim.options import SimOptions
-from backends.sim.profiles import MODEL_ALIASES, MODELS, ProfileError, build_hardware
+from backends.sim.profiles import GPUS, MODEL_ALIASES, MODELS, ProfileError, build_hardware
 
 
 def _override(text: str) -> tuple[str, float]:
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-status", type=int, default=None, help="answer every request with this status")
     parser.add_argument("--kv-cache-tokens", type=int, default=400_000, help="fixed timing: notional KV size")
     model = parser.add_argument_group("performance model")
-    model.add_argument("--gpu", default=None, help="GPU profile (h100-sxm5, h200, mi300x, mi325x)")
+    model.add_argument("--gpu", default=None, help=f"GPU profile ({', '.join(GPUS)}) or accelerator name")
     model.add_argument("--model-profile", default=None, help="model profile (default: the served model)")
     model.add_argument("--gpus", type=int, default=1, help="GPUs per backend (tensor parallel)")
     model.add_argument(

@@ -36,6 +36,9 @@ def create_app(options: SimOptions) -> web.Application:
     app.router.add_post("/v1/chat/completions", server.chat)
     app.router.add_post("/v1/completions", server.completions)
     app.router.add_post("/v1/embeddings", server.embeddings)
+    app.router.add_post("/v1/responses", server.responses)
+    app.router.add_get("/v1/responses/{response_id}", server.get_response)
+    app.router.add_post("/v1/messages", server.messages)
     return app
 
 

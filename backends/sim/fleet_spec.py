@@ -18,7 +18,8 @@ Format (YAML; unknown keys are errors, reported with file and line):
         fail_status: 503         # optional: every backend of the group answers requests with this status
         labels: {tier: latency}  # optional: copied to the pool in the gateway config
         profile:                 # optional: time requests with the GPU performance model instead of
-          gpu: h100-sxm5         #   ttft_ms/tpot_ms; GPU profile: h100-sxm5 | h200 | mi300x | mi325x
+          gpu: h100-sxm5         #   ttft_ms/tpot_ms; GPU profile or accelerator (backends/accelerators.py):
+                                 #   h100(-sxm5) | h200 | b200 | a100 | l40s | mi300x | mi325x | mi355x
           model: llama-3.1-8b    #   model profile (default: the group's model): llama-3.1-8b | llama-3.1-70b
           overrides:             #   any profile figure by name, e.g.
             hbm_bandwidth_tbps: 3.0
@@ -36,10 +37,11 @@ A group with `profile` runs the performance model on `gpus_per_backend` GPUs (te
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
+from backends.accelerators import Vendor
 from backends.sim.faults import Faults
 from backends.sim.profiles import MODEL_ALIASES, MODELS, Hardware, ProfileError, build_hardware
 from backends.yamlfile import ConfigError, decode, parse_yaml
@@ -60,7 +62,7 @@ class ProfileSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class GroupSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pool: _Name
-    vendor: Literal["amd", "nvidia"]
+    vendor: Vendor
     accelerator: _Text
     price_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)]
     count: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1

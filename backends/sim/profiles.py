@@ -1,6 +1,7 @@
 """GPU and model profiles for the performance model, and the engine geometry they imply.
 
-Defaults follow backends/gpu_facts.md (the figures and their public sources). Memory is in GiB (an
+The GPU profiles are the accelerator catalogue's records (backends/accelerators.py: the figures and their
+public sources), named by the catalogue's names or aliases (`h100`, `h100-sxm5`). Memory is in GiB (an
 "80 GB" H100 has 80 GiB of HBM3, a "192 GB" MI300X 192 GiB), bandwidth in TB/s and compute in dense
 BF16 TFLOP/s, as vendors quote them.
 
@@ -24,6 +25,25 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backends.accelerators import CATALOGUE, Accelerator, Curve, Vendor, find
+
+__all__ = [
+    "GIB",
+    "GPUS",
+    "MODELS",
+    "MODEL_ALIASES",
+    "OVERRIDABLE",
+    "Curve",
+    "EngineLimits",
+    "GpuProfile",
+    "Hardware",
+    "ModelProfile",
+    "ProfileError",
+    "build_hardware",
+    "engine_defaults",
+    "gpu_profile",
+]
+
 GIB = 1024**3
 
 
@@ -32,30 +52,9 @@ class ProfileError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Curve:
-    """Efficiency as a saturating (Hill) curve of parallel work x.
-
-    e(x) = small + (large - small) * x^s / (x^s + half^s), with s = `steepness`: `small` with no work,
-    half way at x = half, tending to `large`. s < 1 rises early and keeps climbing slowly (a wide GPU
-    that keeps gaining from more sequences long after a narrow one has saturated).
-    """
-
-    small: float
-    large: float
-    half: float
-    steepness: float = 1.0
-
-    def __call__(self, x: float) -> float:
-        if x <= 0:
-            return self.small
-        grown = (x / self.half) ** self.steepness
-        return self.small + (self.large - self.small) * grown / (1.0 + grown)
-
-
-@dataclass(frozen=True, slots=True)
 class GpuProfile:
     name: str
-    vendor: str
+    vendor: Vendor
     memory_gib: float
     hbm_bandwidth_tbps: float
     bf16_tflops: float
@@ -100,9 +99,8 @@ class ModelProfile:
 
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
-    """vLLM's scheduler settings, at its defaults for the OpenAI server on a GPU with 70 GiB or more that is
-    not an A100 (every profile here: H100, H200, MI300X, MI325X): 1,024 sequences and 8,192 tokens per step
-    (vLLM's `EngineArgs.get_batch_defaults`; 256 and 2,048 on smaller GPUs)."""
+    """vLLM's scheduler settings; these defaults are its OpenAI server's on a GPU with 70 GiB or more that is
+    not an A100, 1,024 sequences and 8,192 tokens per step (`engine_defaults` picks them per GPU)."""
 
     block_size: int = 16
     max_num_seqs: int = 1024
@@ -110,56 +108,33 @@ class EngineLimits:
     gpu_memory_utilization: float = 0.9
 
 
-GPUS: dict[str, GpuProfile] = {
-    "h100-sxm5": GpuProfile(
-        name="h100-sxm5",
-        vendor="nvidia",
-        memory_gib=80,
-        hbm_bandwidth_tbps=3.35,
-        bf16_tflops=989,
-        bw_eff=Curve(small=0.80, large=0.86, half=32),
-        flops_eff=Curve(small=0.30, large=0.65, half=512),
-        attention_eff=0.6,
-        step_overhead_ms=1.0,
-        seq_overhead_us=6,
-    ),
-    "h200": GpuProfile(
-        name="h200",
-        vendor="nvidia",
-        memory_gib=141,
-        hbm_bandwidth_tbps=4.8,
-        bf16_tflops=989,
-        bw_eff=Curve(small=0.80, large=0.86, half=32),
-        flops_eff=Curve(small=0.30, large=0.65, half=512),
-        attention_eff=0.6,
-        step_overhead_ms=1.0,
-        seq_overhead_us=6,
-    ),
-    "mi300x": GpuProfile(
-        name="mi300x",
-        vendor="amd",
-        memory_gib=192,
-        hbm_bandwidth_tbps=5.3,
-        bf16_tflops=1307,
-        bw_eff=Curve(small=0.40, large=0.75, half=128, steepness=0.5),
-        flops_eff=Curve(small=0.30, large=0.60, half=256),
-        attention_eff=0.35,
-        step_overhead_ms=2.0,
-        seq_overhead_us=6,
-    ),
-    "mi325x": GpuProfile(
-        name="mi325x",
-        vendor="amd",
-        memory_gib=256,
-        hbm_bandwidth_tbps=6.0,
-        bf16_tflops=1307,
-        bw_eff=Curve(small=0.40, large=0.75, half=128, steepness=0.5),
-        flops_eff=Curve(small=0.30, large=0.60, half=256),
-        attention_eff=0.35,
-        step_overhead_ms=2.0,
-        seq_overhead_us=6,
-    ),
-}
+def gpu_profile(accelerator: Accelerator) -> GpuProfile:
+    sheet, kernels = accelerator.datasheet, accelerator.kernels
+    return GpuProfile(
+        name=accelerator.profile,
+        vendor=accelerator.vendor,
+        memory_gib=sheet.memory_gb,
+        hbm_bandwidth_tbps=sheet.bandwidth_tbps,
+        bf16_tflops=sheet.fp16_tflops,
+        bw_eff=kernels.bw_eff,
+        flops_eff=kernels.flops_eff,
+        attention_eff=kernels.attention_eff,
+        step_overhead_ms=kernels.step_overhead_ms,
+        seq_overhead_us=kernels.seq_overhead_us,
+    )
+
+
+GPUS: dict[str, GpuProfile] = {a.profile: gpu_profile(a) for a in CATALOGUE.values()}
+"""By profile name (`h100-sxm5`, `mi300x`); `build_hardware` also takes the catalogue's names and aliases."""
+
+
+def engine_defaults(gpu: GpuProfile) -> EngineLimits:
+    """vLLM's scheduler defaults for the OpenAI server on this GPU: 1,024 sequences and 8,192 tokens a step
+    with 70 GiB or more unless it is an A100, else 256 and 2,048 (`EngineArgs.get_batch_defaults`)."""
+    if gpu.memory_gib >= 70 and "a100" not in gpu.name:
+        return EngineLimits()
+    return EngineLimits(max_num_seqs=256, max_num_batched_tokens=2048)
+
 
 MODELS: dict[str, ModelProfile] = {
     "llama-3.1-8b": ModelProfile(
@@ -234,14 +209,20 @@ def build_hardware(
     gpu: str, model: str, gpus: int = 1, overrides: Mapping[str, float] | None = None
 ) -> Hardware:
     """Resolve named profiles plus overrides; refuses a model whose weights leave no room for KV cache."""
-    if gpu not in GPUS:
+    accelerator = find(gpu)
+    if accelerator is None:
         raise ProfileError(f"unknown GPU profile `{gpu}`; known: {', '.join(GPUS)}")
+    gpu_base = GPUS[accelerator.profile]
     model_key = MODEL_ALIASES.get(model, model)
     if model_key not in MODELS:
         raise ProfileError(f"unknown model profile `{model}`; known: {', '.join(MODELS)}")
     if gpus < 1:
         raise ProfileError("gpus must be at least 1")
-    parts: dict[str, object] = {"gpu": GPUS[gpu], "model": MODELS[model_key], "engine": EngineLimits()}
+    parts: dict[str, object] = {
+        "gpu": gpu_base,
+        "model": MODELS[model_key],
+        "engine": engine_defaults(gpu_base),
+    }
     for key, value in (overrides or {}).items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ProfileError(f"profile override `{key}` must be a number, got {value!r}")

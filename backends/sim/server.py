@@ -22,6 +22,15 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from backends.sim.dialects import (
+    AnthropicError,
+    MessagesShape,
+    ResponsesShape,
+    anthropic,
+    messages_to_chat,
+    not_found_response,
+    responses_to_chat,
+)
 from backends.sim.engine import BatchEngine, Engine, FixedEngine, Run, SimClock
 from backends.sim.faults import FaultState, FaultUpdate
 from backends.sim.metrics import EngineStats
@@ -182,28 +191,9 @@ class SimServer:
         return await self._generation(request, "completion")
 
     async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        options = self.options
         try:
             await self._inject_faults()
-            body = await _read_json(request)
-            req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
-            generations = [
-                shape(
-                    generate(
-                        req.model,
-                        prompt_key,
-                        req.sampling_key,
-                        0 if req.sampling_key is None else index,
-                        req.max_tokens,
-                        options.max_model_len - prompt_tokens,
-                    ),
-                    req.output,
-                    req.max_tokens,
-                )
-                for prompt_key, prompt_tokens in req.each_prompt()
-                for index in range(req.n)
-            ]
-            run = self.engine.submit(req, generations)
+            req, generations, run = self._start(kind, await _read_json(request))
         except SimError as exc:
             return _error(exc)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
@@ -212,6 +202,86 @@ class SimServer:
             if req.stream:
                 return await self._stream(request, req, request_id, generations, run)
             return await self._complete(request, req, request_id, generations, run)
+        finally:
+            run.close()
+
+    def _start(self, kind: Kind, body: dict[str, Any]) -> tuple[GenerationRequest, list[Generation], Run]:
+        """Parse a generation request, draw its choices and hand it to the engine."""
+        options = self.options
+        req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
+        generations = [
+            shape(
+                generate(
+                    req.model,
+                    prompt_key,
+                    req.sampling_key,
+                    0 if req.sampling_key is None else index,
+                    req.max_tokens,
+                    options.max_model_len - prompt_tokens,
+                ),
+                req.output,
+                req.max_tokens,
+            )
+            for prompt_key, prompt_tokens in req.each_prompt()
+            for index in range(req.n)
+        ]
+        return req, generations, self.engine.submit(req, generations)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/responses: the Responses API over one chat generation."""
+        try:
+            await self._inject_faults()
+            body = await _read_json(request)
+            req, generations, run = self._start("chat", responses_to_chat(body))
+        except SimError as exc:
+            return _error(exc)
+        answer = ResponsesShape(body, req.model, req.prompt_tokens)
+        return await self._dialect(request, req, generations[0], run, answer)
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        """Like vLLM by default, the simulator stores no response."""
+        return _error(not_found_response(request.match_info["response_id"]))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/messages: Anthropic's Messages API over one chat generation."""
+        try:
+            await self._inject_faults()
+            body = await _read_json(request)
+            req, generations, run = self._start("chat", messages_to_chat(body))
+        except AnthropicError as exc:
+            return _error(exc)
+        except SimError as exc:
+            return _error(anthropic(exc))
+        answer = MessagesShape(req.model, req.prompt_tokens)
+        return await self._dialect(request, req, generations[0], run, answer)
+
+    async def _dialect(
+        self,
+        request: web.Request,
+        req: GenerationRequest,
+        generation: Generation,
+        run: Run,
+        answer: ResponsesShape | MessagesShape,
+    ) -> web.StreamResponse:
+        try:
+            if not req.stream:
+                await run.finish()
+                return _json(answer.body(generation))
+            response = web.StreamResponse(headers=_SSE_HEADERS)
+            await response.prepare(request)
+            await response.write(answer.opening(generation))
+            sent = 0
+            tokens = generation.tokens
+            while sent < run.steps:
+                produced = await run.advance(sent)
+                await response.write(b"".join(answer.delta(generation, t) for t in tokens[sent:produced]))
+                sent = produced
+            await response.write(answer.closing(generation))
+            await response.write_eof()
+            return response
+        except ConnectionResetError:
+            log.debug("client went away during a %s stream", request.path)
+            return web.Response(status=499)
         finally:
             run.close()
 

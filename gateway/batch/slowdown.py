@@ -7,7 +7,8 @@ the same step. A decode step streams the weights once (bandwidth-bound), so in u
 per output token of a lightly loaded backend) a batch line of P prompt and D output tokens costs:
 
     prefill    P / R once, R = prompt tokens the accelerator prefills in the time of one decode step
-               (its compute over its bandwidth, at the efficiencies it reaches: backends/sim/profiles.py);
+               (its compute over its bandwidth, at the efficiencies it reaches: backends/accelerators.py;
+               an accelerator the catalogue does not know gets the lowest R, the costliest prefill);
                over the line's D steps of life that is P / (R x D) per step;
     decode     (P + D) x KV_READ_PER_TOKEN per step: the line's KV cache read alongside the weights.
 
@@ -21,15 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PREFILL_TOKENS_PER_STEP: dict[str, float] = {
-    "h100": 195.0,  # 989 TFLOP/s x 0.53 over 3.35 TB/s x 0.80 (a 1000-token chunk, a small decode batch)
-    "h200": 136.0,
-    "mi300x": 310.0,  # 1307 x 0.54 over 5.3 x 0.43: a wide GPU reading memory at small batch
-    "mi325x": 273.0,
-    "mi355x": 300.0,
-}
-UNKNOWN_PREFILL_TOKENS_PER_STEP = 136.0
-"""The lowest of the known: an unknown accelerator gets the costliest prefill."""
+from backends.accelerators import prefill_tokens_per_step
+
 KV_READ_PER_TOKEN = 2.5e-6
 """One context token's KV read over the weights' read in a decode step: Llama-3.1-70B's 320 KiB per
 token over its 141 GB. Smaller GQA models read relatively more (8B: 8e-6), still small next to prefill."""
@@ -51,7 +45,7 @@ class LineShape:
 
 def line_cost(accelerator: str, shape: LineShape) -> float:
     """The fraction of one online decode step a batch line adds, averaged over its life."""
-    tokens_per_step = PREFILL_TOKENS_PER_STEP.get(accelerator, UNKNOWN_PREFILL_TOKENS_PER_STEP)
+    tokens_per_step = prefill_tokens_per_step(accelerator)
     output = max(shape.output_tokens, 1.0)
     prefill = shape.prompt_tokens / (tokens_per_step * output)
     decode = (shape.prompt_tokens + output) * KV_READ_PER_TOKEN

@@ -20,20 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends.accelerators import CATALOGUE, Accelerator, Vendor, find
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
-from backends.sim.profiles import GPUS, ProfileError, build_hardware
+from backends.sim.profiles import ProfileError, build_hardware
 from loadtest.scenario import Slo
 from loadtest.whatif.accesslog import Trace
 from loadtest.whatif.compare import replay_policy, whatif_scenario
 
-GPU_PROFILES = {
-    "h100": "h100-sxm5",
-    "h100-sxm5": "h100-sxm5",
-    "h200": "h200",
-    "mi300x": "mi300x",
-    "mi325x": "mi325x",
-}
-DEFAULT_PRICES = {"h100": 2.90, "mi300x": 1.75}
+DEFAULT_TYPES = ("h100", "mi300x")
+DEFAULT_PRICES = {name: CATALOGUE[name].price_per_gpu_hour for name in DEFAULT_TYPES}
+"""The GPU types a plan weighs when `--gpu` names none, at the catalogue's prices."""
 MAX_BACKENDS = 64
 TP_CHOICES = (1, 2, 4, 8)
 
@@ -46,14 +42,18 @@ class PlanError(ValueError):
 class GpuType:
     name: str
     """As the operator calls it (`--gpu h100=2.90`): the pool and accelerator name."""
-    profile: str
+    accelerator: Accelerator
     price_per_gpu_hour: float
     gpus_per_backend: int
     max_model_len: int
 
     @property
-    def vendor(self) -> str:
-        return GPUS[self.profile].vendor
+    def profile(self) -> str:
+        return self.accelerator.profile
+
+    @property
+    def vendor(self) -> Vendor:
+        return self.accelerator.vendor
 
     @property
     def backend_per_hour(self) -> float:
@@ -96,21 +96,21 @@ class Plan:
 
 def gpu_type(name: str, price: float, model: str, context: int) -> GpuType:
     """The GPU type with the fewest GPUs per backend that hold `model` and a `context`-token request."""
-    profile = GPU_PROFILES.get(name.lower())
-    if profile is None:
-        raise PlanError(f"--gpu {name}: unknown GPU; known: {', '.join(sorted(GPU_PROFILES))}")
+    accelerator = find(name)
+    if accelerator is None:
+        raise PlanError(f"--gpu {name}: unknown GPU; known: {', '.join(sorted(CATALOGUE))}")
     if price <= 0:
         raise PlanError(f"--gpu {name}: the price per GPU-hour must be positive")
     for gpus in TP_CHOICES:
         try:
-            hardware = build_hardware(profile, model, gpus)
+            hardware = build_hardware(accelerator.profile, model, gpus)
         except ProfileError as exc:
             if "unknown" in str(exc):
                 raise PlanError(str(exc)) from None
             continue
         if hardware.kv_capacity_tokens >= context:
             max_len = min(hardware.kv_capacity_tokens, max(8192, context))
-            return GpuType(name.lower(), profile, price, gpus, max_len)
+            return GpuType(name.lower(), accelerator, price, gpus, max_len)
     raise PlanError(f"{model} does not fit on {max(TP_CHOICES)}x {name} with a {context}-token request")
 
 
@@ -118,14 +118,14 @@ def fleet_of(types: Sequence[GpuType], counts: Sequence[int], model: str) -> Fle
     groups = [
         GroupSpec(
             pool=t.name,
-            vendor=t.vendor,  # type: ignore[arg-type]
+            vendor=t.vendor,
             accelerator=t.name,
             count=count,
             gpus_per_backend=t.gpus_per_backend,
             price_per_gpu_hour=t.price_per_gpu_hour,
             max_model_len=t.max_model_len,
             profile=ProfileSpec(gpu=t.profile, model=model),
-            labels={"tier": "latency" if t.vendor == "nvidia" else "capacity"},
+            labels={"tier": t.accelerator.tier},
         )
         for t, count in zip(types, counts, strict=True)
         if count > 0

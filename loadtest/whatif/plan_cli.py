@@ -1,6 +1,6 @@
 """`switchyard plan`: the cheapest fleet mix that meets every class's SLO on an access log's traffic.
 
-    switchyard plan --log access.jsonl [--scale 1.5] [--gpu h100=2.90 --gpu mi300x=1.75] [--policy P]
+    switchyard plan --log access.jsonl [--scale 1.5] [--gpu h100=2.90 --gpu mi300x --gpu b200] [--policy P]
 
 Prints the cost-versus-SLO frontier (table, and frontier.svg), writes the winning fleet file (fleet.yaml)
 and a gateway config routing to it with the policy that served it best (gateway.yaml).
@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from backends.accelerators import CATALOGUE, find
 from backends.yamlfile import ConfigError
 from loadtest.whatif.accesslog import Trace
 from loadtest.whatif.plan import DEFAULT_PRICES, Plan, PlanError, fleet_of
@@ -31,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scale", type=float, default=1.0, help="also meet the SLOs at this many times the load"
     )
     parser.add_argument(
-        "--gpu", action="append", default=[], metavar="NAME=USD_PER_GPU_HOUR",
-        help="a GPU type to buy and its price; repeatable (default: h100=2.90 mi300x=1.75)",
+        "--gpu", action="append", default=[], metavar="NAME[=USD_PER_GPU_HOUR]",
+        help="a GPU type to buy and its price (default: the accelerator catalogue's); repeatable "
+        "(default: h100=2.90 mi300x=1.75)",
     )  # fmt: skip
     parser.add_argument("--policy", default=None, help="a candidate policy (file or preset) to try too")
     parser.add_argument(
@@ -52,7 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_gpu(text: str) -> tuple[str, float]:
-    name, _, price = text.partition("=")
+    name, equals, price = text.partition("=")
+    if not equals:
+        accelerator = find(name)
+        if accelerator is None:
+            raise PlanError(f"--gpu {name}: unknown GPU; known: {', '.join(sorted(CATALOGUE))}")
+        return name, accelerator.price_per_gpu_hour
     try:
         value = float(price)
     except ValueError:

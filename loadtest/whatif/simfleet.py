@@ -122,19 +122,19 @@ def gateway_yaml(spec: FleetSpec, policy: str, first_port: int = 8001) -> str:
 
 def fleet_from_gateway_config(path: str) -> FleetSpec:
     """The fleet a gateway config routes to: per pool, its backends timed by the GPU profile its
-    `accelerator` names (h100, h200, mi300x, mi325x) for the model they serve; raises ConfigError."""
+    `accelerator` names in the accelerator catalogue (backends/accelerators.py) for the model they serve;
+    raises ConfigError."""
+    from backends.accelerators import find
     from backends.sim.fleet_spec import GroupSpec, ProfileSpec
-    from backends.sim.profiles import GPUS
     from backends.yamlfile import ConfigError
     from gateway.settings import load_settings
 
-    aliases = {"h100": "h100-sxm5"}
     settings = load_settings(path)
     groups = []
     model = ""
     for pool in settings.pools:
-        gpu = aliases.get(pool.accelerator.lower(), pool.accelerator.lower())
-        if gpu not in GPUS:
+        accelerator = find(pool.accelerator)
+        if accelerator is None:
             raise ConfigError(
                 path, None, f"pool `{pool.name}`: no GPU profile for accelerator `{pool.accelerator}`"
             )
@@ -143,7 +143,7 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
         groups.append(
             GroupSpec(
                 pool=pool.name,
-                vendor=pool.vendor,  # type: ignore[arg-type]
+                vendor=pool.vendor,
                 accelerator=pool.accelerator,
                 price_per_gpu_hour=pool.price_per_gpu_hour,
                 count=len(pool.backends),
@@ -151,7 +151,7 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
                 model=first.models[0],
                 max_model_len=first.max_model_len,
                 labels=dict(pool.labels),
-                profile=ProfileSpec(gpu=gpu, model=first.models[0]),
+                profile=ProfileSpec(gpu=accelerator.profile, model=first.models[0]),
             )
         )
     return FleetSpec(model=model, groups=groups)

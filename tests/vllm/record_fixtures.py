@@ -31,6 +31,8 @@ def requests(model: str) -> dict[str, tuple[str, str, dict[str, Any] | None]]:
     chat = {"model": model, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
     completion = {"model": model, "prompt": "Hello, world!", "max_tokens": 4, "temperature": 0}
     usage = {"stream": True, "stream_options": {"include_usage": True}}
+    response = {"model": model, "input": "Hello, world!", "max_output_tokens": 4, "temperature": 0}
+    message = {"model": model, "messages": MESSAGES[1:], "system": "You are terse.", "max_tokens": 4}
     return {
         "models.json": ("GET", "/v1/models", None),
         "chat.json": ("POST", "/v1/chat/completions", chat),
@@ -40,6 +42,11 @@ def requests(model: str) -> dict[str, tuple[str, str, dict[str, Any] | None]]:
         "completion_stream.sse": ("POST", "/v1/completions", {**completion, **usage}),
         "error_unknown_model.json": ("POST", "/v1/chat/completions", {**chat, "model": "no-such-model"}),
         "error_too_long.json": ("POST", "/v1/chat/completions", {**chat, "max_tokens": 100_000}),
+        "responses.json": ("POST", "/v1/responses", response),
+        "responses_stream.sse": ("POST", "/v1/responses", {**response, "stream": True}),
+        "messages.json": ("POST", "/v1/messages", {**message, "temperature": 0}),
+        "messages_stream.sse": ("POST", "/v1/messages", {**message, "temperature": 0, "stream": True}),
+        "error_messages_unknown_model.json": ("POST", "/v1/messages", {**message, "model": "no-such-model"}),
         "metrics.txt": ("GET", "/metrics", None),
     }
 

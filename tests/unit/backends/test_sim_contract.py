@@ -146,6 +146,7 @@ def test_fixtures_were_recorded_from_real_vllm() -> None:
     statuses = {name: spec["status"] for name, spec in INDEX["fixtures"].items()}
     assert statuses.pop("error_unknown_model.json") == 404
     assert statuses.pop("error_too_long.json") == 400
+    assert statuses.pop("error_messages_unknown_model.json") == 404
     assert set(statuses.values()) == {200}
 
 

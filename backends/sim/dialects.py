@@ -1,0 +1,426 @@
+"""The OpenAI Responses API and Anthropic's Messages API over the simulator's chat generation, in the shapes
+vLLM 0.32 answers them (recorded from a real server: non-streamed bodies, the streamed event sequences and
+their error bodies).
+
+Each request is turned into a chat request (`*_to_chat`), generated like any other, and rendered back:
+`ResponsesShape` and `MessagesShape` build the full body, and the stream's opening events, per-token
+events and closing events. Like vLLM by default, the simulator stores no response: `previous_response_id`
+and `GET /v1/responses/{id}` answer 404.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgspec
+
+from backends.sim.protocol import SimError
+from backends.sim.text import Generation
+
+_encode = msgspec.json.encode
+
+
+def _text_of(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise SimError(400, f"`{param}` parts must be objects", param=param)
+            text = part.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+            elif part.get("type") in ("tool_result", "function_call_output") and "content" in part:
+                texts.append(_text_of(part["content"], param))
+        return " ".join(texts)
+    raise SimError(400, f"`{param}` must be a string or a list of content parts", param=param)
+
+
+# --- the Responses API ------------------------------------------------------------------------------------
+
+
+def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("previous_response_id") is not None:
+        raise not_found_response(body["previous_response_id"])
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise SimError(400, "`instructions` must be a string", param="instructions")
+        messages.append({"role": "system", "content": instructions})
+    given = body.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, list) and given:
+        for item in given:
+            messages.append(_response_item(item))
+    else:
+        raise SimError(400, "`input` must be a string or a non-empty list of items", param="input")
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    for source, target in (
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("stream", "stream"),
+        ("seed", "seed"),
+    ):
+        if body.get(source) is not None:
+            chat[target] = body[source]
+    tools = body.get("tools")
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise SimError(400, "`tools` must be a list of objects", param="tools")
+        chat["tools"] = [
+            {"type": "function", "function": {"name": t.get("name"), "parameters": t.get("parameters")}}
+            for t in tools
+            if t.get("type") == "function"
+        ]
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        elif choice is not None:
+            chat["tool_choice"] = choice
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    return chat
+
+
+def _response_item(item: Any) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise SimError(400, "each `input` item must be an object", param="input")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise SimError(400, "an input message needs a `role`", param="input")
+        return {
+            "role": "system" if role == "developer" else role,
+            "content": _text_of(item.get("content"), "input"),
+        }
+    if kind == "function_call":
+        return {"role": "assistant", "content": f"{item.get('name')}({item.get('arguments')})"}
+    if kind == "function_call_output":
+        return {"role": "user", "content": _text_of(item.get("output", ""), "input")}
+    raise SimError(400, f"unsupported input item type `{kind}`", param="input")
+
+
+def not_found_response(response_id: Any) -> SimError:
+    error = SimError(404, f"Response with id '{response_id}' not found.", param="response_id")
+    error.type = "invalid_request_error"
+    return error
+
+
+class ResponsesShape:
+    """One Responses API answer: its body, or its events (each with a `sequence_number`)."""
+
+    def __init__(self, body: dict[str, Any], model: str, prompt_tokens: int) -> None:
+        self.id = f"resp_{os.urandom(8).hex()}"
+        self.item_id = f"msg_{os.urandom(8).hex()}"
+        self.created = int(time.time())
+        self.request = body
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self._sequence = 0
+
+    def body(self, generation: Generation | None, status: str = "completed") -> dict[str, Any]:
+        body = self.request
+        done = generation is not None
+        incomplete = (
+            generation is not None and generation.finish_reason == "length" and generation.tool_call is None
+        )
+        output_tokens = len(generation.tokens) if generation is not None else 0
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+        return {
+            "id": self.id,
+            "created_at": self.created,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": body.get("instructions"),
+            "metadata": body.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": [self.item(generation)] if generation is not None else [],
+            "parallel_tool_calls": True,
+            "temperature": float(body.get("temperature", 1.0)),
+            "tool_choice": body.get("tool_choice", "auto" if tools else "none"),
+            "tools": tools,
+            "top_p": float(body.get("top_p", 1.0)),
+            "background": False,
+            "max_output_tokens": body.get("max_output_tokens"),
+            "max_tool_calls": None,
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": None,
+            "service_tier": "auto",
+            "status": ("incomplete" if incomplete else "completed") if done else status,
+            "text": None,
+            "top_logprobs": None,
+            "truncation": "disabled",
+            "usage": self.usage(output_tokens) if done else None,
+            "user": None,
+        }
+
+    def usage(self, output_tokens: int) -> dict[str, Any]:
+        return {
+            "input_tokens": self.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + output_tokens,
+        }
+
+    def item(self, generation: Generation | None, in_progress: bool = False) -> dict[str, Any]:
+        status = "in_progress" if in_progress else "completed"
+        if generation is not None and generation.tool_call is not None:
+            call_id, name, arguments = generation.tool_call
+            return {
+                "id": f"fc_{self.item_id[4:]}",
+                "type": "function_call",
+                "call_id": call_id,
+                "name": name,
+                "arguments": "" if in_progress else arguments,
+                "status": status,
+            }
+        content = [] if in_progress or generation is None else [self.part(generation.text)]
+        return {
+            "id": self.item_id,
+            "content": content,
+            "role": "assistant",
+            "status": status,
+            "type": "message",
+        }
+
+    @staticmethod
+    def part(text: str) -> dict[str, Any]:
+        return {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+
+    def event(self, kind: str, **data: Any) -> bytes:
+        data["sequence_number"] = self._sequence
+        data["type"] = kind
+        self._sequence += 1
+        return b"event: %s\ndata: %s\n\n" % (kind.encode(), _encode(data))
+
+    def opening(self, generation: Generation) -> bytes:
+        started = self.body(None, status="in_progress")
+        frames = [
+            self.event("response.created", response=started),
+            self.event("response.in_progress", response=started),
+            self.event("response.output_item.added", item=self.item(generation, True), output_index=0),
+        ]
+        if generation.tool_call is None:
+            frames.append(
+                self.event(
+                    "response.content_part.added",
+                    content_index=0,
+                    item_id=self.item_id,
+                    output_index=0,
+                    part={**self.part(""), "logprobs": []},
+                )
+            )
+        return b"".join(frames)
+
+    def delta(self, generation: Generation, token: str) -> bytes:
+        if not token:
+            return b""
+        if generation.tool_call is not None:
+            return self.event(
+                "response.function_call_arguments.delta", delta=token, item_id=self.item(generation)["id"],
+                output_index=0,
+            )  # fmt: skip
+        return self.event(
+            "response.output_text.delta",
+            content_index=0,
+            delta=token,
+            item_id=self.item_id,
+            logprobs=[],
+            output_index=0,
+        )
+
+    def closing(self, generation: Generation) -> bytes:
+        frames = []
+        if generation.tool_call is None:
+            text = generation.text
+            frames.append(
+                self.event(
+                    "response.output_text.done",
+                    content_index=0,
+                    item_id=self.item_id,
+                    logprobs=[],
+                    output_index=0,
+                    text=text,
+                )
+            )
+            frames.append(
+                self.event(
+                    "response.content_part.done",
+                    content_index=0,
+                    item_id=self.item_id,
+                    output_index=0,
+                    part=self.part(text),
+                )
+            )
+        else:
+            item = self.item(generation)
+            frames.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    arguments=item["arguments"],
+                    item_id=item["id"],
+                    output_index=0,
+                )
+            )
+        frames.append(self.event("response.output_item.done", item=self.item(generation), output_index=0))
+        frames.append(self.event("response.completed", response=self.body(generation)))
+        return b"".join(frames)
+
+
+# --- Anthropic's Messages API ---------------------------------------------------------------------------
+
+
+class AnthropicError(SimError):
+    """vLLM answers /v1/messages errors in Anthropic's envelope, with its own error type names."""
+
+    def body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.type, "message": self.message}}
+
+
+def anthropic(error: SimError) -> AnthropicError:
+    return AnthropicError(error.status, error.message, error.param, error.type)
+
+
+def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("max_tokens") is None:
+        raise AnthropicError(400, "`max_tokens` is required", param="max_tokens")
+    given = body.get("messages")
+    if not isinstance(given, list) or not given:
+        raise AnthropicError(400, "`messages` must be a non-empty list", param="messages")
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _text_of(system, "system")})
+    for message in given:
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise AnthropicError(400, "each message needs a `role` of user or assistant", param="messages")
+        messages.append({"role": message["role"], "content": _text_of(message.get("content"), "messages")})
+    chat: dict[str, Any] = {
+        "model": body.get("model"),
+        "messages": messages,
+        "max_tokens": body["max_tokens"],
+    }
+    for name in ("temperature", "top_p", "stream"):
+        if body.get(name) is not None:
+            chat[name] = body[name]
+    if body.get("stop_sequences") is not None:
+        chat["stop"] = body["stop_sequences"]
+    tools = body.get("tools")
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise AnthropicError(400, "`tools` must be a list of objects", param="tools")
+        chat["tools"] = [
+            {"type": "function", "function": {"name": t.get("name"), "parameters": t.get("input_schema")}}
+            for t in tools
+        ]
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict):
+            kind = choice.get("type")
+            if kind == "any":
+                chat["tool_choice"] = "required"
+            elif kind == "tool":
+                chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+            elif kind == "none":
+                chat["tool_choice"] = "none"
+    return chat
+
+
+class MessagesShape:
+    def __init__(self, model: str, prompt_tokens: int) -> None:
+        self.id = f"chatcmpl-{os.urandom(8).hex()}"
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+
+    @staticmethod
+    def stop_reason(generation: Generation) -> str:
+        if generation.tool_call is not None and generation.finish_reason == "stop":
+            return "tool_use"
+        if generation.finish_reason == "length":
+            return "max_tokens"
+        return "stop_sequence" if generation.stop_reason is not None else "end_turn"
+
+    @staticmethod
+    def block(generation: Generation) -> dict[str, Any]:
+        if generation.tool_call is not None:
+            call_id, name, arguments = generation.tool_call
+            return {
+                "type": "tool_use",
+                "id": f"toolu_{call_id[-24:]}",
+                "name": name,
+                "input": msgspec.json.decode(arguments),
+            }
+        return {"type": "text", "text": generation.text}
+
+    def body(self, generation: Generation) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [self.block(generation)],
+            "model": self.model,
+            "stop_reason": self.stop_reason(generation),
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": len(generation.tokens)},
+        }
+        if generation.stop_reason is not None:  # vLLM leaves the key out otherwise
+            body["stop_sequence"] = generation.stop_reason
+        return body
+
+    @staticmethod
+    def event(kind: str, **data: Any) -> bytes:
+        return b"event: %s\ndata: %s\n\n" % (kind.encode(), _encode({"type": kind, **data}))
+
+    def opening(self, generation: Generation) -> bytes:
+        message = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
+        }
+        block = self.block(generation)
+        start = {"type": "text", "text": ""} if block["type"] == "text" else {**block, "input": {}}
+        return self.event("message_start", message=message) + self.event(
+            "content_block_start", content_block=start, index=0
+        )
+
+    def delta(self, generation: Generation, token: str) -> bytes:
+        if not token:
+            return b""
+        if generation.tool_call is not None:
+            return self.event(
+                "content_block_delta", delta={"type": "input_json_delta", "partial_json": token}, index=0
+            )
+        return self.event("content_block_delta", delta={"type": "text_delta", "text": token}, index=0)
+
+    def closing(self, generation: Generation) -> bytes:
+        usage = {"input_tokens": self.prompt_tokens, "output_tokens": len(generation.tokens)}
+        return b"".join(
+            (
+                self.event("content_block_stop", index=0),
+                self.event(
+                    "message_delta",
+                    delta={
+                        "stop_reason": self.stop_reason(generation),
+                        "stop_sequence": generation.stop_reason,
+                    },
+                    usage=usage,
+                ),
+                self.event("message_stop"),
+            )
+        )
