@@ -9,6 +9,8 @@
     ├── upstream_timeout(backend, s)   504     timeout                upstream_timeout
     └── unsupported_endpoint(path)     404     invalid_request_error  unsupported_endpoint
 
+On `/v1/messages` the same errors are sent in Anthropic's shape (`anthropic_error_json`).
+
 Every error has a string `code`: one not given is the status's (`CODE_BY_STATUS`). Errors a backend
 itself returns with a 4xx status (vLLM's 400 for a too-long request, say) are passed on with their
 status and message, normalised into the same shape by `normalise_upstream_error` (vLLM's own types such
@@ -84,6 +86,29 @@ class GatewayError(Exception):
     def to_sse(self) -> bytes:
         """The error as a final server-sent event, for a stream that has already started."""
         return b"data: " + self.to_json() + b"\n\n"
+
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+"""The `/v1/messages` route answers every error in Anthropic's shape, its type from the status."""
+
+
+def anthropic_error_type(status: int) -> str:
+    return ANTHROPIC_ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+
+
+def anthropic_error_json(error: GatewayError) -> bytes:
+    """`{"type": "error", "error": {"type", "message"}}`: Anthropic's envelope of a gateway error."""
+    inner = {"type": anthropic_error_type(error.status), "message": error.body.message}
+    return _encoder.encode({"type": "error", "error": inner})
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -19,6 +20,7 @@ from gateway.asgi_io import (
     ClientGone,
     DisconnectWatch,
     read_body,
+    send_anthropic_error,
     send_body,
     send_error,
     send_stream,
@@ -28,7 +30,9 @@ from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.parse import Endpoint
-from gateway.request.pipeline import Pipeline
+from gateway.request.pipeline import Pipeline, Reply
+
+ErrorSender = Callable[[Any, GatewayError, str], Awaitable[None]]
 
 log = logging.getLogger("switchyard")
 
@@ -95,6 +99,17 @@ def read_caller(scope: Any) -> Caller:
     return caller
 
 
+def read_anthropic_caller(scope: Any) -> Caller:
+    """As `read_caller`; Anthropic's clients send their key as `x-api-key`, taken as a bearer token."""
+    caller = read_caller(scope)
+    if caller.authorization is None:
+        for name, value in scope["headers"]:
+            if name == b"x-api-key":
+                caller.authorization = "Bearer " + value.decode("latin-1").strip()
+                break
+    return caller
+
+
 _ALLOW = {"allow": "POST"}
 _INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
 
@@ -105,8 +120,16 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     tenants = pipeline.tenants
     authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
 
-    async def serve(scope: Any, receive: Any, send: Any, endpoint: Endpoint) -> None:
-        caller = read_caller(scope)
+    async def serve(
+        scope: Any,
+        receive: Any,
+        send: Any,
+        endpoint: Endpoint,
+        read: Callable[[Any], Caller] = read_caller,
+        send_error: ErrorSender = send_error,
+        handle: Callable[[RequestContext], Awaitable[Reply]] = pipeline.handle,
+    ) -> None:
+        caller = read(scope)
         if scope["method"] != "POST":
             error = GatewayError(
                 405, f"Use POST for {scope['path']}.", "invalid_request_error", headers=_ALLOW
@@ -120,7 +143,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
                 caller.key = await authenticate(caller.authorization)
             ctx.body = await read_body(scope, receive, max_body_bytes)
             watch = DisconnectWatch(receive)  # the client leaving cancels the request from here on
-            reply = await pipeline.handle(ctx)
+            reply = await handle(ctx)
         except GatewayError as error:
             if watch is not None:
                 watch.stop()
@@ -172,6 +195,14 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     async def embeddings(scope: Any, receive: Any, send: Any) -> None:
         await serve(scope, receive, send, "embeddings")
 
+    @asgi("/v1/messages", name="messages", copy_scope=False)
+    async def messages(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "messages", read_anthropic_caller, send_anthropic_error)
+
+    @asgi("/v1/responses", name="responses", copy_scope=False)
+    async def responses(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "responses")
+
     created = int(time.time())
     cards = [
         Model(id=m, created=created, owned_by="switchyard", max_model_len=catalog.max_model_len(m))
@@ -194,4 +225,4 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             raise model_not_found(name)
         return Response(body, media_type="application/json")
 
-    return [chat_completions, completions, embeddings, models, model]
+    return [chat_completions, completions, embeddings, messages, responses, models, model]

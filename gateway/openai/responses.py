@@ -32,3 +32,19 @@ class ModelList(msgspec.Struct):
 
 
 usage_decoder = msgspec.json.Decoder(UsageOnly)
+
+
+class TokenUsage(msgspec.Struct):
+    """Usage as the Responses and Messages APIs count it."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class TokenUsageOnly(msgspec.Struct):
+    """A Responses or Messages answer, read for its usage."""
+
+    usage: TokenUsage | None = None
+
+
+token_usage_decoder = msgspec.json.Decoder(TokenUsageOnly)

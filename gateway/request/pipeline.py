@@ -32,6 +32,7 @@ from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import ParsedRequest, parse
 from gateway.request.prompt_size import PromptSizer
 from gateway.request.sse import SseRelay
+from gateway.request.typed_sse import TypedSseRelay, typed_usage
 from gateway.tenants.reservation import charged_cost
 from policies.engine import PolicyEngine
 from policies.framework import Decision, Router
@@ -139,10 +140,13 @@ class Pipeline:
         assert backend is not None
         if not 200 <= ctx.status < 300:
             raise with_attempts(upstream_status_error(ctx.status, answer.body, backend), ctx)
-        try:
-            ctx.usage = usage_decoder.decode(answer.body).usage
-        except msgspec.DecodeError:  # not OpenAI's shape: accounted from estimates
-            ctx.usage = None
+        if ctx.parsed.typed:
+            ctx.usage = typed_usage(answer.body)
+        else:
+            try:
+                ctx.usage = usage_decoder.decode(answer.body).usage
+            except msgspec.DecodeError:  # not OpenAI's shape: accounted from estimates
+                ctx.usage = None
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
         headers = _reply_headers(ctx, backend)
@@ -156,7 +160,10 @@ class Pipeline:
         """Open a stream; the relay ends the request when the stream ends."""
         opened = await self.upstream.open_stream(ctx)
         ctx.decision.answered(ctx.profile.prompt_tokens_estimate)  # prefilled: out of the TTFT estimate
-        ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
+        if ctx.parsed.typed:
+            ctx.sse = sse = TypedSseRelay(ctx.endpoint)
+        else:
+            ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
         if ctx.parsed.client_wants_usage:
             sse.cost_of = _cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
