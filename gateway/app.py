@@ -27,6 +27,7 @@ from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
 from gateway.request.forward import Upstream
 from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
+from gateway.responses.api import build_responses, response_handlers, responses_lifespan
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
@@ -153,11 +154,16 @@ class SwitchyardPlugin(InitPluginProtocol):
         pipeline.tenants = build_tenants(settings, ledger)
         self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
         self.batches = build_batches(settings, pipeline)
+        self.responses = build_responses(settings, pipeline)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         pipeline = self.pipeline
-        forwarding = openai_handlers(pipeline, pipeline.catalog, self.settings.server.max_body_bytes)
+        forwarding = openai_handlers(
+            pipeline, pipeline.catalog, self.settings.server.max_body_bytes, self.responses.handle
+        )
         app_config.route_handlers.extend(forwarding)
+        app_config.route_handlers.extend(response_handlers(self.responses))
+        app_config.lifespan.append(responses_lifespan(self.responses))
         self.fast_routes = {
             path: handler.fn
             for handler in forwarding

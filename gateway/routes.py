@@ -114,8 +114,14 @@ _ALLOW = {"allow": "POST"}
 _INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
 
 
-def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -> list[BaseRouteHandler]:
-    """The `/v1` endpoints, bound to one pipeline."""
+def openai_handlers(
+    pipeline: Pipeline,
+    catalog: Catalog,
+    max_body_bytes: int,
+    responses_handle: Callable[[RequestContext], Awaitable[Reply]] | None = None,
+) -> list[BaseRouteHandler]:
+    """The `/v1` endpoints, bound to one pipeline; `/v1/responses` through `responses_handle` (the
+    gateway's response store, gateway/responses/api.py) when given."""
 
     tenants = pipeline.tenants
     authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
@@ -195,13 +201,15 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     async def embeddings(scope: Any, receive: Any, send: Any) -> None:
         await serve(scope, receive, send, "embeddings")
 
+    respond = responses_handle or pipeline.handle
+
     @asgi("/v1/messages", name="messages", copy_scope=False)
     async def messages(scope: Any, receive: Any, send: Any) -> None:
         await serve(scope, receive, send, "messages", read_anthropic_caller, send_anthropic_error)
 
     @asgi("/v1/responses", name="responses", copy_scope=False)
     async def responses(scope: Any, receive: Any, send: Any) -> None:
-        await serve(scope, receive, send, "responses")
+        await serve(scope, receive, send, "responses", handle=respond)
 
     created = int(time.time())
     cards = [

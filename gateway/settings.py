@@ -17,6 +17,7 @@ from gateway.batch_options import BatchOptions
 from gateway.redis_client import URL_PATTERN as REDIS_URL_PATTERN
 from gateway.redis_client import parse_redis_url
 from gateway.request_bounds import RequestLimits
+from gateway.responses_options import ResponsesOptions
 from policies import presets
 from policies.engine import PolicyEngine, load_engine
 
@@ -239,6 +240,7 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
     batches: BatchOptions = msgspec.field(default_factory=BatchOptions)
+    responses: ResponsesOptions = msgspec.field(default_factory=ResponsesOptions)
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -256,6 +258,7 @@ class Settings(msgspec.Struct, kw_only=True):
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
     batches: BatchOptions = msgspec.field(default_factory=BatchOptions)
+    responses: ResponsesOptions = msgspec.field(default_factory=ResponsesOptions)
 
     @property
     def models(self) -> list[str]:
@@ -355,4 +358,5 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
         telemetry=config.telemetry,
         auth=config.auth,
         batches=config.batches,
+        responses=config.responses,
     )

@@ -329,7 +329,12 @@ def _parse_typed(endpoint: Endpoint, body: bytes) -> ParsedRequest:
     )
 
 
-def check_prompt_size(prompt_chars: int) -> None:
-    """The gateway's bound on a prompt's characters (a Responses input grown by its earlier turns)."""
-    if prompt_chars > _limits.max_prompt_chars:
-        raise _too_large("prompt", prompt_chars, _limits.max_prompt_chars, " characters")
+def check_expanded_input(prompt_chars: int, items: int) -> None:
+    """The gateway's bounds on a Responses input grown by its earlier turns (`previous_response_id`)."""
+    limits = _limits
+    if items > limits.max_messages:
+        raise _too_large("input", items, limits.max_messages, " items with the earlier turns")
+    if prompt_chars > limits.max_prompt_chars:
+        raise _too_large(
+            "prompt", prompt_chars, limits.max_prompt_chars, " characters with the earlier turns"
+        )

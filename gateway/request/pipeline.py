@@ -160,10 +160,8 @@ class Pipeline:
         """Open a stream; the relay ends the request when the stream ends."""
         opened = await self.upstream.open_stream(ctx)
         ctx.decision.answered(ctx.profile.prompt_tokens_estimate)  # prefilled: out of the TTFT estimate
-        if ctx.parsed.typed:
-            ctx.sse = sse = TypedSseRelay(ctx.endpoint)
-        else:
-            ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
+        parsed = ctx.parsed
+        ctx.sse = sse = TypedSseRelay(ctx.endpoint) if parsed.typed else SseRelay(parsed.client_wants_usage)
         if ctx.parsed.client_wants_usage:
             sse.cost_of = _cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
