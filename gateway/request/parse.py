@@ -47,6 +47,7 @@ _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`")
 _OUT_OF_RANGE = re.compile(r"(>=|<=|<|>) ")
 _json_encoder = msgspec.json.Encoder()
+_raw_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 _limits = RequestLimits()
 
@@ -237,9 +238,11 @@ def _text_chars(content: Any) -> int:
 
 
 def _with_usage_requested(body: bytes) -> bytes:
-    """Re-encode a streaming body so the backend sends its final usage chunk."""
-    data = msgspec.json.decode(body)
-    options = data.get("stream_options")
+    """Re-encode a streaming body so the backend sends its final usage chunk. The other fields are copied
+    as their raw JSON text, never decoded (a 5,000-digit number in an unknown field is forwarded as sent)."""
+    data: dict[str, Any] = _raw_fields.decode(body)
+    raw = data.get("stream_options")
+    options = msgspec.json.decode(raw) if raw is not None else None
     if not isinstance(options, dict):
         options = {}
     options["include_usage"] = True
@@ -282,6 +285,10 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         except RecursionError:
             raise invalid_request(
                 "The request body is not valid JSON: nested too deeply.", code="invalid_json"
+            ) from None
+        except (msgspec.ValidationError, ValueError) as exc:  # within `stream_options` itself
+            raise invalid_request(
+                f"Invalid value at `stream_options`: {exc}.", param="stream_options", code="invalid_value"
             ) from None
     return ParsedRequest(
         endpoint=endpoint,

@@ -54,6 +54,7 @@ class _Output(msgspec.Struct):
 _stored = msgspec.json.Decoder(StoredResponse)
 _output = msgspec.json.Decoder(_Output)
 _encoder = msgspec.json.Encoder()
+_raw_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def owner_of(caller: Caller) -> str:
@@ -191,8 +192,10 @@ async def _routed_and_forwarded(pipeline: Pipeline, ctx: RequestContext) -> Repl
 
 
 def _forwarded_body(body: bytes, items: list[Any]) -> bytes:
-    """The request as the backend gets it: the whole input, nothing for it to store or look up."""
-    data = msgspec.json.decode(body)
+    """The request as the backend gets it: the whole input, nothing for it to store or look up. The other
+    fields are copied as their raw JSON text, never decoded (a 5,000-digit number or `1e999999` in an
+    unknown field passes through as it came, as on the other endpoints)."""
+    data: dict[str, Any] = _raw_fields.decode(body)
     data["input"] = items
     data["store"] = False
     data.pop("previous_response_id", None)
