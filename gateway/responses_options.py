@@ -22,6 +22,9 @@ class ResponsesOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     max_bytes_per_key: _Bytes = 256 * 1024 * 1024
     """Stored responses of one API key (their input and output) take at most this much; storing past it
     drops that key's oldest responses first."""
+    max_bytes_memory: _Bytes = 1024 * 1024 * 1024
+    """The memory store (no Redis): all keys' stored responses together at most this much, the oldest of
+    any key dropped first (in open mode every bearer token stores as a key of its own)."""
     max_response_bytes: _Bytes = 16 * 1024 * 1024
     """A response larger than this (its whole input and output) is answered but not stored
     (`x-switchyard-response-stored: false`)."""

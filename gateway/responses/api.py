@@ -248,7 +248,7 @@ def build_responses(settings: Settings, pipeline: Pipeline) -> ResponsesApi:
             client, settings.ledger.key_prefix, options.ttl_s, options.max_bytes_per_key
         )
     else:
-        store = MemoryResponseStore(options.ttl_s, options.max_bytes_per_key)
+        store = MemoryResponseStore(options.ttl_s, options.max_bytes_per_key, options.max_bytes_memory)
     return ResponsesApi(pipeline, store, options.max_response_bytes)
 
 

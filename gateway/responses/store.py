@@ -34,60 +34,74 @@ class ResponseStore(Protocol):
 
 
 class MemoryResponseStore:
-    """This process's memory: without Redis (one replica; lost on restart)."""
+    """This process's memory: without Redis (one replica; lost on restart). Besides each key's quota, all
+    keys together hold at most `max_bytes_total` (in open mode every bearer token is a key of its own),
+    the oldest entries of any key dropped first."""
 
     def __init__(
-        self, ttl_s: float, max_bytes_per_key: int, clock: Callable[[], float] = time.monotonic
+        self,
+        ttl_s: float,
+        max_bytes_per_key: int,
+        max_bytes_total: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl_s = ttl_s
         self.max_bytes_per_key = max_bytes_per_key
+        self.max_bytes_total = max_bytes_total if max_bytes_total is not None else 4 * max_bytes_per_key
         self._clock = clock
-        self._owners: dict[str, OrderedDict[str, tuple[float, bytes]]] = {}
+        self._entries: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
+        """Every key's entries, oldest first (all share one TTL, so also soonest to expire first)."""
+        self._owned: dict[str, OrderedDict[str, None]] = {}
+        """Each key's ids, oldest first."""
         self._bytes: dict[str, int] = {}
+        self.total_bytes = 0
 
-    def _live(self, owner: str) -> OrderedDict[str, tuple[float, bytes]]:
-        entries = self._owners.get(owner)
-        if entries is None:
-            return OrderedDict()
+    def _expire(self) -> None:
         now = self._clock()
+        entries = self._entries
         while entries:
-            first = next(iter(entries))
-            if entries[first][0] > now:
-                break
-            self._drop(owner, entries, first)
-        if not entries:
-            del self._owners[owner]
-            self._bytes.pop(owner, None)
-        return entries
+            owner, response_id = next(iter(entries))
+            if entries[owner, response_id][0] > now:
+                return
+            self._drop(owner, response_id)
 
-    def _drop(self, owner: str, entries: OrderedDict[str, tuple[float, bytes]], response_id: str) -> None:
-        _, entry = entries.pop(response_id)
+    def _drop(self, owner: str, response_id: str) -> None:
+        _, entry = self._entries.pop((owner, response_id))
+        owned = self._owned[owner]
+        del owned[response_id]
         self._bytes[owner] -= len(entry)
+        self.total_bytes -= len(entry)
+        if not owned:
+            del self._owned[owner]
+            del self._bytes[owner]
 
     async def put(self, owner: str, response_id: str, entry: bytes) -> None:
-        entries = self._live(owner)
-        self._owners[owner] = entries
-        self._bytes.setdefault(owner, 0)
-        if response_id in entries:
-            self._drop(owner, entries, response_id)
-        while entries and self._bytes[owner] + len(entry) > self.max_bytes_per_key:
-            self._drop(owner, entries, next(iter(entries)))
-        entries[response_id] = (self._clock() + self.ttl_s, entry)
-        self._bytes[owner] += len(entry)
+        self._expire()
+        if (owner, response_id) in self._entries:
+            self._drop(owner, response_id)
+        while owner in self._owned and self._bytes[owner] + len(entry) > self.max_bytes_per_key:
+            self._drop(owner, next(iter(self._owned[owner])))
+        while self._entries and self.total_bytes + len(entry) > self.max_bytes_total:
+            self._drop(*next(iter(self._entries)))
+        self._entries[owner, response_id] = (self._clock() + self.ttl_s, entry)
+        self._owned.setdefault(owner, OrderedDict())[response_id] = None
+        self._bytes[owner] = self._bytes.get(owner, 0) + len(entry)
+        self.total_bytes += len(entry)
 
     async def get(self, owner: str, response_id: str) -> bytes | None:
-        found = self._live(owner).get(response_id)
+        self._expire()
+        found = self._entries.get((owner, response_id))
         return found[1] if found is not None else None
 
     async def delete(self, owner: str, response_id: str) -> bool:
-        entries = self._live(owner)
-        if response_id not in entries:
+        self._expire()
+        if (owner, response_id) not in self._entries:
             return False
-        self._drop(owner, entries, response_id)
+        self._drop(owner, response_id)
         return True
 
     def bytes_of(self, owner: str) -> int:
-        self._live(owner)
+        self._expire()
         return self._bytes.get(owner, 0)
 
     async def close(self) -> None:

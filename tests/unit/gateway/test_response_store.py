@@ -122,3 +122,12 @@ async def test_the_api_stores_a_response_with_its_input_within_the_size_bound() 
     with pytest.raises(GatewayError) as caught:
         await api.read("key-b", "resp_1")
     assert (caught.value.status, caught.value.body.code) == (404, "not_found")
+
+
+async def test_the_memory_store_bounds_all_keys_together() -> None:
+    memory = MemoryResponseStore(ttl_s=60, max_bytes_per_key=QUOTA, max_bytes_total=5000)
+    for n in range(6):  # six keys, 1000 bytes each: the first key's entry goes
+        await memory.put(f"key-{n}", "resp_1", b"z" * 1000)
+    assert memory.total_bytes == 5000
+    assert await memory.get("key-0", "resp_1") is None and memory.bytes_of("key-0") == 0
+    assert all([await memory.get(f"key-{n}", "resp_1") == b"z" * 1000 for n in range(1, 6)])
