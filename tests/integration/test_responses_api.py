@@ -19,6 +19,7 @@ import redis
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
+from tests.integration.conftest import Env
 from tests.support import clean_redis, running_replicas
 
 MODEL = "llama-3.1-8b"
@@ -255,3 +256,22 @@ def test_messages_key_errors_are_anthropic_shaped(replicas: Replicas) -> None:
         sdk.messages.create(model=MODEL, max_tokens=4, messages=body["messages"])
     assert caught.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert caught.value.response.headers["x-ratelimit-limit-requests"] == "1"
+
+
+def test_open_mode_memory_store_continues_and_isolates_by_bearer_token(env: Env) -> None:
+    # The session gateway: no Redis, open mode, four backends spread by least-outstanding.
+    alice = openai.OpenAI(
+        base_url=env.base_url + "/v1", api_key="sk-alice-" + uuid.uuid4().hex, max_retries=0
+    )
+    bob = openai.OpenAI(base_url=env.base_url + "/v1", api_key="sk-bob-" + uuid.uuid4().hex, max_retries=0)
+    first = alice.responses.create(model=MODEL, input="one", max_output_tokens=4)
+    follow = alice.responses.create(
+        model=MODEL, input="two", previous_response_id=first.id, max_output_tokens=4
+    )
+    assert first.usage is not None and follow.usage is not None
+    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert alice.responses.retrieve(follow.id).id == follow.id
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(follow.id)
+    anonymous = httpx.get(env.base_url + f"/v1/responses/{follow.id}")
+    assert anonymous.status_code == 404 and anonymous.json()["error"]["code"] == "not_found"
