@@ -16,13 +16,11 @@ from dataclasses import dataclass
 from time import time_ns
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import Usage, usage_decoder
+from gateway.openai.responses import Usage, answer_usage
 from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
@@ -106,10 +104,11 @@ class Pipeline:
         team's limits and budget (one Redis round trip); `end` settles or releases the admission."""
         tenants, caller = self.tenants, ctx.caller
         assert tenants is not None and caller.key is not None
-        ignored = tenants.check(caller.key, ctx.profile)
+        tenants.check(caller.key, ctx.profile)
         self.route(ctx)
         if ctx.limits.backpressure is not None:
             await self.wait_for_room(ctx)
+        ignored = caller.hints_ignored or []
         caller.admission = await tenants.admit(caller.key, ctx.profile, ctx.decision.candidates, ignored)
         if ctx.parsed.stream:
             return await self.stream(ctx)
@@ -124,7 +123,11 @@ class Pipeline:
         ctx.parsed = parse(ctx.endpoint, ctx.body)
 
     def classify(self, ctx: RequestContext) -> None:
-        ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer)
+        router = self.router  # with a key, the profile holds only the hints it may give (allowance.py)
+        if ctx.caller.key is not None and isinstance(router, PolicyEngine):
+            ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer, router.hints, router.classify)
+        else:
+            ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer)
         ctx.classified_ns = time_ns()
 
     def route(self, ctx: RequestContext) -> None:
@@ -140,13 +143,7 @@ class Pipeline:
         assert backend is not None
         if not 200 <= ctx.status < 300:
             raise with_attempts(upstream_status_error(ctx.status, answer.body, backend), ctx)
-        if ctx.parsed.typed:
-            ctx.usage = typed_usage(answer.body)
-        else:
-            try:
-                ctx.usage = usage_decoder.decode(answer.body).usage
-            except msgspec.DecodeError:  # not OpenAI's shape: accounted from estimates
-                ctx.usage = None
+        ctx.usage = typed_usage(answer.body) if ctx.parsed.typed else answer_usage(answer.body)
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
         headers = _reply_headers(ctx, backend)

@@ -21,6 +21,7 @@ from litestar import Litestar, Request, Response, delete, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 
+from gateway.credentials import authorization as authorization_of
 from gateway.errors import GatewayError, invalid_request
 from gateway.openai.requests import ResponsesRequest
 from gateway.redis_client import REDIS_ERRORS, redis_client
@@ -258,7 +259,7 @@ def response_handlers(api: ResponsesApi) -> list[BaseRouteHandler]:
     authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
 
     async def owner(request: Request[Any, Any, Any]) -> str:
-        authorization = request.headers.get("authorization")
+        authorization = authorization_of(request.scope["headers"])
         if authenticate is not None:
             return (await authenticate(authorization)).key.id
         return key_id(authorization)

@@ -105,7 +105,7 @@ def test_prefill_per_decode_step_is_compute_over_bandwidth_at_the_kernels_effici
 
 
 def test_every_accelerator_has_its_sources_in_the_documentation() -> None:
-    doc = (ROOT / "docs" / "incoming" / "accel-catalogue.md").read_text()
+    doc = (ROOT / "docs" / "accelerators.md").read_text()
     rows = {m.group(1).lower(): m.group(0) for m in re.finditer(r"^\| (\w+) \|.*$", doc, re.MULTILINE)}
     for name, record in CATALOGUE.items():
         assert name in rows, f"{name} has no row in the documentation's table"

@@ -96,7 +96,7 @@ def _set(backend: Backend, state: dict, engine: PolicyEngine) -> None:
 FLEET = _fleet()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     states=st.lists(backend_state, min_size=len(FLEET), max_size=len(FLEET)),
     shape=route_shape,
@@ -109,7 +109,7 @@ def test_the_inlined_predictions_and_verdicts_equal_the_definitions(states, shap
     limits = engine.loaded.policy.routes["default"].saturation
     recent = engine.recent
     # The definitions, computed before the decision counts its own send.
-    expected_ttft, expected_able = {}, {}
+    expected_ttft, expected_able, within_limits = {}, {}, {}
     ttft_limit = shape["ttft_ms"] / 1000 if shape["ttft_ms"] is not None else float("inf")
     tpot_limit = shape["tpot_ms"] / 1000 if shape["tpot_ms"] is not None else float("inf")
     for b in FLEET:
@@ -117,7 +117,7 @@ def test_the_inlined_predictions_and_verdicts_equal_the_definitions(states, shap
         queue = queue_estimate(b, seen, limits.max_kv_cache_usage)
         ttft = ttft_estimate(b, seen, queue, prompt, recent.prefill_speed(b))
         expected_ttft[b] = ttft
-        within = saturation_reason(b, limits, recent) is None
+        within = within_limits[b] = saturation_reason(b, limits, recent) is None
         expected_able[b] = within and ttft <= ttft_limit and predicted_tpot(b) <= tpot_limit
 
     profile = RequestProfile(
@@ -134,4 +134,4 @@ def test_the_inlined_predictions_and_verdicts_equal_the_definitions(states, shap
         assert trace.able == [expected_able[b] for b in FLEET]
     else:
         assert trace.ctx.predicted_ttft is None
-        assert trace.able == [saturation_reason(b, limits, recent) is None for b in FLEET]
+        assert trace.able == [within_limits[b] for b in FLEET]
