@@ -25,10 +25,14 @@ class ResponsesOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     max_bytes_memory: _Bytes = 1024 * 1024 * 1024
     """The memory store (no Redis): all keys' stored responses together at most this much, the oldest of
     any key dropped first (in open mode every bearer token stores as a key of its own)."""
-    max_response_bytes: _Bytes = 16 * 1024 * 1024
+    max_response_bytes: _Bytes | None = None
     """A response larger than this (its whole input and output) is answered but not stored
-    (`x-switchyard-response-stored: false`)."""
+    (`x-switchyard-response-stored: false`). Default: 16 MiB, or `max_bytes_per_key` if smaller."""
 
     def __post_init__(self) -> None:
-        if self.max_response_bytes > self.max_bytes_per_key:
+        if self.max_response_bytes is not None and self.max_response_bytes > self.max_bytes_per_key:
             raise ValueError("max_response_bytes must not exceed max_bytes_per_key")
+
+    @property
+    def response_bytes_bound(self) -> int:
+        return self.max_response_bytes or min(16 * 1024 * 1024, self.max_bytes_per_key)

@@ -344,6 +344,9 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
             raise ConfigError(source, line, f"gateway.health.pools names an unknown pool `{pool_name}`")
     if config.ledger.store == "redis" and not config.ledger.redis_url:
         raise ConfigError(source, lines.get(("ledger", "store")), "ledger.store is redis but no redis_url")
+    if config.responses.store == "redis" and not config.ledger.redis_url:
+        where = lines.get(("responses", "store"))
+        raise ConfigError(source, where, "responses.store is redis but ledger.redis_url is not set")
     for section, url in (("ledger", config.ledger.redis_url), ("auth", config.auth.redis_url)):
         try:
             parse_redis_url(url or "")

@@ -250,7 +250,7 @@ def build_responses(settings: Settings, pipeline: Pipeline) -> ResponsesApi:
         )
     else:
         store = MemoryResponseStore(options.ttl_s, options.max_bytes_per_key, options.max_bytes_memory)
-    return ResponsesApi(pipeline, store, options.max_response_bytes)
+    return ResponsesApi(pipeline, store, options.response_bytes_bound)
 
 
 def response_handlers(api: ResponsesApi) -> list[BaseRouteHandler]:
