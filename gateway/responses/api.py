@@ -113,15 +113,20 @@ class ResponsesApi:
         parsed.body = _forwarded_body(ctx.body, items)
         pipeline.classify(ctx)
         reply = await _routed_and_forwarded(pipeline, ctx)
-        if request.store is False:
+        store = request.store is not False
+        if not store and previous is None:
             return reply
         if reply.stream is not None:
             sse = ctx.sse
             assert isinstance(sse, TypedSseRelay) and isinstance(reply.stream, RelayedStream)
-            reply.stream = StoringStream(reply.stream, sse, self, owner, items)  # type: ignore[assignment]
+            saver = self if store else None
+            reply.stream = ResponsesStream(reply.stream, sse, saver, owner, items, previous)  # type: ignore[assignment]
             return reply
-        stored = await self.save(owner, items, reply.body)
-        reply.headers[STORED_HEADER] = "true" if stored else "false"
+        if previous is not None:
+            reply.body = with_previous_id(reply.body, previous)
+        if store:
+            stored = await self.save(owner, items, reply.body)
+            reply.headers[STORED_HEADER] = "true" if stored else "false"
         return reply
 
     async def _earlier_items(self, owner: str, response_id: str) -> list[Any]:
@@ -203,32 +208,52 @@ def _forwarded_body(body: bytes, items: list[Any]) -> bytes:
     return _encoder.encode(data)
 
 
-class StoringStream:
-    """A relayed Responses stream that stores its final response before the client sees the event that
-    carries it, so a follow-up sent as soon as the stream ends finds it."""
+_NULL_PREVIOUS = re.compile(rb'"previous_response_id":\s*null')
 
-    __slots__ = ("_api", "_inner", "_items", "_owner", "_saved", "_sse")
+
+def with_previous_id(data: bytes, previous: str) -> bytes:
+    """The backend's response objects (which saw no `previous_response_id`: the gateway expanded it) with
+    the client's; `previous` is a checked id (`RESPONSE_ID`), so it needs no escaping."""
+    return _NULL_PREVIOUS.sub(b'"previous_response_id":"' + previous.encode() + b'"', data)
+
+
+class ResponsesStream:
+    """A relayed Responses stream whose response objects name the client's `previous_response_id`, and
+    which stores its final response (when `api` is given) before the client sees the event that carries
+    it, so a follow-up sent as soon as the stream ends finds it."""
+
+    __slots__ = ("_api", "_inner", "_items", "_owner", "_previous", "_saved", "_sse")
 
     def __init__(
-        self, inner: RelayedStream, sse: TypedSseRelay, api: ResponsesApi, owner: str, items: list[Any]
+        self,
+        inner: RelayedStream,
+        sse: TypedSseRelay,
+        api: ResponsesApi | None,
+        owner: str,
+        items: list[Any],
+        previous: str | None,
     ) -> None:
         self._inner = inner
         self._sse = sse
         self._api = api
         self._owner = owner
         self._items = items
+        self._previous = previous
         self._saved = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._events()
 
     async def _events(self) -> AsyncIterator[bytes]:
+        previous = self._previous
         async for chunk in self._inner:
             final = self._sse.final_response
-            if final is not None and not self._saved:
+            if final is not None and not self._saved and self._api is not None:
                 self._saved = True
+                if previous is not None:
+                    final = with_previous_id(final, previous)
                 await self._api.save(self._owner, self._items, final)
-            yield chunk
+            yield chunk if previous is None else with_previous_id(chunk, previous)
 
     def end(self) -> None:
         self._inner.end()

@@ -103,6 +103,8 @@ def test_follow_up_on_another_replica_and_backend_continues_the_conversation(rep
     assert follow.headers["x-switchyard-backend"] == replicas.backends[1]
     second = follow.parse()
     assert second.usage is not None
+    assert second.previous_response_id == answer.id  # the client's, though the backend saw none
+    assert replicas.client(0, key).responses.retrieve(second.id).previous_response_id == answer.id
     # The backend got the first turn's input and output before the new input.
     assert second.usage.input_tokens > answer.usage.input_tokens + answer.usage.output_tokens
     # A third turn chains through both.
@@ -129,6 +131,15 @@ def test_streamed_response_is_stored_before_it_ends(replicas: Replicas) -> None:
     assert follow.usage.input_tokens > final.usage.input_tokens
     fetched = replicas.client(1, key).responses.retrieve(final.id)
     assert fetched.id == final.id and fetched.output_text == final.output_text
+    # A streamed follow-up: its events name the previous response, and it is stored the same way.
+    with replicas.client(1, key).responses.stream(
+        model=MODEL, input="Again.", previous_response_id=follow.id, max_output_tokens=4
+    ) as stream:
+        created = next(iter(stream))
+        last = stream.get_final_response()
+    assert created.type == "response.created" and created.response.previous_response_id == follow.id
+    assert last.previous_response_id == follow.id
+    assert replicas.client(0, key).responses.retrieve(last.id).previous_response_id == follow.id
 
 
 def test_get_and_delete_see_only_the_keys_own_responses(replicas: Replicas) -> None:
