@@ -107,7 +107,7 @@ class ResponsesApi:
         items: list[Any] = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
         previous = request.previous_response_id
         if previous is not None:
-            items = await self._earlier_items(owner, previous) + items
+            items = await self.earlier_items(owner, previous) + items
         parsed.prompt_chars = response_items_chars(items) + len(request.instructions or "")
         check_expanded_input(parsed.prompt_chars, len(items))
         parsed.body = _forwarded_body(ctx.body, items)
@@ -129,7 +129,7 @@ class ResponsesApi:
             reply.headers[STORED_HEADER] = "true" if stored else "false"
         return reply
 
-    async def _earlier_items(self, owner: str, response_id: str) -> list[Any]:
+    async def earlier_items(self, owner: str, response_id: str) -> list[Any]:
         if not RESPONSE_ID.match(response_id):
             raise invalid_request(
                 "`previous_response_id` is not a response id.",
@@ -168,6 +168,7 @@ class ResponsesApi:
         try:
             entry = await self.store.get(owner, response_id)
         except REDIS_ERRORS:
+            log.warning("response store unreachable reading %s", response_id, exc_info=True)
             raise store_unavailable() from None
         if entry is None:
             raise response_not_found(response_id)
@@ -179,6 +180,7 @@ class ResponsesApi:
         try:
             removed = await self.store.delete(owner, response_id)
         except REDIS_ERRORS:
+            log.warning("response store unreachable deleting %s", response_id, exc_info=True)
             raise store_unavailable() from None
         if not removed:
             raise response_not_found(response_id)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from gateway.errors import GatewayError
 from gateway.responses.api import ResponsesApi
@@ -131,3 +132,33 @@ async def test_the_memory_store_bounds_all_keys_together() -> None:
     assert memory.total_bytes == 5000
     assert await memory.get("key-0", "resp_1") is None and memory.bytes_of("key-0") == 0
     assert all([await memory.get(f"key-{n}", "resp_1") == b"z" * 1000 for n in range(1, 6)])
+
+
+class UnreachableStore:
+    """A store whose Redis is away: every call fails as redis-py does."""
+
+    async def put(self, owner: str, response_id: str, entry: bytes) -> None:
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+    async def get(self, owner: str, response_id: str) -> bytes | None:
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+    async def delete(self, owner: str, response_id: str) -> bool:
+        raise redis.exceptions.TimeoutError("Timeout reading from socket")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_an_unreachable_store_answers_unstored_and_refuses_reads_with_503() -> None:
+    api = ResponsesApi(None, UnreachableStore(), max_response_bytes=2000)  # type: ignore[arg-type]
+    assert not await api.save("key-a", [], b'{"id": "resp_1", "output": []}')
+    for call in (
+        api.read("key-a", "resp_1"),
+        api.remove("key-a", "resp_1"),
+        api.earlier_items("key-a", "resp_1"),
+    ):
+        with pytest.raises(GatewayError) as caught:
+            await call
+        assert (caught.value.status, caught.value.body.code) == (503, "response_store_unavailable")
+        assert caught.value.headers["retry-after"] == "1"
