@@ -6,6 +6,7 @@ Messages API's key errors (401, 429) come in Anthropic's shape here too."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +20,12 @@ import redis
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
+from gateway.redis_client import redis_client
+from gateway.responses.store import RedisResponseStore
 from tests.integration.conftest import Env
+from tests.redis_cluster import RedisCluster
 from tests.support import clean_redis, running_replicas
+from tests.unit.gateway import test_response_store
 
 MODEL = "llama-3.1-8b"
 FLEET = f"""
@@ -286,3 +291,22 @@ def test_open_mode_memory_store_continues_and_isolates_by_bearer_token(env: Env)
         bob.responses.retrieve(follow.id)
     anonymous = httpx.get(env.base_url + f"/v1/responses/{follow.id}")
     assert anonymous.status_code == 404 and anonymous.json()["error"]["code"] == "not_found"
+
+
+def test_the_response_store_on_a_redis_cluster(cluster_redis: RedisCluster) -> None:
+    # Each key's three Redis keys share its hash tag: every script runs on the one node of that slot.
+    async def run() -> None:
+        for test in (
+            test_response_store.test_a_key_reads_and_deletes_only_its_own,
+            test_response_store.test_the_quota_drops_the_oldest_and_counts_bytes_exactly,
+        ):
+            client = redis_client(cluster_redis.url)
+            store = RedisResponseStore(
+                client, f"itest-resp-{uuid.uuid4().hex[:8]}", ttl_s=60, max_bytes_per_key=3000
+            )
+            try:
+                await test(store)
+            finally:
+                await store.close()
+
+    asyncio.run(run())
