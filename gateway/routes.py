@@ -26,7 +26,7 @@ from gateway.asgi_io import (
     send_stream,
 )
 from gateway.credentials import API_KEY, AUTHORIZATION, authorization, duplicate_header
-from gateway.errors import GatewayError, model_not_found
+from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
@@ -109,13 +109,19 @@ def read_caller(scope: Any) -> Caller:
 
 
 def read_anthropic_caller(scope: Any) -> Caller:
-    """As `read_caller`; Anthropic's clients send their key as `x-api-key`, taken as a bearer token."""
+    """As `read_caller`; Anthropic's clients send their key as `x-api-key`, taken as a bearer token. Both
+    it and `Authorization` is a 400: a proxy that checks one must not see the gateway bill the other."""
     caller = read_caller(scope)
-    if caller.authorization is None:
-        for name, value in scope["headers"]:
-            if name == API_KEY:
-                caller.authorization = "Bearer " + value.decode("latin-1").strip()
-                break
+    for name, value in scope["headers"]:
+        if name == API_KEY:
+            if caller.authorization is not None:
+                raise invalid_request(
+                    "The request has both `authorization` and `x-api-key`; send exactly one.",
+                    param="x-api-key",
+                    code="duplicate_header",
+                )
+            caller.authorization = "Bearer " + value.decode("latin-1").strip()
+            break
     return caller
 
 

@@ -89,6 +89,16 @@ def test_x_api_key_and_bearer_are_the_same_key(env: Env) -> None:
     )
     assert by_header.status_code == by_bearer.status_code == 200
     assert usage_of(env, key, 2)["requests"] == 2
+    both = {"x-api-key": key, "authorization": f"Bearer {new_key()}"}
+    message = assert_anthropic_error(
+        httpx.post(env.base_url + "/v1/messages", json=body, headers=both), 400, "invalid_request_error"
+    )
+    assert "x-api-key" in message
+    twice = [("x-api-key", key), ("x-api-key", new_key())]
+    assert_anthropic_error(
+        httpx.post(env.base_url + "/v1/messages", json=body, headers=twice), 400, "invalid_request_error"
+    )
+    assert usage_of(env, key, 2)["requests"] == 2
 
 
 def test_gateway_errors_come_in_anthropics_shape(env: Env) -> None:
