@@ -60,10 +60,15 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             return tenant.key.id, None
         return key_id(authorization), authorization
 
+    async def batch_viewer(request: Request[Any, Any, Any]) -> str | None:
+        """The key whose batches the caller sees; None for an admin key, which sees every key's."""
+        caller = await caller_of(service, request)
+        return None if caller.admin else caller.owner
+
     async def own_batch(request: Request[Any, Any, Any], batch_id: str) -> StoredBatch:
-        owner, _ = await owner_of(request)
+        viewer = await batch_viewer(request)
         stored = await state.get(batch_id)
-        if stored is None or stored.owner != owner:
+        if stored is None or (viewer is not None and stored.owner != viewer):
             raise _not_found("batch", batch_id)
         return stored
 
@@ -130,12 +135,12 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
     async def list_batches(
         request: Request[Any, Any, Any], after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
     ) -> Response[bytes]:
-        owner, _ = await owner_of(request)
+        viewer = await batch_viewer(request)
         if not 1 <= limit <= _MAX_LIST:
             raise invalid_request(
                 f"`limit` must be between 1 and {_MAX_LIST}.", param="limit", code="invalid_value"
             )
-        found, more = await state.page(owner, after, limit)
+        found, more = await state.page(viewer, after, limit)
         data = [await live(stored) for stored in found]
         page = {
             "object": "list",

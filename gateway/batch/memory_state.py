@@ -119,8 +119,8 @@ class MemoryBatchState:
             self.batches[batch_id] = changed
         return changed
 
-    async def page(self, owner: str, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
-        mine = [b for b in reversed(self.batches.values()) if b.owner == owner]
+    async def page(self, owner: str | None, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
+        mine = [b for b in reversed(self.batches.values()) if owner is None or b.owner == owner]
         if after is not None:
             ids = [b.batch.id for b in mine]
             mine = mine[ids.index(after) + 1 :] if after in ids else []

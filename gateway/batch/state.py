@@ -15,6 +15,7 @@ everything under the hash tag `{syb:<key_prefix>}` (one Redis Cluster slot):
     {syb:P}:open:<key>           ids of the key's batches not ended (`max_open_batches`)
     {syb:P}:batch:<id>           JSON StoredBatch (changed under WATCH, so replicas never lose an update)
     {syb:P}:owner:<key>          sorted set of the key's batch ids by creation time (`GET /v1/batches`)
+    {syb:P}:batches              sorted set of every batch id by creation time (an admin key's list)
     {syb:P}:active               set of batch ids not yet completed, failed, expired or cancelled
     {syb:P}:b:<id>:next          the next line never claimed
     {syb:P}:b:<id>:leases        sorted set line -> lease end (ms); :owners line -> claim token
@@ -81,8 +82,9 @@ class BatchState(Protocol):
         """Apply `change` atomically; the new record, or None when unchanged (or unknown)."""
         ...
 
-    async def page(self, owner: str, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
-        """The owner's batches newest first, after the id `after`; and whether more follow."""
+    async def page(self, owner: str | None, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
+        """The owner's batches (every owner's: None) newest first, after the id `after`; and whether
+        more follow."""
         ...
 
     async def active(self) -> list[str]: ...

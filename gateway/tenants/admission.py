@@ -147,17 +147,25 @@ class Tenants:
         while not self._closing:
             await asyncio.sleep(self.options.refresh_interval)
             try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    version = await self.store.version()
+                await self.sync()
             except Exception as exc:
                 if not failing:
                     log.warning("tenants: cannot read the key store (%s); cached keys stay in use", exc)
                 failing = True
                 continue
             failing = False
-            if version != self._version:
-                self._version = version
-                self.keys.forget()
+
+    async def sync(self) -> None:
+        """Read the store's version now and forget the cached keys if anything changed (raises when the
+        store cannot be read). The batch scheduler calls it before handing out lines."""
+        async with asyncio.timeout(self.options.redis_timeout):
+            version = await self.store.version()
+        if version != self._version:
+            self._version = version
+            self._forget()
+
+    def _forget(self) -> None:
+        self.keys.forget()
 
     async def _renew_lease(self) -> None:
         async with asyncio.timeout(self.options.redis_timeout):
@@ -175,11 +183,16 @@ class Tenants:
     def changed(self, version: int) -> None:
         """This replica changed a key or team (the store is now at `version`): forget cached lookups now.
         If nobody else changed anything since the last poll, the poll need not forget them again."""
-        self.keys.forget()
+        self._forget()
         if version == self._version + 1:
             self._version = version
 
     # --- the edge ------------------------------------------------------------------------------------
+
+    async def resolve(self, key_id: str) -> Tenant:
+        """The key `key_id` as it is now, for work a key started that runs without its material (a
+        batch's lines): 401 `key_revoked`, `key_expired`, `key_not_found`, or 503 `limits_unavailable`."""
+        return await self.keys.resolve(key_id)
 
     # --- after classify: what the key may ask for ------------------------------------------------------
 

@@ -113,3 +113,18 @@ async def test_status_changes_happen_once_and_listing_pages(state: BatchState) -
     assert [b.batch.id for b in rest] == [target] and not more
     assert await state.page("key-b", None, 2) == ([], False)
     assert await state.get("batch_missing") is None
+
+
+@_each_state
+async def test_every_owners_batches_list_together_for_an_admin(state: BatchState) -> None:
+    made = [_batch() for _ in range(3)]
+    made[1].owner = "key-b"
+    for stored in made:
+        await created(state, stored)
+        await asyncio.sleep(0.002)
+    page, more = await state.page(None, None, 2)
+    assert [b.batch.id for b in page] == [made[2].batch.id, made[1].batch.id] and more
+    rest, more = await state.page(None, page[-1].batch.id, 2)
+    assert [b.batch.id for b in rest] == [made[0].batch.id] and not more
+    mine, _ = await state.page("key-b", None, 10)
+    assert [b.batch.id for b in mine] == [made[1].batch.id]
