@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import GatewayError
+from gateway.request.classify import Caller, classify, key_id
 from gateway.request.parse import Endpoint, parse, set_limits
 from gateway.request_bounds import RequestLimits
 
@@ -117,3 +118,20 @@ def test_hostile_bodies_name_their_parameter(endpoint: Endpoint, raw: bytes, par
 def test_invalid_json_and_utf8() -> None:
     assert refused("messages", b'{"model": ').body.code == "invalid_json"
     assert refused("responses", b'{"model":"m","input":"\xff"}').body.code == "invalid_json"
+
+
+def test_messages_and_responses_classify_like_chat() -> None:
+    chat = parse("chat", body(model="m", messages=[{"role": "user", "content": "x" * 400}], max_tokens=50))
+    messages = parse(
+        "messages", body(model="m", messages=[{"role": "user", "content": "x" * 400}], max_tokens=50)
+    )
+    responses = parse("responses", body(model="m", input="x" * 400, max_output_tokens=50, user="u"))
+    caller = Caller("req-1", "Bearer sk-1", {}, session="s-1")
+    profiles = [classify(parsed, caller) for parsed in (chat, messages, responses)]
+    assert {(p.prompt_tokens_estimate, p.max_tokens, p.context_needed, p.n) for p in profiles} == {
+        (100, 50, 150, 1)
+    }
+    assert {p.key_id for p in profiles} == {key_id("Bearer sk-1")}
+    assert (
+        classify(responses, Caller("req-2", None, {})).session == "u"
+    )  # the request's `user` without a header
