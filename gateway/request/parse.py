@@ -41,6 +41,14 @@ TYPED_EVENTS: frozenset[Endpoint] = frozenset({"messages", "responses"})
 """Endpoints whose streams are typed events (`event:` lines) that always carry usage, and whose usage
 counts `input_tokens`/`output_tokens` (gateway/request/typed_sse.py)."""
 
+PROMPT_PARAMS: dict[str, str] = {"completions": "prompt", "embeddings": "input", "responses": "input"}
+"""The parameter that holds an endpoint's prompt (`messages` otherwise), named by a too-long error."""
+
+
+def prompt_param(parsed: object) -> str:
+    return PROMPT_PARAMS.get(getattr(parsed, "endpoint", "chat"), "messages")
+
+
 AnyRequest = ChatCompletionRequest | CompletionRequest | EmbeddingRequest | MessagesRequest | ResponsesRequest
 
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")

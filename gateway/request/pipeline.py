@@ -27,7 +27,7 @@ from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
 from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
-from gateway.request.parse import ParsedRequest, parse
+from gateway.request.parse import ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
 from gateway.request.sse import SseRelay
 from gateway.request.typed_sse import TypedSseRelay, typed_usage
@@ -340,7 +340,9 @@ class Pipeline:
         why = decision.why_none or "no backend fits"
         if decision.rejected_for_context:
             raise invalid_request(
-                f"Request too long: {why}.", param="messages", code="context_length_exceeded"
+                f"Request too long: {why}.",
+                param=prompt_param(profile.parsed),
+                code="context_length_exceeded",
             )
         raise no_backend(profile.model, why)
 

@@ -310,3 +310,18 @@ def test_the_response_store_on_a_redis_cluster(cluster_redis: RedisCluster) -> N
                 await store.close()
 
     asyncio.run(run())
+
+
+def test_too_long_for_every_backend_names_the_endpoints_prompt_parameter(env: Env) -> None:
+    client = openai.OpenAI(base_url=env.base_url + "/v1", api_key="sk-long", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="x", max_output_tokens=100_000)
+    assert caught.value.code == "context_length_exceeded" and caught.value.param == "input"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=100_000)
+    assert caught.value.code == "context_length_exceeded" and caught.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=100_000
+        )
+    assert caught.value.code == "context_length_exceeded" and caught.value.param == "messages"
