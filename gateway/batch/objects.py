@@ -11,7 +11,12 @@ import msgspec
 COMPLETION_WINDOW = "24h"
 WINDOW_S = 24 * 3600.0
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+}
 
 
 def new_id(prefix: str) -> str:
