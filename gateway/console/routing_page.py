@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-from gateway.console.charts import line_chart
+from gateway.console.charts import line_chart, time_labels
 from gateway.console.pages import e, table
 
 SAMPLE_REQUEST = {
@@ -48,9 +47,9 @@ def _shares(counts: list[tuple[str, int]], total: int) -> str:
 def routing_page(state: dict[str, Any], mix: dict[str, Any], paths: list[str]) -> str:
     total = max(mix["count"], 1)
     minutes = len(next(iter(mix["split"].values()), []))
-    labels = [time.strftime("%H:%M", time.localtime(mix["start"] + i * 60)) for i in range(minutes or 30)]
+    labels = time_labels([mix["start"] + i * 60 for i in range(minutes or 30)], 60)
     chart = (
-        line_chart("Requests per minute by vendor", labels, mix["split"], "", ".0f")
+        line_chart("Requests per minute by vendor", labels, mix["split"], "", ".0f", partial_last=True)
         if mix["split"]
         else "<p>No requests in the last 30 minutes.</p>"
     )
@@ -65,7 +64,9 @@ def routing_page(state: dict[str, Any], mix: dict[str, Any], paths: list[str]) -
         '<section><h2>Explain a request</h2><form id="explain" class="explain">'
         f'<label>Endpoint <select name="endpoint">{options}</select></label>'
         f'<label>Request body (JSON)<textarea name="body" rows="9" spellcheck="false">{sample}</textarea>'
-        '</label><button type="submit">Explain</button></form><div id="explain-result"></div></section>'
+        '</label><div class="submit"><button type="submit">Explain</button>'
+        '<p id="explain-error" class="error" role="alert" hidden></p></div></form>'
+        '<div id="explain-result"></div></section>'
     )
 
 

@@ -4,6 +4,7 @@ when revoked there, and the charts draw their points."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -59,14 +60,14 @@ def test_every_page_renders_without_console_errors(
     assert fleet is not None
     for backend in ("h100-0", "h100-1", "mi300x-0", "mi300x-1"):
         assert new_page.locator("td .name", has_text=backend).count() == 1
-    ttft = new_page.locator("table.backends tbody tr td:nth-child(11)").all_inner_texts()
+    ttft = new_page.locator("table.backends tbody tr td:nth-child(7)").all_inner_texts()
     assert any(text.endswith(" ms") for text in ttft), f"no recent TTFT shown: {ttft}"
 
 
 def test_charts_draw_data_points(replicas: Replicas, new_page: Any, console_errors: list[str]) -> None:
     _served_by(replicas.urls[1], replicas.traffic_key, 8)
     login(new_page, replicas.urls[1])
-    new_page.goto(replicas.urls[1] + "/console/costs")
+    new_page.goto(replicas.urls[1] + "/console/costs?window=24h")
     spend = new_page.locator("svg.chart").first
     # A day of seeded history: one point per vendor per hour (24 hours, two vendors).
     assert spend.locator("circle.point").count() >= 2 * 23
@@ -98,6 +99,7 @@ def test_drain_button_moves_traffic_off_the_backend_on_every_replica(
     target = before.most_common(1)[0][0]
     login(new_page, replicas.urls[0])
     row = new_page.locator("table.backends tr", has=new_page.locator(".name", has_text=target))
+    new_page.on("dialog", lambda dialog: dialog.accept())  # Drain asks first
     row.locator("button.drain").click()
     row.locator("button.undrain").wait_for(timeout=5000)
     try:
@@ -175,8 +177,8 @@ def test_explain_form_shows_class_candidates_scores_and_pick(
         "#explain textarea", '{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}'
     )
     new_page.click("#explain button[type=submit]")
-    new_page.locator("#flash.error").wait_for()
-    assert "no-such-model" in new_page.locator("#flash").inner_text()
+    new_page.locator("#explain-error").wait_for()
+    assert "no-such-model" in new_page.locator("#explain-error").inner_text()
     # The refusal above came back as a 4xx answer the script handled: the page logged it, nothing broke.
     assert all("404" in e or "400" in e for e in console_errors), console_errors
 
@@ -188,3 +190,59 @@ def test_logout_ends_the_session(replicas: Replicas, new_page: Any, slug: str) -
     new_page.click(".logout button")
     new_page.wait_for_url(replicas.urls[0] + "/console/login")
     assert new_page.goto(f"{replicas.urls[0]}/console/{slug}").status == 401
+
+
+def test_costs_show_price_utilisation_and_rates_with_one_meaning_of_spend(
+    replicas: Replicas, new_page: Any, console_errors: list[str], screenshots: Path
+) -> None:
+    login(new_page, replicas.urls[0])
+    new_page.goto(replicas.urls[0] + "/console/costs?window=24h")
+    vendors = new_page.locator("table.by-vendor")
+    headers = [h.upper() for h in vendors.locator("th").all_inner_texts()]
+    for wanted in ("$/GPU-HOUR", "UTILISATION", "PAID", "ALLOCATED", "IDLE", "$/M IN", "$/M OUT",
+                   "$/M BLENDED", "$/M AT 100%"):  # fmt: skip
+        assert wanted in headers, headers
+    amd = vendors.locator("tr", has_text="amd").locator("td").all_inner_texts()
+    assert amd[headers.index("$/GPU-HOUR")] == "$1.75"
+    assert amd[headers.index("UTILISATION")].endswith("%")
+    assert amd[headers.index("$/M IN")] != amd[headers.index("$/M OUT")], "no input/output split"
+    page_headers = [h.upper() for h in new_page.locator("table.costs th").all_inner_texts()]
+    assert "SPEND" not in page_headers, "`spend` is named as paid, allocated or idle"
+    keys = new_page.locator("table.by-key tbody tr").all_inner_texts()
+    assert keys and "idle" not in keys[0], "the idle share tops the key table"
+    assert any("idle: paid, used by no request" in row for row in keys)
+    assert "CHARGED TO THE BUDGET" in new_page.locator("table.budgets").inner_text().upper()
+    assert console_errors == []
+
+
+def test_cost_charts_follow_the_window_fill_their_panel_and_label_time(
+    replicas: Replicas, new_page: Any, screenshots: Path
+) -> None:
+    login(new_page, replicas.urls[0])
+    labels: dict[str, list[str]] = {}
+    for window in ("24h", "1h"):
+        new_page.goto(f"{replicas.urls[0]}/console/costs?window={window}")
+        chart = new_page.locator("svg.chart").first
+        labels[window] = chart.locator("text.x-label").all_text_contents()
+        assert labels[window][-1].endswith("(now)"), labels[window]
+        assert re.match(r"[A-Z][a-z]{2} \d\d \d\d:\d\d", labels[window][0]), "no date on the first label"
+        panel = chart.evaluate("svg => svg.closest('section').clientWidth")
+        assert chart.bounding_box()["width"] >= 0.9 * panel, "the chart leaves its panel empty"
+        partial = chart.locator("circle.point.partial")
+        assert partial.count() >= 1, "the filling bucket is not drawn as partial"
+        assert "still filling" in (partial.first.locator("title").text_content() or "")
+        if window == "24h":
+            save_screenshot(new_page, screenshots, "costs")
+    assert all(label.endswith(":00") or "(now)" in label for label in labels["24h"])
+    assert labels["1h"] != labels["24h"], "the chart ignores the window"
+    minutes = [label for label in labels["1h"] if not label.endswith(":00")]
+    assert minutes, f"the 1h chart is not per minute: {labels['1h']}"
+
+
+def test_routing_chart_draws_the_current_minute_as_partial(replicas: Replicas, new_page: Any) -> None:
+    _served_by(replicas.urls[0], replicas.traffic_key, 4)
+    login(new_page, replicas.urls[0])
+    new_page.goto(replicas.urls[0] + "/console/routing")
+    split = new_page.locator("svg.chart").first
+    assert split.locator("line.partial").count() + split.locator("circle.partial").count() >= 1
+    assert split.locator("text.x-label").all_text_contents()[-1].endswith("(now)")

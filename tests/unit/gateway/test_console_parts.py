@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
+import time
 from typing import Any
 
 import pytest
 from litestar import Request
 
-from gateway.console.charts import line_chart
+from gateway.console.charts import line_chart, time_labels
 from gateway.console.data import Recent, traffic_mix
+from gateway.console.pages import budget_bars, fleet_alert
 from gateway.console.session import Sessions, same_origin
 
 ADMIN = "sy-admin-material"
@@ -78,6 +81,53 @@ def test_line_chart_draws_one_point_per_value_and_escapes_names() -> None:
     assert svg.count("<circle") == 5
     assert svg.count("<polyline") == 2
     assert "<amd>" not in svg and "&lt;amd&gt;" in svg
+
+
+def test_partial_last_point_is_hollow_and_out_of_the_line() -> None:
+    svg = line_chart("t", ["a", "b", "c"], {"amd": [1.0, 2.0, 0.5]}, partial_last=True)
+    line = re.search(r'<polyline[^>]*points="([^"]+)"', svg)
+    assert line is not None and len(line.group(1).split()) == 2, "the filling bucket is not in the line"
+    assert svg.count('class="line partial') == 1 and svg.count("point series-0 partial") == 1
+    assert "still filling" in svg
+
+
+def test_time_labels_date_the_first_and_a_new_day_and_mark_now() -> None:
+    start = int(time.mktime((2026, 11, 26, 22, 0, 0, 0, 0, -1)))
+    labels = time_labels([start + i * 3600 for i in range(4)], 3600)
+    assert labels[0] == "Nov 26 22:00" and labels[-1] == "Nov 27 01:00 (now)"
+    texts = re.findall(r"x-label[^>]*>([^<]*)<", line_chart("t", labels, {"a": [1.0] * 4}))
+    assert texts == ["Nov 26 22:00", "23:00", "Nov 27 00:00", "01:00 (now)"]
+
+
+def test_fleet_alert_names_failing_open_and_drained_backends_with_why_and_since() -> None:
+    now = 10_000.0
+
+    def row(name: str, **changes: Any) -> dict[str, Any]:
+        base = {"name": name, "healthy": True, "routable": True, "breaker": "closed", "draining": False}
+        return {**base, **changes}
+
+    view = {"data": [
+        row("a"),
+        row("b", healthy=False, routable=False, health_failing_since=now - 120),
+        row("c", breaker="open", routable=False, breaker_reason="connection refused",
+            breaker_opened_at=now - 5),
+        row("d", draining=True, routable=False),
+    ]}  # fmt: skip
+    html = fleet_alert(view, now)
+    assert "1/4 backends routable" in html and 'class="fleet-alert bad"' in html
+    assert "health check failing since" in html and "(2m ago)" in html
+    assert "connection refused" in html and "(5s ago)" in html and "drained by an operator" in html
+    assert "<b>a</b>" not in html
+    assert "All 1 backends routable" in fleet_alert({"data": [row("a")]}, now)
+
+
+def test_budget_of_zero_says_refused_and_held_spend_is_apart() -> None:
+    html = budget_bars([
+        {"id": "k1", "name": "zero", "budget_usd": 0.0, "spent_usd": 0.0},
+        {"id": "k2", "name": "busy", "budget_usd": 10.0, "spent_usd": 3.0, "held_usd": 2.0},
+    ])  # fmt: skip
+    assert "budget $0: every request is refused" in html and "$0.0000 of $0.0000" not in html
+    assert "$1.00 of $10.00 (10%)" in html and "+ $2.00 held for requests in flight" in html
 
 
 def test_traffic_mix_counts_classes_routes_and_vendors_per_minute() -> None:
