@@ -156,7 +156,7 @@ def full_use_per_mtok(row: dict[str, Any]) -> float | None:
 
 
 FLEET_HEADERS = ("Backend", "State", "Breaker", "Run / wait", "KV cache", "In flight", "TTFT",
-                 "Time/token", "$/M tokens (1h)", "")  # fmt: skip
+                 "Per token", "$/M tokens (1h)", "")  # fmt: skip
 FLEET_COLS = "".join(f'<col class="c{i}">' for i in range(len(FLEET_HEADERS)))
 
 

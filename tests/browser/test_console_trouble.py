@@ -6,6 +6,7 @@ form; keys can be searched, filtered and copied, and the new key is cleared once
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -236,3 +237,26 @@ def test_keys_search_filter_team_default_and_zero_budget(
     new_page.evaluate("document.getElementById('keys').dispatchEvent(new Event('refreshed'))")
     assert new_page.locator("table.keys tbody tr:not([hidden])").count() == len(visible)
     save_screenshot(new_page, screenshots, "keys-filtered")
+
+
+def test_keys_show_spend_without_a_budget_and_last_used(gateway: str, new_page: Any) -> None:
+    with _admin(gateway) as admin:
+        used = admin.post("/admin/v1/keys", json={"name": f"used-{uuid.uuid4().hex[:6]}"}).json()
+        idle = admin.post("/admin/v1/keys", json={"name": f"idle-{uuid.uuid4().hex[:6]}"}).json()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    headers = {"authorization": f"Bearer {used['key']}"}
+    answer = httpx.post(gateway + "/v1/chat/completions", json=body, headers=headers, trust_env=False)
+    assert answer.status_code == 200, answer.text
+    login(new_page, gateway)
+    new_page.goto(gateway + "/console/keys")
+    headers_shown = [h.upper() for h in new_page.locator("table.keys th").all_inner_texts()]
+    column = headers_shown.index("LAST USED")
+    used_row = new_page.locator("table.keys tbody tr", has_text=used["name"]).locator("td").all_inner_texts()
+    idle_row = new_page.locator("table.keys tbody tr", has_text=idle["name"]).locator("td").all_inner_texts()
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d", used_row[column]), used_row
+    assert idle_row[column] == "never"
+    spend = headers_shown.index("SPEND")
+    assert "this month, no budget" in used_row[spend], used_row
+    new_page.select_option("#key-filter", "unused")
+    visible = new_page.locator("table.keys tbody tr:not([hidden])").all_inner_texts()
+    assert any(idle["name"] in v for v in visible) and not any(used["name"] in v for v in visible)
