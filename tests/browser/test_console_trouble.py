@@ -42,7 +42,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                  "backends": [member("mi300x-hung", dead)]},
             ]  # fmt: skip
             workdir = tmp_path_factory.mktemp("console-trouble")
-            config = gateway_config(pools, prefix, workdir)
+            config = {**gateway_config(pools, prefix, workdir), "policy": {"file": "capacity-first"}}
             base = stack.enter_context(
                 running_gateway(config, workdir, env={"SWITCHYARD_ADMIN_KEY": ADMIN_KEY})
             )
@@ -260,3 +260,19 @@ def test_keys_show_spend_without_a_budget_and_last_used(gateway: str, new_page: 
     new_page.select_option("#key-filter", "unused")
     visible = new_page.locator("table.keys tbody tr:not([hidden])").all_inner_texts()
     assert any(idle["name"] in v for v in visible) and not any(used["name"] in v for v in visible)
+
+
+def test_explain_links_the_matching_rule_to_the_rule_shown(gateway: str, new_page: Any) -> None:
+    login(new_page, gateway)
+    new_page.goto(gateway + "/console/routing")
+    rules = new_page.locator("table.rules tbody tr")
+    assert rules.count() == 2 and "batch" in new_page.locator("#rule-2").inner_text()
+    body = '{"model": "echo-model", "n": 2, "messages": [{"role": "user", "content": "hi"}]}'
+    new_page.fill("#explain textarea", body)
+    new_page.click("#explain button[type=submit]")
+    link = new_page.locator("#explain-result a.rule-link")
+    link.wait_for()
+    assert link.inner_text() == "rule 2"
+    link.click()
+    assert new_page.url.endswith("#rule-2")
+    assert new_page.evaluate("document.querySelector(':target').id") == "rule-2"
