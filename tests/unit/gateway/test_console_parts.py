@@ -11,10 +11,13 @@ from typing import Any
 import pytest
 from litestar import Request
 
+from backends.models import Backend, Pool
 from gateway.console.charts import line_chart, time_labels
-from gateway.console.data import Recent, traffic_mix
+from gateway.console.data import CostSeries, Recent, traffic_mix
 from gateway.console.pages import budget_bars, fleet_alert
 from gateway.console.session import Sessions, same_origin
+from gateway.ledger.memory import InMemoryLedger
+from gateway.ledger.records import UsageRecord
 
 ADMIN = "sy-admin-material"
 HASH = hashlib.sha256(ADMIN.encode()).hexdigest()
@@ -160,3 +163,34 @@ async def test_recent_answers_kept_value_while_refreshing_behind() -> None:
     assert (await recent.get("k", compute))[1] == 1, "stale: answered at once, refreshed behind"
     await asyncio.sleep(0.03)
     assert (await recent.get("k", compute))[1] == 2
+
+
+async def test_cost_series_steps_by_the_window_and_keeps_finished_steps() -> None:
+    pool = Pool(name="p", vendor="amd", accelerator="mi300x", gpus_per_backend=1, price_per_gpu_hour=3.6,
+                labels={})  # fmt: skip
+    backend = Backend(
+        name="amd-0", url="http://127.0.0.1:1", models=frozenset({"m"}), max_model_len=4096, pool=pool
+    )
+    ledger = InMemoryLedger(backends=[backend])
+    now = 1_800_000_000.0 + 30  # 30 s into a minute
+    for minutes_ago in (0, 2, 4):
+        ledger.record(_usage(f"r{minutes_ago}", now - minutes_ago * 60))
+    series = CostSeries(ledger)
+    starts, rows = await series.series("vendor", 60, 5, now)
+    assert starts == [int(now // 60 * 60) - (4 - i) * 60 for i in range(5)], "the current minute last"
+    amd = rows["amd"]
+    assert [row is not None and row["requests"] for row in amd] == [1, False, 1, False, 1]
+    ledger.record(_usage("late", now - 4 * 60))  # a finished minute read before is kept as it was
+    _, again = await series.series("vendor", 60, 5, now)
+    assert again["amd"][0]["requests"] == 1
+    starts, _ = await series.series("vendor", 3600, 24, now)
+    assert len(starts) == 24 and starts[-1] == int(now // 3600 * 3600)
+
+
+def _usage(request_id: str, finished_at: float) -> UsageRecord:
+    return UsageRecord(
+        request_id=request_id, endpoint="chat", model="m", backend="amd-0", pool="p", vendor="amd",
+        accelerator="mi300x", key="", request_class="default", route="default", stream=False, status=200,
+        prompt_tokens=100, completion_tokens=10, usage_source="backend", ttft_s=0.1, duration_s=1.0,
+        cost_usd=0.001, finished_at=finished_at, busy_s=1.0,
+    )  # fmt: skip
