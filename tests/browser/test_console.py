@@ -4,12 +4,14 @@ when revoked there, and the charts draw their points."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -246,3 +248,34 @@ def test_routing_chart_draws_the_current_minute_as_partial(replicas: Replicas, n
     split = new_page.locator("svg.chart").first
     assert split.locator("line.partial").count() + split.locator("circle.partial").count() >= 1
     assert split.locator("text.x-label").all_text_contents()[-1].endswith("(now)")
+
+
+def test_breaker_opened_by_failing_requests_is_shown_with_its_reason(
+    replicas: Replicas, new_page: Any, screenshots: Path
+) -> None:
+    target = replicas.fleet.backends[0]
+    faults = f"{target.url}/sim/faults"
+    httpx.post(faults, json={"error_rate": 1.0, "error_status": 503}, trust_env=False).raise_for_status()
+    try:
+        client = openai.OpenAI(base_url=replicas.urls[0] + "/v1", api_key=replicas.traffic_key, max_retries=0)
+        with replicas.admin(0) as admin:
+            deadline = time.monotonic() + 20
+            while True:
+                with contextlib.suppress(openai.APIError):
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
+                rows = {r["name"]: r for r in admin.get("/admin/v1/backends").json()["data"]}
+                if rows[target.name]["breaker"] == "open":
+                    break
+                assert time.monotonic() < deadline, f"the breaker did not open: {rows[target.name]}"
+        client.close()
+        login(new_page, replicas.urls[0])
+        alert = new_page.locator("#fleet-alert").inner_text()
+        assert target.name in alert and "breaker open" in alert and "503" in alert, alert
+        row = new_page.locator("table.backends tr", has=new_page.locator(".name", has_text=target.name))
+        assert re.search(r"opened \d+\u00d7", row.inner_text()), row.inner_text()
+        assert "failing" in (row.get_attribute("class") or ""), "an open breaker's row is not marked"
+        save_screenshot(new_page, screenshots, "fleet-breaker-open")
+    finally:
+        httpx.post(faults, json={"reset": True}, trust_env=False).raise_for_status()
