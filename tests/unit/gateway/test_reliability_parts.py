@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from backends.breaker import CLOSED, HALF_OPEN, OPEN, BreakerOptions
 from backends.models import Backend, Pool
-from gateway.ops import backend_state
 from gateway.request.backpressure import ClassQueue
 from gateway.request.limits import RetryBudget, retry_after_seconds
 from gateway.settings import Retries
@@ -94,39 +92,3 @@ async def test_queue_serves_by_priority_then_arrival():
     assert queue.waiters[0] is first and first.event.is_set()
     await queue.turn(first, 1.0)  # already woken: returns at once
     assert not first.event.is_set()
-
-
-async def test_breaker_keeps_why_and_when_it_opened_and_since_when_health_fails():
-    b = _backend()
-    assert b.breaker.opened_at is None and b.breaker.reason == "" and b.breaker.health_failing_since is None
-    before = time.time()
-    b.breaker.failure("connection refused", at_once=True)
-    assert b.breaker.reason == "connection refused"
-    assert b.breaker.opened_at is not None and before <= b.breaker.opened_at <= time.time()
-    b.health_ok = False
-    b.breaker.refresh()
-    since = b.breaker.health_failing_since
-    assert since is not None and before <= since <= time.time()
-    b.breaker.refresh()
-    assert b.breaker.health_failing_since == since, "a later refresh keeps when it started failing"
-    b.health_ok = True
-    b.breaker.refresh()
-    assert b.breaker.health_failing_since is None
-    b.breaker.close()
-
-
-async def test_admin_backend_state_says_why_since_when_and_how_old_its_load_is():
-    b = _backend()
-    state = backend_state(b)
-    assert state["load_age_s"] is None, "never scraped"
-    assert state["breaker_reason"] is None and state["health_failing_since"] is None
-    assert state["price_per_gpu_hour"] == 1.0 and state["gpus_per_backend"] == 1
-    b.load.scraped_at = time.monotonic() - 12
-    b.breaker.failure("503 from the backend", at_once=True)
-    b.health_ok = False
-    b.breaker.refresh()
-    state = backend_state(b)
-    assert 12 <= state["load_age_s"] < 13
-    assert state["breaker_reason"] == "503 from the backend" and state["breaker_opened_at"] is not None
-    assert state["health_failing_since"] is not None and not state["healthy"]
-    b.breaker.close()
