@@ -1,7 +1,7 @@
 """Whether a backend may get traffic: its circuit breaker, plus the other reasons routing skips it.
 
     closed ──(failure_threshold failures in a row, or one refused connection)──▶ open
-    open ──(open_s later, by itself)──▶ half-open
+    open ──(open_s later, once the health check passes)──▶ half-open
     half-open ──(close_after successes)──▶ closed
     half-open ──(any failure)──▶ open (again for open_s)
 
@@ -17,6 +17,12 @@ not draining, and no `Retry-After` pause in force. It changes only on these even
 A half-open backend is routable again, but only `half_open_probes` requests at a time may be sent to it
 (`allow`); the request path checks this only when the state is not closed, so a healthy fleet pays one
 attribute comparison per attempt.
+
+An open breaker does not half-open on the clock alone when the health check is there (`confirm`): after
+`open_s` it asks for one check (a fresh connection, backends/health.py) and half-opens only if it
+passes, else stays open another `open_s`. A backend that refuses new connections would otherwise flap
+open → half-open (routable, counted as serving by `/ready`) → open every `open_s`, each probe a
+client's failed request.
 """
 
 from __future__ import annotations
@@ -198,8 +204,28 @@ class Breaker:
 
     def _half_open(self) -> None:
         self._timer = None
+        confirm = self.confirm
+        if confirm is not None:
+            if self._confirming is None:
+                self._confirming = _loop().create_task(self._half_open_if_passing(confirm))
+            else:  # a check asked for by `suspect` is still running: look again after it
+                self._timer = _loop().call_later(self.options.open_s, self._half_open)
+            return
         log.warning("backend %s: circuit half-open, probing", self._backend.name)
         self._set(HALF_OPEN)
+
+    async def _half_open_if_passing(self, confirm: Callable[[], Awaitable[bool]]) -> None:
+        try:
+            passes = await confirm()
+        finally:
+            self._confirming = None
+        if self.state is not OPEN or self._timer is not None:
+            return
+        if passes:
+            log.warning("backend %s: circuit half-open (health check passes), probing", self._backend.name)
+            self._set(HALF_OPEN)
+        else:
+            self._timer = _loop().call_later(self.options.open_s, self._half_open)
 
     def refresh(self) -> None:
         """Recompute the one flag routing reads."""

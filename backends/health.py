@@ -3,6 +3,10 @@
 A backend is taken out of routing (`Backend.health_ok = False`) after `unhealthy_after` failed checks in
 a row and put back after `healthy_after` passing ones. Passive detection from live traffic is the
 circuit breaker's job (backends/breaker.py); both end in the one flag routing reads, `Backend.healthy`.
+
+Every check opens a new connection (its own session, `force_close`), never a pooled keep-alive one: a
+backend that refuses new connections while an old one still answers cannot take a request, and a check
+over the old connection would keep calling it healthy.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ class CheckPlan:
 class HealthChecker:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         backends: Sequence[Backend],
         interval: float = 5.0,
         timeout: float = 2.0,
@@ -41,7 +44,8 @@ class HealthChecker:
         default: CheckPlan | None = None,
     ) -> None:
         """`plans` maps a pool name to its plan; other pools use `default` (or `interval`/`timeout`)."""
-        self._session = session
+        self._session: aiohttp.ClientSession | None = None
+        self._stopped = False
         self._backends = tuple(backends)
         default = default or CheckPlan(interval=interval, timeout=timeout)
         self._groups: dict[CheckPlan, list[Backend]] = {}
@@ -62,10 +66,20 @@ class HealthChecker:
         self._note(backend, ok, plan, False)
         return ok
 
+    def _probes(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            )
+        return self._session
+
     async def _probe(self, backend: Backend, limit: aiohttp.ClientTimeout) -> bool:
+        if self._stopped:  # a breaker's check asked for during shutdown: no new session
+            return False
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
         try:
-            async with self._session.get(backend.url + "/health", timeout=limit, headers=headers) as r:
+            async with self._probes().get(backend.url + "/health", timeout=limit, headers=headers) as r:
                 await r.read()
                 return r.status == 200
         except (aiohttp.ClientError, TimeoutError):
@@ -109,9 +123,13 @@ class HealthChecker:
         ]
 
     async def stop(self) -> None:
+        self._stopped = True
         for backend in self._backends:
             backend.breaker.confirm = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

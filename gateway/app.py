@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, Request, Response
@@ -17,6 +18,7 @@ from gateway.admin_costs import costs_handler
 from gateway.admin_policy import policy_handlers
 from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
 from gateway.console import console_handlers
+from gateway.credentials import one_credential
 from gateway.errors import GatewayError, body_too_large
 from gateway.fastpath import FastPath
 from gateway.ledger.factory import build_ledger
@@ -31,8 +33,10 @@ from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admin import admin_guard, key_handlers
-from gateway.tenants.admin_port import AdminPortSplit
+from gateway.tenants.admin_port import ON_ADMIN_PORT, AdminPortSplit
+from gateway.tenants.admission import Tenants
 from gateway.tenants.factory import build_tenants, tenants_lifespan
+from gateway.tenants.login_throttle import LoginThrottle
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
 
@@ -162,14 +166,20 @@ class SwitchyardPlugin(InitPluginProtocol):
         app_config.route_handlers.extend(backend_handlers(pipeline))
         app_config.route_handlers.extend(policy_handlers(pipeline))
         app_config.route_handlers.append(costs_handler(pipeline.ledger))
+        app_config.guards.insert(0, one_credential)
         tenants = pipeline.tenants
+        throttle = None
         if tenants is not None:
+            throttle = LoginThrottle(
+                tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
+            )
             app_config.route_handlers.extend(key_handlers(tenants))
-            app_config.guards.append(admin_guard(tenants))
+            app_config.guards.append(admin_guard(tenants, throttle))
         # The console calls the admin handlers registered above; it belongs wherever they are served.
-        app_config.route_handlers.extend(console_handlers(pipeline, tenants, app_config.route_handlers))
+        handlers = app_config.route_handlers
+        app_config.route_handlers.extend(console_handlers(pipeline, tenants, handlers, throttle))
         if self.telemetry.metrics is not None:
-            extra = tenants.watch.render if tenants is not None else None
+            extra = budget_series(tenants, throttle) if tenants is not None else None
             app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))
         app_config.lifespan.append(lifespan(self.settings, pipeline))
         if tenants is not None:
@@ -182,6 +192,18 @@ class SwitchyardPlugin(InitPluginProtocol):
         )
         app_config.openapi_config = None
         return app_config
+
+
+def budget_series(tenants: Tenants, logins: LoginThrottle | None = None) -> Callable[[Any], str]:
+    """The tenants' `/metrics` series and the failed admin logins'; those naming keys and teams only on
+    the admin port, unless `auth.public_key_metrics`."""
+    public = tenants.options.public_key_metrics
+
+    def render(scope: Any) -> str:
+        text = tenants.watch.render(scopes=public or scope.get(ON_ADMIN_PORT) is True)
+        return text + logins.render() if logins is not None else text
+
+    return render
 
 
 def asgi_entry(app: Litestar, admin_port: int | None = None) -> FastPath | AdminPortSplit:

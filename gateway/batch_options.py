@@ -88,4 +88,14 @@ class BatchOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tick_s: _Seconds = 0.05
     """How often the scheduler looks at the fleet for idle room."""
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 200 * 1024 * 1024
+    """The largest upload (413 `file_too_large`); a key's `max_file_bytes` may lower it, not raise it."""
     max_lines: Annotated[int, msgspec.Meta(ge=1)] = 50_000
+    max_stored_files: Annotated[int, msgspec.Meta(ge=0)] | None = 1000
+    """Files a key may hold at once (its uploads and its batches' output and error files); an upload over
+    it is refused (429 `files_quota_exceeded`) until files are deleted. A key's own value overrides it;
+    null: unlimited."""
+    max_stored_bytes: Annotated[int, msgspec.Meta(ge=0)] | None = 10 * 1024**3
+    """Bytes of files a key may hold at once (the same files, the same refusal)."""
+    max_open_batches: Annotated[int, msgspec.Meta(ge=0)] | None = 20
+    """Batches a key may have not yet completed, failed, expired or cancelled (429
+    `batch_quota_exceeded`)."""

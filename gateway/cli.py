@@ -42,11 +42,19 @@ def _tooling(module: str, extra: str) -> ModuleType | None:
 def _serve(args: argparse.Namespace) -> int:
     from gateway.server import run_server
     from gateway.settings import load_settings
+    from gateway.tenants.admin_key import ALLOW_ENV, WeakAdminKey, check_admin_key
 
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"switchyard: invalid config: {exc}", file=sys.stderr)
+        return 2
+    if args.allow_weak_admin_key:
+        os.environ[ALLOW_ENV] = "1"  # the worker processes, which build the app themselves, inherit it
+    try:
+        check_admin_key(settings.auth.admin_key_env, settings.auth.allow_weak_admin_key)
+    except WeakAdminKey as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
         return 2
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
@@ -185,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="log level (default: %(default)s; `warning` also silences the access log)",
     )
     serve.add_argument("--workers", type=int, default=None, help="override gateway.workers (processes)")
+    serve.add_argument(
+        "--allow-weak-admin-key",
+        action="store_true",
+        help="start even if the admin key is weak (logs a warning at every start)",
+    )
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser(

@@ -5,7 +5,11 @@ sharing that Redis (ledger and fleet view), and HAProxy in front health-checking
 (`option httpchk`), retrying a request whose connection failed, was reset or closed with no response on
 another replica (`retry-on conn-failure empty-response`, `option redispatch`) under the same `X-Request-ID`,
 so the ledger counts a retried request once. `/admin/` is refused on the balancer: operators talk to a
-replica. HAProxy logs (to balancer.log) only what was not normal: retries, redispatches, errors.
+replica. HAProxy begins each connection to a replica with a PROXY v2 header naming the client
+(`send-proxy-v2`), which the replicas trust from 127.0.0.1 (`gateway.trusted_proxies`), so a replica's
+per-client connection cap counts clients, not the balancer; a direct connection from 127.0.0.1 without the
+header (an operator, a test) is still served (`proxy_protocol: optional`). HAProxy logs (to balancer.log)
+only what was not normal: retries, redispatches, errors.
 
 `option http-buffer-request` is what makes those retries happen. HAProxy keeps a copy of a request for an
 L7 retry only if the request is complete when it first writes to a server; httpx (so the OpenAI SDK) sends
@@ -84,7 +88,7 @@ backend gateways
   balance leastconn
   option httpchk GET /ready
   http-check expect status 200
-  default-server inter {check_interval_ms}ms fastinter 100ms downinter 500ms fall 2 rise 2
+  default-server inter {check_interval_ms}ms fastinter 100ms downinter 500ms fall 2 rise 2 send-proxy-v2
 {servers}
 """
 
@@ -135,7 +139,12 @@ class Cluster:
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("ab")
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        # The replicas are open (admin through each replica's port, without a key): an admin key from the
+        # caller's shell is not the cluster's.
+        env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent, env=env
+        )
 
     def start(self) -> Cluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +164,13 @@ class Cluster:
         self.procs["fleet"] = self._spawn("fleet", [sys.executable, "-m", "backends.sim.fleet", *fleet_args])
         _wait(fleet_config.exists, "simulated fleet", 60)
         config: dict[str, Any] = yaml.safe_load(fleet_config.read_text())
-        gateway = {"shutdown_grace": 10, "health": {"interval": 0.5, "timeout": 0.5}, **self.gateway_options}
+        gateway = {
+            "shutdown_grace": 10,
+            "health": {"interval": 0.5, "timeout": 0.5},
+            # HAProxy (on this host) names each client in a PROXY v2 header: the per-client cap counts it
+            "trusted_proxies": ["127.0.0.1/32"],
+            **self.gateway_options,
+        }
         config["gateway"] = {**config.get("gateway", {}), **gateway}
         config["ledger"] = {
             "redis_url": self.redis_url,

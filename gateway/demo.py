@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -144,10 +145,14 @@ def _run(port: int, exit_after_traffic: bool, requests: int) -> int:
         print(f"fleet: {len(fleet.backends)} simulated backends; gateway config: {config}")
         for b in fleet.backends:
             print(f"  {b.name:<9} {b.vendor:<7} {b.accelerator:<7} {b.url}")
+        # The demo's gateway is open and its report reads /admin without a key: an admin key from the
+        # caller's shell (weak ones refuse to start) is not the demo's.
+        env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
         gateway = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--log-level", "warning"],
             start_new_session=True,
             preexec_fn=die_with_parent(signal.SIGTERM),
+            env=env,
         )
         base_url = f"http://127.0.0.1:{port}"
         try:

@@ -7,8 +7,9 @@ The limits are `gateway.connections` in the config file:
   of its headers (then 408). A request pays nothing for this: one sweeper task per server looks at every
   connection a few times a second, reads where it is from uvicorn's own state (`_phase`) and closes those
   that stayed in one phase too long, at most two sweep intervals (a fifth of the timeout) late.
-- Caps: `max_total` open connections (then 503) and `max_per_client` per client address (then 429); the
-  answer is written at once and the connection closed.
+- Caps: `max_total` open connections (then 503) and `max_per_client` per client (then 429), the client
+  being the one a trusted balancer names (PROXY header, X-Forwarded-For); the refusal is written once the
+  request is read, so the client reads it (gateway/client_cap.py).
 - Header sizes: the request line plus headers past `max_header_bytes`, or one header value past
   `max_header_value_bytes`, get 431 (counted as bytes arrive, so a huge header is never buffered whole).
 - An invalid W3C `traceparent` is dropped with its `tracestate` before the app sees the headers.
@@ -21,12 +22,14 @@ The limits are `gateway.connections` in the config file:
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.client_address import TrustedProxies
+from gateway.client_cap import CapAnswers, ClientCapProtocol, ClientCounts
 from gateway.errors import GatewayError
 from gateway.settings import ConnectionLimits
 
@@ -81,8 +84,14 @@ def _canned(status: int, message: str, type: str, code: str) -> bytes:
     return _error_response(GatewayError(status, message, type, code=code))
 
 
-def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
-    """A protocol class bound to `limits`, with its own per-address counts and sweeper."""
+def protocol_class(
+    limits: ConnectionLimits,
+    trusted_proxies: Sequence[str] = (),
+    proxy_protocol: Literal["off", "optional", "required"] = "optional",
+    forwarded_for: bool = False,
+) -> type[HttpToolsProtocol]:
+    """A protocol class bound to `limits` and the trusted balancers, with its own per-client counts and
+    sweeper."""
 
     invalid_http = _canned(400, "Invalid HTTP request received.", "invalid_request_error", "invalid_http")
     timed_out = {
@@ -107,17 +116,37 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "invalid_request_error",
         "headers_too_large",
     )
-    too_many = _canned(
-        503,
-        "The gateway has too many open connections; retry shortly.",
-        "service_unavailable",
-        "too_many_connections",
+    per_client = f"from this address (the limit is {limits.max_per_client})."
+    answers = CapAnswers(
+        too_many=_canned(
+            503,
+            "The gateway has too many open connections; retry shortly.",
+            "service_unavailable",
+            "too_many_connections",
+        ),
+        too_many_from_client=_canned(
+            429, f"Too many open connections {per_client}", "rate_limit_exceeded", "too_many_connections"
+        ),
+        too_many_requests_from_client=_canned(
+            429, f"Too many requests in flight {per_client}", "rate_limit_exceeded", "too_many_connections"
+        ),
+        proxy_header_required=_canned(
+            400,
+            "This gateway expects a PROXY protocol header from this balancer (gateway.proxy_protocol).",
+            "invalid_request_error",
+            "proxy_header_required",
+        ),
+        invalid_proxy_header=_canned(
+            400, "Invalid PROXY protocol header.", "invalid_request_error", "invalid_proxy_header"
+        ),
     )
-    too_many_from_client = _canned(
-        429,
-        f"Too many open connections from this address (the limit is {limits.max_per_client}).",
-        "rate_limit_exceeded",
-        "too_many_connections",
+    counts = ClientCounts(
+        limits.max_total,
+        limits.max_per_client,
+        TrustedProxies(trusted_proxies),
+        proxy_protocol,
+        forwarded_for,
+        answers,
     )
     upgrade_refused = _canned(
         400,
@@ -125,19 +154,17 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         "invalid_request_error",
         "upgrade_not_supported",
     )
-    per_client: Counter[str] = Counter()
     sweep_every = max(0.05, min(timeouts.values()) / 10)
     max_header_bytes = limits.max_header_bytes
     max_value_bytes = limits.max_header_value_bytes
     base = HttpToolsProtocol
 
-    class LimitedHttpProtocol(HttpToolsProtocol):
+    class LimitedHttpProtocol(ClientCapProtocol):
         _sweeper: asyncio.Task[None] | None = None
+        caps = counts
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._address: str | None = None
-            self._refused = False
             self._seen_phase = -1
             self._seen_request: object = None
             """What the sweeper last saw this connection doing (a phase and the request it concerns, held
@@ -155,29 +182,9 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            address = self.client[0] if self.client else ""
-            if len(self.connections) > limits.max_total:
-                self._answer_and_close(too_many)
-                return
-            if per_client[address] >= limits.max_per_client:
-                self._answer_and_close(too_many_from_client)
-                return
-            per_client[address] += 1
-            self._address = address
             cls = type(self)
-            if cls._sweeper is None:
+            if cls._sweeper is None and not self._refused:
                 cls._sweeper = self.loop.create_task(_sweep(self.connections))
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            address = self._address
-            if address is not None:
-                self._address = None
-                left = per_client[address] - 1
-                if left > 0:
-                    per_client[address] = left
-                else:
-                    del per_client[address]
-            super().connection_lost(exc)
 
         def _phase(self) -> tuple[int, object]:
             """Where the connection is, read from uvicorn's state: on_message_begin makes a new `scope`,
@@ -210,6 +217,9 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         # --- reading: what uvicorn does, plus the header bounds and answers in OpenAI's shape ---------
 
         def data_received(self, data: bytes) -> None:
+            if self._special:  # a PROXY header awaited, or a refused connection's request
+                self._special_data(data)
+                return
             self._unset_keepalive_if_required()
             if len(data) > max_header_bytes:
                 self._big_read = True  # on_headers_complete sums the headers
@@ -281,7 +291,7 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 self._upgrade_refused = True
                 self._answer_and_close(upgrade_refused)
                 return
-            base.on_headers_complete(self)
+            self._start_request()
 
         def on_message_complete(self) -> None:
             if self._upgrade_refused:

@@ -34,7 +34,6 @@ def lifespan(settings: Settings, pipeline: Pipeline):
         await pipeline.upstream.start()
         health = settings.server.health
         checker = HealthChecker(
-            pipeline.upstream.session,
             pipeline.catalog.backends,
             plans={pool.name: health.plan(pool.name) for pool in settings.pools},
             default=health.plan(),

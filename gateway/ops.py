@@ -171,17 +171,18 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
     return [backends, drain, undrain]
 
 
-def metrics_handler(metrics: Metrics, extra: Callable[[], str] | None = None) -> HTTPRouteHandler:
-    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py), plus `extra` series."""
+def metrics_handler(metrics: Metrics, extra: Callable[[Any], str] | None = None) -> HTTPRouteHandler:
+    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py), plus `extra` series (given
+    the request's ASGI scope: which ones may depend on the port it came in on)."""
 
     # The header is given whole: from a `text/` media type alone, Litestar would add a second charset.
     headers = {"content-type": CONTENT_TYPE}
 
     @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
-    async def prometheus(state: State) -> Response[bytes]:
+    async def prometheus(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
         text = metrics.render()
         if extra is not None:
-            text += extra().encode()
+            text += extra(request.scope).encode()
         fleet = state.get("fleet")
         if fleet is not None:
             text += fleet.metrics_text().encode()

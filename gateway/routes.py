@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Response, asgi, get
+from litestar import Request, Response, asgi, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 
@@ -23,6 +23,7 @@ from gateway.asgi_io import (
     send_error,
     send_stream,
 )
+from gateway.credentials import API_KEY, AUTHORIZATION, authorization, duplicate_header
 from gateway.errors import GatewayError, model_not_found
 from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
@@ -70,10 +71,14 @@ os.register_at_fork(after_in_child=_forget_random_bits)
 
 
 def read_caller(scope: Any) -> Caller:
-    """Read the few request headers the gateway uses straight from the ASGI scope, in one pass."""
+    """Read the few request headers the gateway uses straight from the ASGI scope, in one pass; 400 for
+    a credential header sent twice (gateway/credentials.py)."""
     caller = Caller(request_id=new_request_id(), authorization=None, forwarded={}, headers=scope["headers"])
+    api_key = False
     for name, value in scope["headers"]:
-        if name == b"authorization":
+        if name == AUTHORIZATION:
+            if caller.authorization is not None:
+                raise duplicate_header(name)
             caller.authorization = value.decode("latin-1")
         elif not name.startswith(b"x-") and name not in _FORWARDED_HEADERS:
             continue
@@ -91,6 +96,10 @@ def read_caller(scope: Any) -> Caller:
             caller.tenant = value.decode("latin-1")
         elif name == b"x-session-id":
             caller.session = value.decode("latin-1")
+        elif name == API_KEY:
+            if api_key:
+                raise duplicate_header(name)
+            api_key = True
     caller.forwarded["x-request-id"] = caller.request_id
     return caller
 
@@ -106,7 +115,11 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
 
     async def serve(scope: Any, receive: Any, send: Any, endpoint: Endpoint) -> None:
-        caller = read_caller(scope)
+        try:
+            caller = read_caller(scope)
+        except GatewayError as error:
+            await send_error(send, error, new_request_id())
+            return
         if scope["method"] != "POST":
             error = GatewayError(
                 405, f"Use POST for {scope['path']}.", "invalid_request_error", headers=_ALLOW
@@ -180,17 +193,29 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     models_body = _encoder.encode(ModelList(data=cards))
     model_bodies = {card.id: _encoder.encode(card) for card in cards}
 
+    async def usable(request: Request[Any, Any, Any]) -> list[str] | None:
+        """The models the caller's key may use (None: all); with `auth.mode: keys` a key is needed."""
+        if authenticate is None:
+            return None
+        tenant = await authenticate(authorization(request.scope["headers"]))
+        return tenant.key.models or None
+
     @get("/v1/models", name="models")
-    async def models() -> Response[bytes]:
-        return Response(models_body, media_type="application/json")
+    async def models(request: Request[Any, Any, Any]) -> Response[bytes]:
+        allowed = await usable(request)
+        if allowed is None:
+            return Response(models_body, media_type="application/json")
+        own = ModelList(data=[card for card in cards if card.id in allowed])
+        return Response(_encoder.encode(own), media_type="application/json")
 
     # `:path` because model names hold slashes (`meta-llama/Llama-3.1-8B-Instruct`), which the SDK sends
     # as %2F and the ASGI path carries decoded.
     @get("/v1/models/{model:path}", name="model")
-    async def model(model: FromPath[str]) -> Response[bytes]:
+    async def model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response[bytes]:
+        allowed = await usable(request)
         name = model.removeprefix("/")
         body = model_bodies.get(name)
-        if body is None:
+        if body is None or (allowed is not None and name not in allowed):
             raise model_not_found(name)
         return Response(body, media_type="application/json")
 

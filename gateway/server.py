@@ -22,13 +22,15 @@ def server_config(
     settings: Settings, host: str, port: int, log_level: str = "info", app: Any = None
 ) -> uvicorn.Config:
     """uvicorn's settings for the gateway; `app` is the ASGI entry (by default built from `settings`)."""
-    limits = settings.server.connections
+    options = settings.server
+    limits = options.connections
+    protocol = protocol_class(limits, options.trusted_proxies, options.proxy_protocol, options.forwarded_for)
     return uvicorn.Config(
         app if app is not None else asgi_entry(create_app(settings)),
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_class(limits),
+        http=protocol,
         ws="none",
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
         access_log=False,

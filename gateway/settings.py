@@ -14,6 +14,7 @@ from backends.health import CheckPlan
 from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from gateway.batch_options import BatchOptions
+from gateway.client_address import parse_network
 from gateway.redis_client import URL_PATTERN as REDIS_URL_PATTERN
 from gateway.redis_client import parse_redis_url
 from gateway.request_bounds import RequestLimits
@@ -142,6 +143,15 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
     """Gateway processes on one port (SO_REUSEPORT, gateway/workers.py), sharing state as replicas do."""
+    trusted_proxies: list[str] = []
+    """Balancers (CIDRs, or single addresses) whose word on the client's address is taken: a PROXY header
+    (`proxy_protocol`) or X-Forwarded-For (`forwarded_for`). From any other address neither is honoured."""
+    proxy_protocol: Literal["off", "optional", "required"] = "optional"
+    """A trusted balancer's connection may (`optional`) or must (`required`) begin with a PROXY v1/v2
+    header naming the client; `off`: never read one. Untrusted peers never get one read."""
+    forwarded_for: bool = False
+    """On a trusted balancer's connection without a PROXY header, X-Forwarded-For names each request's
+    client (the per-client cap then counts that client's requests in flight)."""
 
 
 class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -215,6 +225,8 @@ class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """`keys`: every request needs a key (`sy-...`); `open`: anyone may call (the demo, tests)."""
     admin_key_env: Annotated[str, msgspec.Meta(min_length=1)] = "SWITCHYARD_ADMIN_KEY"
     """Environment variable holding the bootstrap admin key (read at start; may be unset)."""
+    allow_weak_admin_key: bool = False
+    """Start even with a weak admin key (gateway/tenants/admin_key.py says which are), with a warning."""
     store: Literal["auto", "redis", "memory"] = "auto"
     """`auto`: Redis when `redis_url` (or `ledger.redis_url`) is set, else memory (one replica)."""
     redis_url: Annotated[str, msgspec.Meta(pattern=REDIS_URL_PATTERN)] | None = None
@@ -229,6 +241,9 @@ class AuthOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     refresh_interval: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
     """How often each replica checks for changed keys (revocations reach it within this)."""
     redis_timeout: _Seconds = 0.5
+    public_key_metrics: bool = False
+    """`/metrics` on the public port with the per-key and per-team budget series too; off, only the admin
+    port (`gateway.admin_port`) shows them (they name every budgeted key)."""
 
 
 class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -262,7 +277,34 @@ class Settings(msgspec.Struct, kw_only=True):
         return sorted({model for backend in self.backends for model in backend.models})
 
 
+def _check_trusted_proxies(gateway: ServerOptions, lines: dict[tuple[Any, ...], int], source: str) -> None:
+    for i, text in enumerate(gateway.trusted_proxies):
+        try:
+            parse_network(text)
+        except ValueError as exc:
+            line = lines.get(("gateway", "trusted_proxies", i), lines.get(("gateway", "trusted_proxies")))
+            raise ConfigError(
+                source,
+                line,
+                f"gateway.trusted_proxies[{i}]: `{text}` is not an address or CIDR ({exc})",
+                hint="e.g. 10.0.0.0/8 or 127.0.0.1",
+            ) from None
+    if not gateway.trusted_proxies:
+        for key, set_to in (
+            ("proxy_protocol", gateway.proxy_protocol == "required"),
+            ("forwarded_for", gateway.forwarded_for),
+        ):
+            if set_to:
+                raise ConfigError(
+                    source,
+                    lines.get(("gateway", key)),
+                    f"gateway.{key} is honoured only from gateway.trusted_proxies, which is empty",
+                    hint="list the balancers' addresses in gateway.trusted_proxies",
+                )
+
+
 def _check_semantics(config: ConfigFile, lines: dict[tuple[Any, ...], int], source: str) -> None:
+    _check_trusted_proxies(config.gateway, lines, source)
     seen_pools: set[str] = set()
     seen_backends: dict[str, tuple[Any, ...]] = {}
     for p, pool in enumerate(config.pools):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -86,7 +87,9 @@ def running_stack(spec: FleetSpec, policy: str, workdir: Path) -> Iterator[str]:
         group = ProcessGroup(workdir)
         try:
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
-            child = group.start("gateway", [*argv, "--log-level", "warning"])
+            # An open gateway read without a key: the shell's admin key (a weak one stops it) is not its.
+            env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
+            child = group.start("gateway", [*argv, "--log-level", "warning"], env=env)
             base = f"http://127.0.0.1:{port}"
             wait_until(lambda: _status(base + "/ready") == 200, timeout=60, what="gateway", child=child)
             yield base

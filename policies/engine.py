@@ -11,22 +11,20 @@ Explanations of a decision are in policies/explain.py.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from backends.models import Backend
-from backends.yamlfile import ConfigError
-from policies import registry
 from policies.classes import Predicate, compile_condition
 from policies.config import DEFAULT_CLASS, LoadedPolicy, Route, load_policy
 from policies.filters import ContextFits, Healthy
 from policies.framework import Decision, Filter, Picker, RouteContext, Scorer
+from policies.hints import HeaderHints
+from policies.plugins import PolicyPlugins
 from policies.predict import RecentSends, decoding_slowly, idle, saturation_reason
 from policies.profile import RequestProfile
 from policies.selectors import each_selector, selects
@@ -83,8 +81,7 @@ class PolicyEngine:
         self.warnings: list[str] = []
         self.decisions = 0
         self.decision_ns = 0
-        self._import_plugins()
-        self._plugins = self._build_plugins()
+        self._plugins = PolicyPlugins(loaded)
         self._rules: list[tuple[str, Predicate]] = [
             (rule.name, compile_condition(rule.when))
             for rule in loaded.policy.classes
@@ -96,84 +93,11 @@ class PolicyEngine:
         self._headers: list[tuple[bytes, dict[str, str]]] = [
             (name.encode("latin-1"), values) for name, values in loaded.policy.headers.items()
         ]
+        self.hints = HeaderHints(loaded.policy)  # the headers it reads (gateway/request/allowance.py)
         self.recent = RecentSends()
         """What this engine routed to each backend since its last scrape (policies/predict.py)."""
 
     # --- loading -------------------------------------------------------------------------------------
-
-    def _import_plugins(self) -> None:
-        for i, module in enumerate(self.loaded.policy.imports):
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # a plugin module may fail in any way while importing
-                raise ConfigError(
-                    self.loaded.source, self.loaded.line("imports", i), f"cannot import `{module}`: {exc}"
-                ) from None
-
-    def _build_plugins(self) -> dict[str, Any]:
-        """Every registered plugin that works with default parameters, under its type name, plus the
-        policy's configured instances."""
-        plugins: dict[str, Any] = {}
-        self._kinds: dict[str, str] = {}
-        for type_name in registry.registered():
-            entry = registry.lookup(type_name)
-            if entry is None:
-                continue
-            try:
-                plugins[type_name] = registry.create(type_name, {})
-            except msgspec.ValidationError:
-                continue  # needs parameters: only usable through a `plugins:` entry
-            self._kinds[type_name] = entry.kind
-        for i, spec in enumerate(self.loaded.policy.plugins):
-            entry = registry.lookup(spec.type)
-            if entry is None:
-                known = ", ".join(registry.registered())
-                raise ConfigError(
-                    self.loaded.source,
-                    self.loaded.line("plugins", i, "type"),
-                    f"unknown plugin type `{spec.type}`",
-                    hint=f"one of: {known}",
-                )
-            try:
-                plugin = registry.create(spec.type, spec.params)
-            except msgspec.ValidationError as exc:
-                raise ConfigError(
-                    self.loaded.source,
-                    self.loaded.line("plugins", i, "params"),
-                    f"bad params for `{spec.type}`: {exc}",
-                ) from None
-            plugins[spec.name or spec.type] = plugin
-            self._kinds[spec.name or spec.type] = entry.kind
-        return plugins
-
-    def _plugin(self, name: str, kind: str, *path: Any) -> Any:
-        if self._kinds.get(name) != kind:
-            known = ", ".join(sorted(n for n, k in self._kinds.items() if k == kind))
-            raise ConfigError(
-                self.loaded.source,
-                self.loaded.line(*path),
-                f"unknown {kind} `{name}`",
-                hint=f"one of: {known}",
-            )
-        return self._plugins[name]
-
-    def _scorer(self, name: str, *path: Any) -> Scorer:
-        """The scorer named in a route's strategy, which must declare its capabilities (framework.Scorer)."""
-        scorer = self._plugin(name, "scorer", *path)
-        missing = [
-            attr
-            for attr in ("scores_in_unit_range", "reads_predictions")
-            if not isinstance(getattr(scorer, attr, None), bool)
-        ]
-        if missing:
-            raise ConfigError(
-                self.loaded.source,
-                self.loaded.line(*path),
-                f"scorer `{name}` ({type(scorer).__module__}.{type(scorer).__qualname__}) does not declare "
-                + " and ".join(f"`{attr}`" for attr in missing),
-                hint="a scorer sets both as class attributes, True or False (policies/framework.py Scorer)",
-            )
-        return scorer
 
     def _compile_route(self, name: str, route: Route, backends: Sequence[Backend]) -> CompiledRoute:
         tiers: dict[Backend, int] = {}
@@ -188,15 +112,16 @@ class PolicyEngine:
         elif backends:
             self._warn_unmatched_selectors(name, route, backends)
         extra: list[Filter] = [
-            self._plugin(f, "filter", "routes", name, "filters", i) for i, f in enumerate(route.filters)
+            self._plugins.get(f, "filter", "routes", name, "filters", i) for i, f in enumerate(route.filters)
         ]
         filters: list[Filter] = [Healthy(), ContextFits(), *extra]
         chosen = [
-            (self._scorer(s, "routes", name, "strategy", s), weight) for s, weight in route.strategy.items()
+            (self._plugins.scorer(s, "routes", name, "strategy", s), weight)
+            for s, weight in route.strategy.items()
         ]
         total = sum(weight for _, weight in chosen) or 1.0
         scorers = [(scorer, weight / total, not scorer.scores_in_unit_range) for scorer, weight in chosen]
-        picker = self._plugin(route.picker, "picker", "routes", name, "picker")
+        picker = self._plugins.get(route.picker, "picker", "routes", name, "picker")
         predicts = route.slo is not None or any(scorer.reads_predictions for scorer, _ in chosen)
         slo = route.slo
         ttft_limit = slo.ttft_ms / 1000 if slo is not None and slo.ttft_ms is not None else float("inf")

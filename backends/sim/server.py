@@ -11,10 +11,8 @@ Completions streams are the same without the role chunks and with `text` instead
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
-import struct
 import time
 import zlib
 from typing import Any
@@ -22,17 +20,11 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from backends.sim.dialects import (
-    AnthropicError,
-    MessagesShape,
-    ResponsesShape,
-    anthropic,
-    messages_to_chat,
-    not_found_response,
-    responses_to_chat,
-)
+from backends.sim.embeddings import embeddings_answer
 from backends.sim.engine import BatchEngine, Engine, FixedEngine, Run, SimClock
 from backends.sim.faults import FaultState, FaultUpdate
+from backends.sim.frames import StreamFrames
+from backends.sim.messages_api import AnthropicError, MessagesShape, anthropic, messages_to_chat
 from backends.sim.metrics import EngineStats
 from backends.sim.options import SimOptions
 from backends.sim.output import shape
@@ -40,14 +32,13 @@ from backends.sim.protocol import (
     GenerationRequest,
     Kind,
     SimError,
-    StreamFrames,
     UnparseableBody,
     full_response,
     parse_generation,
-    resolve_model,
     stream_usage,
 )
-from backends.sim.text import EMBEDDING_DIM, Generation, count_tokens, embed, generate
+from backends.sim.responses_api import ResponsesShape, not_found_response, responses_to_chat
+from backends.sim.text import Generation, generate
 
 log = logging.getLogger("backends.sim")
 
@@ -364,65 +355,13 @@ class SimServer:
         return response
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        options = self.options
         try:
             await self._inject_faults()
-            body = await _read_json(request)
-            model = resolve_model(body, options.models)
-            inputs = _embedding_inputs(body.get("input"))
-            encoding = body.get("encoding_format") or "float"
-            if encoding not in ("float", "base64"):
-                raise SimError(400, "`encoding_format` must be `float` or `base64`", param="encoding_format")
-            dimensions = body.get("dimensions")
-            if dimensions is not None and (
-                isinstance(dimensions, bool)
-                or not isinstance(dimensions, int)
-                or not 1 <= dimensions <= EMBEDDING_DIM
-            ):
-                raise SimError(
-                    400, f"`dimensions` must be an integer from 1 to {EMBEDDING_DIM}", param="dimensions"
-                )
+            answer = embeddings_answer(await _read_json(request), self.options.models)
         except SimError as exc:
             return _error(exc)
-        data: list[dict[str, Any]] = []
-        prompt_tokens = 0
-        for index, (key, tokens) in enumerate(inputs):
-            prompt_tokens += tokens
-            vector = embed(f"{model}\x1f{key}", dimensions)
-            value: Any = vector
-            if encoding == "base64":
-                value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-            data.append({"object": "embedding", "index": index, "embedding": value})
-        self.stats.prompt_tokens += prompt_tokens
-        return _json(
-            {
-                "id": f"embd-{os.urandom(16).hex()}",
-                "object": "list",
-                "created": int(time.time()),
-                "model": model,
-                "data": data,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "total_tokens": prompt_tokens,
-                    "completion_tokens": 0,
-                    "prompt_tokens_details": None,
-                },
-            }
-        )
-
-
-def _embedding_inputs(value: Any) -> list[tuple[str, int]]:
-    """(hash key, token count) per input: a string, a list of strings, token ids, or lists of token ids."""
-    if isinstance(value, str):
-        return [(value, count_tokens(value))]
-    if isinstance(value, list) and value:
-        if all(type(t) is int for t in value):
-            return [(",".join(map(str, value)), len(value))]
-        if all(isinstance(item, str) for item in value):
-            return [(item, count_tokens(item)) for item in value]
-        if all(isinstance(item, list) and all(type(t) is int for t in item) for item in value):
-            return [(",".join(map(str, item)), len(item)) for item in value]
-    raise SimError(400, "`input` must be a string, a list of strings or a list of token ids", param="input")
+        self.stats.prompt_tokens += answer["usage"]["prompt_tokens"]
+        return _json(answer)
 
 
 def _drop_connection(request: web.Request) -> web.Response:

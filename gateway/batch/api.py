@@ -1,38 +1,32 @@
-"""`/v1/files` and `/v1/batches` in OpenAI's shapes: what the official SDK's batch calls expect."""
+"""`/v1/batches` in OpenAI's shapes: what the official SDK's batch calls expect (files: files_api.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.datastructures import UploadFile
-from litestar.enums import RequestEncodingType
 from litestar.handlers import BaseRouteHandler
-from litestar.params import Body, FromPath, FromQuery
+from litestar.params import FromPath, FromQuery
 
-from gateway.batch.files import FileStoreError
-from gateway.batch.finalize import split_lines
+from gateway.batch.caller import caller_of
 from gateway.batch.objects import (
     COMPLETION_WINDOW,
     ENDPOINTS,
     TERMINAL,
     WINDOW_S,
     BatchObject,
-    FileObject,
     RequestCounts,
     StoredBatch,
-    StoredFile,
     new_id,
-    now,
     to_json,
 )
+from gateway.batch.quota import over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_cancelling
+from gateway.credentials import authorization as authorization_of
 from gateway.errors import GatewayError, invalid_request
 from gateway.request.classify import key_id
 
@@ -51,48 +45,30 @@ def _not_found(what: str, ident: str) -> GatewayError:
     return GatewayError(404, f"No such {what}: '{ident}'.", "invalid_request_error", code="not_found")
 
 
-@contextlib.contextmanager
-def _store_usable() -> Iterator[None]:
-    """A file store that fails is a 503 to the client; the log says which call failed and why."""
-    try:
-        yield
-    except FileStoreError as exc:
-        log.error("batch file store: %s", exc)
-        raise GatewayError(
-            503,
-            "The batch file store cannot be used right now. Retry shortly.",
-            "server_error",
-            code="file_store_unavailable",
-            headers={"retry-after": "5"},
-        ) from None
-
-
 def _json(obj: Any) -> Response[bytes]:
     return Response(to_json(obj), media_type="application/json")
 
 
 def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
-    state, files, options = service.state, service.files, service.options
+    state, options = service.state, service.options
     tenants = service.pipeline.tenants
 
     async def owner_of(request: Request[Any, Any, Any]) -> tuple[str, str | None]:
-        authorization = request.headers.get("authorization")
+        authorization = authorization_of(request.scope["headers"])
         if service.keys_mode and tenants is not None:
             tenant = await tenants.authenticate(authorization)
             return tenant.key.id, None
         return key_id(authorization), authorization
 
-    async def own_file(request: Request[Any, Any, Any], file_id: str) -> StoredFile:
-        owner, _ = await owner_of(request)
-        stored = await state.get_file(file_id)
-        if stored is None or stored.owner != owner:
-            raise _not_found("file", file_id)
-        return stored
+    async def batch_viewer(request: Request[Any, Any, Any]) -> str | None:
+        """The key whose batches the caller sees; None for an admin key, which sees every key's."""
+        caller = await caller_of(service, request)
+        return None if caller.admin else caller.owner
 
     async def own_batch(request: Request[Any, Any, Any], batch_id: str) -> StoredBatch:
-        owner, _ = await owner_of(request)
+        viewer = await batch_viewer(request)
         stored = await state.get(batch_id)
-        if stored is None or stored.owner != owner:
+        if stored is None or (viewer is not None and stored.owner != viewer):
             raise _not_found("batch", batch_id)
         return stored
 
@@ -105,78 +81,31 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             batch = msgspec.structs.replace(batch, request_counts=counts)
         return batch
 
-    @post(
-        "/v1/files",
-        name="files-create",
-        status_code=200,
-        request_max_body_size=options.max_file_bytes + 65536,
-    )
-    async def create_file(
-        request: Request[Any, Any, Any],
-        data: Annotated[dict[str, Any], Body(media_type=RequestEncodingType.MULTI_PART)],
-    ) -> Response[bytes]:
-        owner, _ = await owner_of(request)
-        purpose = data.get("purpose")
-        upload = data.get("file")
-        if purpose != "batch":
-            raise invalid_request(
-                "`purpose` must be `batch` (the only purpose this gateway stores).", "purpose"
-            )
-        if not isinstance(upload, UploadFile):
-            raise invalid_request("Send the file as the multipart field `file`.", param="file")
-        content = await upload.read()
-        if len(content) > options.max_file_bytes:
-            raise invalid_request(f"The file is over {options.max_file_bytes} bytes.", param="file")
-        lines = split_lines(content)
-        if not lines:
-            raise invalid_request("The file has no requests (one JSON object per line).", param="file")
-        if len(lines) > options.max_lines:
-            raise invalid_request(f"The file has over {options.max_lines} requests.", param="file")
-        file_id = new_id("file").replace("file_", "file-")
-        meta = FileObject(
-            id=file_id,
-            bytes=len(content),
-            created_at=now(),
-            filename=upload.filename or "input.jsonl",
-            purpose="batch",
-        )
-        path = f"files/{file_id}"
-        with _store_usable():
-            await files.put(path, content)
-        await state.put_file(StoredFile(file=meta, owner=owner, path=path))
-        return _json(meta)
-
-    @get("/v1/files/{file_id:str}", name="files-retrieve")
-    async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-        return _json((await own_file(request, file_id)).file)
-
-    @get("/v1/files/{file_id:str}/content", name="files-content")
-    async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-        stored = await own_file(request, file_id)
-        with _store_usable():
-            content = await files.get(stored.path)
-        if content is None:
-            raise _not_found("file", file_id)
-        return Response(content, media_type="application/octet-stream")
-
     @post("/v1/batches", name="batches-create", status_code=200)
     async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        owner, authorization = await owner_of(request)
+        caller = await caller_of(service, request)
+        owner, authorization = caller.owner, caller.authorization
         try:
             body = msgspec.json.decode(await request.body(), type=CreateBatch)
         except msgspec.ValidationError as exc:
-            raise invalid_request(f"Invalid request body: {exc}") from None
+            raise invalid_request(f"Invalid request body: {exc}", code="invalid_value") from None
         except msgspec.DecodeError:
-            raise invalid_request("The body must be a JSON object.") from None
+            raise invalid_request("The body must be a JSON object.", code="invalid_json") from None
         if body.endpoint not in ENDPOINTS:
-            raise invalid_request(f"`endpoint` must be one of {', '.join(ENDPOINTS)}.", param="endpoint")
+            raise invalid_request(
+                f"`endpoint` must be one of {', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value"
+            )
         if body.completion_window != COMPLETION_WINDOW:
-            raise invalid_request("`completion_window` must be `24h`.", param="completion_window")
+            raise invalid_request(
+                "`completion_window` must be `24h`.", param="completion_window", code="invalid_value"
+            )
         source = await state.get_file(body.input_file_id)
         if source is None or source.owner != owner:
             raise _not_found("file", body.input_file_id)
         if source.file.purpose != "batch":
-            raise invalid_request("The input file's purpose must be `batch`.", param="input_file_id")
+            raise invalid_request(
+                "The input file's purpose must be `batch`.", param="input_file_id", code="invalid_value"
+            )
         created = time.time()
         batch = BatchObject(
             id=new_id("batch"),
@@ -190,7 +119,12 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
         )
         window = options.window_s or WINDOW_S
         stored = StoredBatch(batch=batch, owner=owner, authorization=authorization, deadline=created + window)
-        await state.create(stored)
+        quota = quota_for(options, caller.key)
+        refusal = await state.create(stored, quota.max_open_batches)
+        if refusal == "no_file":  # deleted since it was read
+            raise _not_found("file", body.input_file_id)
+        if refusal is not None:
+            raise over_quota(refusal, quota)
         return _json(batch)
 
     @get("/v1/batches/{batch_id:str}", name="batches-retrieve")
@@ -201,10 +135,12 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
     async def list_batches(
         request: Request[Any, Any, Any], after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
     ) -> Response[bytes]:
-        owner, _ = await owner_of(request)
+        viewer = await batch_viewer(request)
         if not 1 <= limit <= _MAX_LIST:
-            raise invalid_request(f"`limit` must be between 1 and {_MAX_LIST}.", param="limit")
-        found, more = await state.page(owner, after, limit)
+            raise invalid_request(
+                f"`limit` must be between 1 and {_MAX_LIST}.", param="limit", code="invalid_value"
+            )
+        found, more = await state.page(viewer, after, limit)
         data = [await live(stored) for stored in found]
         page = {
             "object": "list",
@@ -229,9 +165,6 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
         return _json(await live(changed or await own_batch(request, batch_id)))
 
     return [
-        create_file,
-        retrieve_file,
-        file_content,
         create_batch,
         retrieve_batch,
         list_batches,

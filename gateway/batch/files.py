@@ -24,6 +24,10 @@ class FileStore(Protocol):
 
     async def exists(self, name: str) -> bool: ...
 
+    async def delete(self, name: str) -> None:
+        """Remove the file; a missing one is no error."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -38,7 +42,8 @@ def check_name(name: str) -> str:
 
 
 class LocalFileStore:
-    """Files under one directory; every write lands whole (written aside, then renamed into place)."""
+    """Files under one directory; every write lands whole (written aside, then renamed into place). A call
+    the filesystem refuses (disk full, permissions) raises `FileStoreError`, as the bucket's do."""
 
     def __init__(self, directory: str | Path) -> None:
         self.root = Path(directory).resolve()
@@ -63,14 +68,29 @@ class LocalFileStore:
         except FileNotFoundError:
             return None
 
+    def _failed(self, call: str, name: str, exc: OSError) -> FileStoreError:
+        return FileStoreError(f"{call} `{name}` in {self.root}: {exc.strerror or exc}")
+
     async def put(self, name: str, data: bytes) -> None:
-        await asyncio.to_thread(self._put, name, data)
+        try:
+            await asyncio.to_thread(self._put, name, data)
+        except OSError as exc:
+            raise self._failed("writing", name, exc) from exc
 
     async def get(self, name: str) -> bytes | None:
-        return await asyncio.to_thread(self._get, name)
+        try:
+            return await asyncio.to_thread(self._get, name)
+        except OSError as exc:
+            raise self._failed("reading", name, exc) from exc
 
     async def exists(self, name: str) -> bool:
         return await asyncio.to_thread(self._path(name).is_file)
+
+    async def delete(self, name: str) -> None:
+        try:
+            await asyncio.to_thread(self._path(name).unlink, missing_ok=True)
+        except OSError as exc:
+            raise self._failed("deleting", name, exc) from exc
 
     async def close(self) -> None:
         return None

@@ -66,6 +66,15 @@ async def _store_file(service: BatchService, stored: StoredBatch, kind: str, dat
     return file_id
 
 
+def _unfinished_error(stored: StoredBatch, ending: str) -> tuple[str, str] | None:
+    """The error line's code and message for each line a batch ending `ending` did not finish."""
+    if ending == "expired":
+        return "batch_expired", "This request could not be executed before the completion window expired."
+    if stored.stop is not None:
+        return stored.stop.code, f"This request was not sent: {stored.stop.message}"
+    return None
+
+
 async def finalize(service: BatchService, stored: StoredBatch, ending: str) -> StoredBatch | None:
     """Write the output and error files (lines in input order) and end the batch. Idempotent: the file
     ids follow from the batch's, so a replica that takes over a half-done finalization rewrites them."""
@@ -81,14 +90,15 @@ async def finalize(service: BatchService, stored: StoredBatch, ending: str) -> S
         (errors if ref.startswith("e:") else output).append(text)
     completed, failed = len(output), len(errors)
     total = stored.batch.request_counts.total
-    if ending == "expired" and len(results) < total:
+    unfinished = _unfinished_error(stored, ending)
+    if unfinished is not None and len(results) < total:
         data = await read_input(service, stored)
         inputs = data[0] if not isinstance(data, ErrorData) else []
-        message = "This request could not be executed before the completion window expired."
+        code, message = unfinished
         for line in range(total):
             if line not in results:
                 raw = inputs[line] if line < len(inputs) else b""
-                errors.append(error_line(custom_id_of(raw), "batch_expired", message).text)
+                errors.append(error_line(custom_id_of(raw), code, message).text)
                 failed += 1
     output_id = await _store_file(service, stored, "output", b"\n".join(output) + b"\n") if output else None
     error_id = await _store_file(service, stored, "error", b"\n".join(errors) + b"\n") if errors else None

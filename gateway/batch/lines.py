@@ -99,15 +99,15 @@ async def send_to(pipeline: Pipeline, ctx: RequestContext, backend: Backend | No
     pipeline.parse(ctx)
     pipeline.classify(ctx)
     key, tenants = ctx.caller.key, pipeline.tenants
-    ignored: list[str] = []
     if key is not None:
         assert tenants is not None  # a key is set only when the tenants seam is on
-        ignored = tenants.check(key, ctx.profile)
+        tenants.check(key, ctx.profile)
     pipeline.route(ctx)
     routed = ctx.decision
     if backend is not None and backend.max_model_len >= ctx.profile.context_needed:
         ctx.decision = Decision([backend], routed.route, routed.request_class)
     if key is not None:
+        ignored = ctx.caller.hints_ignored or []
         ctx.caller.admission = await tenants.admit(key, ctx.profile, ctx.decision.candidates, ignored)  # type: ignore[union-attr]
     return await pipeline.complete(ctx)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gateway.batch.objects import TERMINAL, StoredBatch, StoredFile
-from gateway.batch.state import Change
+from gateway.batch.quota import Quota, Refusal
+from gateway.batch.state import GONE_KEEP_S, Change, NotCreated, Order, UnknownCursor
 
 
 @dataclass
@@ -21,20 +23,89 @@ class _Lines:
 
 
 class MemoryBatchState:
+    """Each call runs to its end without awaiting, so every check-then-change is atomic."""
+
     def __init__(self) -> None:
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, StoredBatch] = {}
         self.lines: dict[str, _Lines] = {}
+        self._seq: dict[str, int] = {}
+        self._last_seq = 0
+        self._gone: dict[str, tuple[str, int, float]] = {}
+        """A deleted file's owner, sequence number and the time it was deleted."""
+
+    def _held(self, owner: str) -> tuple[int, int]:
+        mine = [f.file.bytes for f in self.files.values() if f.owner == owner]
+        return len(mine), sum(mine)
+
+    def _record(self, stored: StoredFile) -> None:
+        if stored.file.id not in self._seq:
+            self._last_seq += 1
+            self._seq[stored.file.id] = self._last_seq
+        self.files[stored.file.id] = stored
+
+    async def add_file(self, stored: StoredFile, quota: Quota) -> Refusal | None:
+        count, held = self._held(stored.owner)
+        if quota.max_stored_files is not None and count + 1 > quota.max_stored_files:
+            return "max_stored_files"
+        if quota.max_stored_bytes is not None and held + stored.file.bytes > quota.max_stored_bytes:
+            return "max_stored_bytes"
+        self._record(stored)
+        return None
 
     async def put_file(self, stored: StoredFile) -> None:
-        self.files[stored.file.id] = stored
+        self._record(stored)
 
     async def get_file(self, file_id: str) -> StoredFile | None:
         return self.files.get(file_id)
 
-    async def create(self, stored: StoredBatch) -> None:
+    async def remove_file(self, file_id: str) -> StoredFile | Literal["in_use"] | None:
+        stored = self.files.get(file_id)
+        if stored is None:
+            return None
+        readers = (b.batch for b in self.batches.values() if b.batch.input_file_id == file_id)
+        if any(batch.status not in TERMINAL for batch in readers):
+            return "in_use"
+        del self.files[file_id]
+        now = time.time()
+        self._gone = {k: v for k, v in self._gone.items() if v[2] > now - GONE_KEEP_S}
+        self._gone[file_id] = (stored.owner, self._seq.pop(file_id), now)
+        return stored
+
+    async def list_files(
+        self, owner: str | None, after: str | None, limit: int, order: Order, purpose: str | None
+    ) -> tuple[list[StoredFile], bool]:
+        desc = order == "desc"
+        mine = ((seq, i) for i, seq in self._seq.items() if owner is None or self.files[i].owner == owner)
+        found = sorted(mine, reverse=desc)
+        if after is not None:
+            cursor = self._cursor(owner, after)
+            found = [(seq, i) for seq, i in found if (seq < cursor if desc else seq > cursor)]
+        files = [self.files[i] for _, i in found if purpose is None or self.files[i].file.purpose == purpose]
+        return files[:limit], len(files) > limit
+
+    def _cursor(self, owner: str | None, after: str) -> int:
+        """The sequence number of the file `after` (or of one deleted lately), when the owner's."""
+        stored = self.files.get(after)
+        if stored is not None and owner in (None, stored.owner):
+            return self._seq[after]
+        gone = self._gone.get(after)
+        if gone is not None and owner in (None, gone[0]):
+            return gone[1]
+        raise UnknownCursor(after)
+
+    async def create(self, stored: StoredBatch, max_open: int | None = None) -> NotCreated | None:
+        if stored.batch.input_file_id not in self.files:
+            return "no_file"
+        if max_open is not None:
+            open_now = sum(
+                1 for b in self.batches.values() if b.owner == stored.owner and b.batch.status not in TERMINAL
+            )
+            if open_now >= max_open:
+                return "max_open_batches"
         self.batches[stored.batch.id] = stored
         self.lines[stored.batch.id] = _Lines()
+        return None
 
     async def get(self, batch_id: str) -> StoredBatch | None:
         return self.batches.get(batch_id)
@@ -48,8 +119,8 @@ class MemoryBatchState:
             self.batches[batch_id] = changed
         return changed
 
-    async def page(self, owner: str, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
-        mine = [b for b in reversed(self.batches.values()) if b.owner == owner]
+    async def page(self, owner: str | None, after: str | None, limit: int) -> tuple[list[StoredBatch], bool]:
+        mine = [b for b in reversed(self.batches.values()) if owner is None or b.owner == owner]
         if after is not None:
             ids = [b.batch.id for b in mine]
             mine = mine[ids.index(after) + 1 :] if after in ids else []

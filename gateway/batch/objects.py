@@ -88,7 +88,12 @@ class StoredBatch(msgspec.Struct, kw_only=True):
     deadline: float = 0.0
     """Unix time the batch expires at (the window, or `batches.window_s` when set)."""
     ending: str | None = None
-    """While `finalizing`: the status it ends in (`completed` or `expired`)."""
+    """While `finalizing`: the status it ends in (`completed`, `expired`, or `failed` when stopped)."""
+    stop: ErrorData | None = None
+    """Why its key stopped it (`key_revoked`, `key_expired`, `key_not_found`): the batch's error, and
+    the error of each line it did not finish."""
+    stopped_at: float = 0.0
+    """Unix time it was stopped; finalized once every replica has had time to stop its lines."""
 
 
 def now() -> int:

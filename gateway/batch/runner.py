@@ -8,6 +8,11 @@ read, lines counted), `in_progress` -> `finalizing` (every line has a result, or
 `cancelling` -> `finalizing`, and `finalizing` -> `completed` / `expired` / `cancelled` (output and
 error files written, by one replica under a lock). A replica that dies mid-batch stops renewing its
 leases; another claims those lines.
+
+Every tick, before handing out lines, it reads whether any key changed (`Tenants.sync`, one Redis GET)
+and checks each batch's key as it is now: a batch whose key was revoked, expired or deleted stops on
+every replica within a tick or two (its running lines cancelled, `finalizing` ending `failed`, an error
+line per line it did not finish); while the key store cannot be read, no line is handed out.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from gateway.batch.headroom import HeadroomLimits
 from gateway.batch.lines import run_line
 from gateway.batch.objects import ErrorData, StoredBatch
 from gateway.batch.service import BatchService
-from gateway.batch.transitions import to_failed, to_finalizing, to_in_progress
+from gateway.batch.transitions import to_failed, to_finalizing, to_in_progress, to_stopped
+from gateway.errors import GatewayError
 from gateway.redis_client import REDIS_ERRORS
+from gateway.tenants.errors import KEY_UNUSABLE
 
 log = logging.getLogger("switchyard.batch")
 
@@ -53,16 +60,23 @@ class BatchRunner:
         self.running: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.exhausted: set[str] = set()
         """Batches with nothing to claim until the next refresh."""
+        self.held: set[str] = set()
+        """Batches whose key could not be checked this tick: no line of theirs is handed out."""
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        """Set by `stop`: the loop ends on it, not only on a cancellation (redis-py can swallow one that
+        lands while it reconnects, as gateway/tenants/admission.py says)."""
         self._next_refresh = 0.0
         self._next_renew = 0.0
         self._turn = 0
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
         """Stop claiming; give back the lines still running, so another replica takes them at once."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -77,7 +91,7 @@ class BatchRunner:
 
     async def _loop(self) -> None:
         away = False
-        while True:
+        while not self._stopping:
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -101,6 +115,7 @@ class BatchRunner:
         if now >= self._next_refresh:
             self._next_refresh = now + REFRESH_S
             await self.refresh()
+        await self.check_keys()
         if self.running and now >= self._next_renew:
             self._next_renew = now + self.options.lease_s / 3
             await self._renew()
@@ -145,9 +160,40 @@ class BatchRunner:
             ending = "cancelled" if status == "cancelling" else stored.ending or "completed"
             if status == "cancelling" and time.time() - (batch.cancelling_at or 0) < REFRESH_S * 2:
                 return stored  # the other replicas stop its lines at their next refresh
+            if stored.stop is not None and time.time() - stored.stopped_at < REFRESH_S * 2:
+                return stored  # likewise: no line of a stopped batch may finish after its files are written
             if await state.lock(batch.id, "finalize", self.token, FINALIZE_LOCK_S):
                 return await finalize(service, stored, ending)
         return stored
+
+    async def check_keys(self) -> None:
+        """Each batch in progress against its key as it is now (keys mode): stop the batches whose key
+        can no longer be used; hold every batch while the key store cannot be read (fail closed)."""
+        self.held.clear()
+        tenants = self.service.pipeline.tenants
+        if not self.batches or tenants is None or not self.service.keys_mode:
+            return
+        try:
+            await tenants.sync()
+        except Exception as exc:
+            log.debug("batch scheduler: cannot read the key store (%s); no lines handed out", exc)
+            self.held.update(self.batches)
+            return
+        for batch_id, stored in list(self.batches.items()):
+            try:
+                await self.service.tenant_of(stored)
+            except GatewayError as exc:
+                if exc.body.code in KEY_UNUSABLE:
+                    await self._stop(stored, ErrorData(code=exc.body.code, message=exc.body.message))
+                else:
+                    self.held.add(batch_id)
+
+    async def _stop(self, stored: StoredBatch, why: ErrorData) -> None:
+        batch_id = stored.batch.id
+        self.batches.pop(batch_id, None)
+        self._cancel_local(batch_id)
+        if await self.service.state.update(batch_id, to_stopped(why)) is not None:
+            log.warning("batch %s stopped: %s", batch_id, why.message)
 
     def _cancel_local(self, batch_id: str) -> None:
         for (owner, _), task in list(self.running.items()):
@@ -161,7 +207,8 @@ class BatchRunner:
         if not self.batches:
             return
         slots: dict[str, list[Backend]] = {}
-        order = [b for b in self.batches.values() if b.batch.id not in self.exhausted]
+        skip = self.exhausted | self.held
+        order = [b for b in self.batches.values() if b.batch.id not in skip]
         while order:
             self._turn = (self._turn + 1) % len(order)
             stored = order[self._turn]
@@ -194,8 +241,13 @@ class BatchRunner:
                 if isinstance(data, ErrorData):
                     return
                 lines = self.inputs[batch_id] = data[0]
+            try:
+                tenant = await service.tenant_of(stored)
+            except GatewayError as exc:  # not sent; a stopped key stops the batch at the next tick
+                wait = 0.0 if exc.body.code in KEY_UNUSABLE else self.options.retry_backoff_s
+                await state.release(batch_id, line, self.token, wait)
+                return
             attempt = await state.attempt(batch_id, line)
-            tenant = await service.tenant_of(stored)
             result = await run_line(
                 service.pipeline,
                 lines[line],

@@ -2,9 +2,9 @@
 
 The same names as the local directory (gateway/batch/files.py), under `batches.s3.prefix`. Each request is
 signed with SigV4 (gateway/batch/sigv4.py). A 5xx, a 429 or a broken connection is tried again with
-full-jitter backoff, `max_attempts` times in all: every call is a whole-object PUT, a GET or a HEAD, so a
-repeat changes nothing. Anything else the store refuses raises `S3StoreError`, whose message names the
-call, the object, the bucket and the endpoint, and never a key or a signature.
+full-jitter backoff, `max_attempts` times in all: every call is a whole-object PUT, a GET, a HEAD or a
+DELETE, so a repeat changes nothing. Anything else the store refuses raises `S3StoreError`, whose
+message names the call, the object, the bucket and the endpoint, and never a key or a signature.
 """
 
 from __future__ import annotations
@@ -109,6 +109,12 @@ class S3FileStore:
             await self._missing_object_or_bucket()
             return False
         raise self._refused("HEAD", key, status, await self._reason(body))
+
+    async def delete(self, name: str) -> None:
+        key = self._key(name)
+        status, body = await self._send("DELETE", key)
+        if not 200 <= status < 300 and not (status == 404 and _code(body) != "NoSuchBucket"):
+            raise self._refused("DELETE", key, status, body)
 
     async def check(self) -> None:
         """Raise `S3StoreError` unless the bucket exists and the keys may use it."""

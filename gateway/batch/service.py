@@ -28,7 +28,6 @@ class BatchService:
     replica: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
     )
-    _tenants: dict[str, Tenant | None] = field(default_factory=dict)
 
     @property
     def keys_mode(self) -> bool:
@@ -36,19 +35,13 @@ class BatchService:
         return tenants is not None and tenants.options.mode == "keys"
 
     async def tenant_of(self, stored: StoredBatch) -> Tenant | None:
-        """The key a batch's lines run as (keys mode); None in open mode or when the key is gone."""
+        """The key a batch's lines run as, as it is now (keys mode); None in open mode. Raises 401
+        `key_revoked` / `key_expired` / `key_not_found` (the batch stops) or 503 `limits_unavailable`
+        (its lines wait): a line is never sent without its key."""
         tenants = self.pipeline.tenants
         if not self.keys_mode or tenants is None:
             return None
-        if stored.owner not in self._tenants:
-            key = await tenants.store.get_key(stored.owner)
-            team = await tenants.store.get_team(key.team) if key is not None and key.team else None
-            usable = key is not None and not key.revoked
-            self._tenants[stored.owner] = Tenant(key, team, "admin" in key.scopes) if usable else None  # type: ignore[arg-type,union-attr]
-        return self._tenants[stored.owner]
-
-    def forget_tenants(self) -> None:
-        self._tenants.clear()
+        return await tenants.resolve(stored.owner)
 
 
 def build_batches(settings: Settings, pipeline: Pipeline) -> BatchService | None:

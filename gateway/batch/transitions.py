@@ -6,6 +6,8 @@ racing to make the same change make it once.
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from gateway.batch.objects import BatchErrors, ErrorData, RequestCounts, StoredBatch, now
@@ -48,6 +50,20 @@ def to_finalizing(ending: str) -> Change:
     return change
 
 
+def to_stopped(stop: ErrorData) -> Change:
+    """`in_progress` to `finalizing`, ending `failed`: its key can no longer run its lines."""
+
+    def change(stored: StoredBatch) -> StoredBatch | None:
+        if stored.batch.status != "in_progress":
+            return None
+        changed = _with(stored, ending="failed", status="finalizing", finalizing_at=now())
+        changed.stop = stop
+        changed.stopped_at = time.time()
+        return changed
+
+    return change
+
+
 def to_cancelling() -> Change:
     def change(stored: StoredBatch) -> StoredBatch | None:
         if stored.batch.status not in ("validating", "in_progress"):
@@ -74,13 +90,20 @@ def to_final(ending: str, output_id: str | None, error_id: str | None, counts: R
     def change(stored: StoredBatch) -> StoredBatch | None:
         if stored.batch.status not in ("finalizing", "cancelling"):
             return None
-        stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[ending]
+        stamp = {
+            "completed": "completed_at",
+            "expired": "expired_at",
+            "cancelled": "cancelled_at",
+            "failed": "failed_at",
+        }[ending]
+        errors = BatchErrors(data=[stored.stop]) if stored.stop is not None else stored.batch.errors
         return _with(
             stored,
             status=ending,
             output_file_id=output_id,
             error_file_id=error_id,
             request_counts=counts,
+            errors=errors,
             **{stamp: now()},
         )
 

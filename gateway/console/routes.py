@@ -7,6 +7,7 @@ the admin API's, on the same shared state.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,22 @@ from litestar.response import Redirect
 from gateway.console import data, pages
 from gateway.console.keys_page import keys_fragment, keys_page
 from gateway.console.routing_page import explained_fragment, routing_page
-from gateway.console.session import COOKIE, CSRF_HEADER, Sessions, cleared_cookie_header, same_origin
+from gateway.console.session import (
+    COOKIE,
+    CSRF_HEADER,
+    Revocations,
+    Sessions,
+    cleared_cookie_header,
+    same_origin,
+)
 from gateway.errors import GatewayError
+from gateway.redis_client import REDIS_ERRORS
 from gateway.request.parse import UPSTREAM_PATHS
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
+from gateway.tenants.login_throttle import LoginThrottle, client_address, retry_after
 
+log = logging.getLogger("switchyard.console")
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 SECURITY_HEADERS = {
@@ -61,25 +72,28 @@ class Console:
         self.pipeline = pipeline
         self.tenants = tenants
         admin_hash = tenants.admin_hash if tenants is not None else None
-        self.sessions = Sessions(admin_hash) if admin_hash else None
+        self.sessions = None
+        if tenants is not None and admin_hash:
+            ended = Revocations(tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout)
+            self.sessions = Sessions(admin_hash, revocations=ended)
         self.api = data.AdminApi(handlers)
         self.series = data.CostSeries(pipeline.ledger)
         self.recent = data.Recent(ttl=10.0)
 
-    def session(self, request: Req) -> str | None:
+    async def session(self, request: Req) -> str | None:
         token = request.cookies.get(COOKIE)
-        return token if self.sessions is not None and self.sessions.valid(token) else None
+        return token if self.sessions is not None and await self.sessions.live(token) else None
 
-    def page_or_login(self, request: Req) -> tuple[str | None, Response[str] | None]:
+    async def page_or_login(self, request: Req) -> tuple[str | None, Response[str] | None]:
         """(session, None), or (None, the login page refusing the request)."""
         if self.sessions is None:
             return None, _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
-        token = self.session(request)
+        token = await self.session(request)
         if token is None:
             return None, _html(pages.login("Log in with the admin key."), 401)
         return token, None
 
-    def check_action(self, request: Req, form_csrf: str | None = None) -> str:
+    async def check_action(self, request: Req, form_csrf: str | None = None) -> str:
         """The session of an allowed action; raises the refusal otherwise."""
         if self.sessions is None:
             raise _refused(503, NO_ADMIN_KEY, "console_disabled")
@@ -87,7 +101,7 @@ class Console:
             raise _refused(
                 403, "Refused: the action was not sent from this console's origin.", "cross_origin"
             )
-        token = self.session(request)
+        token = await self.session(request)
         if token is None:
             raise _refused(401, "Log in to the console first.", "no_session")
         if not self.sessions.csrf_ok(token, form_csrf or request.headers.get(CSRF_HEADER)):
@@ -139,10 +153,15 @@ class Console:
 
 
 def console_handlers(
-    pipeline: Pipeline, tenants: Tenants | None, handlers: list[BaseRouteHandler]
+    pipeline: Pipeline,
+    tenants: Tenants | None,
+    handlers: list[BaseRouteHandler],
+    throttle: LoginThrottle | None = None,
 ) -> list[HTTPRouteHandler]:
-    """The console's routes; `handlers` are the app's route handlers, among them the admin API's."""
+    """The console's routes; `handlers` are the app's route handlers, among them the admin API's. With
+    `throttle`, a wrong admin key at the login slows its address down."""
     console = Console(pipeline, tenants, handlers)
+    throttle = throttle if throttle is not None else LoginThrottle()
     assets = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
 
     @get("/console", name="console", include_in_schema=False)
@@ -151,7 +170,7 @@ def console_handlers(
 
     @get("/console/login", name="console-login-form")
     async def login_form(request: Req) -> Response[Any]:
-        if console.session(request) is not None:
+        if await console.session(request) is not None:
             return Redirect("/console/fleet", status_code=303)
         if console.sessions is None:
             return _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
@@ -166,8 +185,19 @@ def console_handlers(
             return _html(pages.login("Refused: the login was not sent from this console's origin."), 403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         material = (form.get("admin_key") or [""])[0].strip()
-        if not material or not sessions.is_admin_key(material):
+        if not material:
             return _html(pages.login("That is not the admin key."), 401)
+        address = client_address(request.client.host if request.client else None)
+        gate = await throttle.check(address)
+        if gate.wait_s > 0:  # refused unchecked: checking would tell a guesser which guess was right
+            throttle.refused("console")
+            wait = retry_after(gate.wait_s)
+            message = f"Too many failed logins from your address: try again in {wait} s."
+            return _html(pages.login(message), 429, {"retry-after": wait})
+        if not sessions.is_admin_key(material):
+            await throttle.failed(address, "console")
+            return _html(pages.login("That is not the admin key."), 401)
+        await throttle.succeeded(address, gate)
         # Start reading the costs now: the slow read is done while the operator looks at the fleet.
         console.recent.start(("costs", "1h"), lambda: console.costs_body(request, "1h"))
         console.recent.start(("fleet-costs",), lambda: console.fleet_costs(request))
@@ -177,13 +207,24 @@ def console_handlers(
     @post("/console/logout", name="console-logout", status_code=303)
     async def logout(request: Req) -> Response[Any]:
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        console.check_action(request, (form.get("csrf") or [None])[0])
-        headers = {"location": "/console/login", "set-cookie": cleared_cookie_header()}
+        token = await console.check_action(request, (form.get("csrf") or [None])[0])
+        assert console.sessions is not None
+        cleared = {"set-cookie": cleared_cookie_header()}
+        try:
+            await console.sessions.end(token)
+        except (TimeoutError, *REDIS_ERRORS) as exc:  # this replica refuses it already; the others may not
+            log.warning("console: logout not shared with the other replicas (%s)", exc)
+            message = "Logged out here, but the other replicas could not be told (Redis unreachable)."
+            headers = {**SECURITY_HEADERS, **cleared}
+            raise GatewayError(
+                503, message, "server_error", code="logout_not_shared", headers=headers
+            ) from None
+        headers = {"location": "/console/login", **cleared}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
     @get("/console/fleet", name="console-fleet")
     async def fleet_page(request: Req) -> Response[str]:
-        token, refusal = console.page_or_login(request)
+        token, refusal = await console.page_or_login(request)
         if token is None:
             return refusal  # type: ignore[return-value]
         body = pages.fleet_page(await console.fleet_fragment(request))
@@ -191,14 +232,14 @@ def console_handlers(
 
     @get("/console/fleet/fragment", name="console-fleet-fragment")
     async def fleet_fragment(request: Req) -> Response[str]:
-        token, refusal = console.page_or_login(request)
+        token, refusal = await console.page_or_login(request)
         if token is None:
             return refusal  # type: ignore[return-value]
         return _html(await console.fleet_fragment(request))
 
     @get("/console/costs", name="console-costs")
     async def costs_page(request: Req, window: FromQuery[str] = "1h") -> Response[str]:
-        token, refusal = console.page_or_login(request)
+        token, refusal = await console.page_or_login(request)
         if token is None:
             return refusal  # type: ignore[return-value]
         if window not in data.WINDOWS:
@@ -211,7 +252,7 @@ def console_handlers(
 
     @get("/console/routing", name="console-routing")
     async def routing(request: Req) -> Response[str]:
-        token, refusal = console.page_or_login(request)
+        token, refusal = await console.page_or_login(request)
         if token is None:
             return refusal  # type: ignore[return-value]
         state = await console.api.call("policy", request=request)
@@ -221,7 +262,7 @@ def console_handlers(
 
     @get("/console/keys", name="console-keys")
     async def keys(request: Req) -> Response[str]:
-        token, refusal = console.page_or_login(request)
+        token, refusal = await console.page_or_login(request)
         if token is None:
             return refusal  # type: ignore[return-value]
         enabled = console.api.has("keys-list")
@@ -230,14 +271,14 @@ def console_handlers(
 
     @get("/console/keys/fragment", name="console-keys-fragment")
     async def keys_fragment_view(request: Req) -> Response[str]:
-        token, refusal = console.page_or_login(request)
+        token, refusal = await console.page_or_login(request)
         if token is None:
             return refusal  # type: ignore[return-value]
         return _html(await console.keys_fragment())
 
     @post("/console/backends/{name:str}/{action:str}", name="console-drain", status_code=200)
     async def drain(request: Req, name: FromPath[str], action: FromPath[str]) -> Response[Any]:
-        console.check_action(request)
+        await console.check_action(request)
         if action not in ("drain", "undrain"):
             raise GatewayError(404, f"Unknown path `{request.url.path}`.", "invalid_request_error")
         result = await console.api.call(action, name=name, state=request.app.state)
@@ -245,7 +286,7 @@ def console_handlers(
 
     @post("/console/keys", name="console-keys-create", status_code=201)
     async def create_key(request: Req) -> Response[Any]:
-        console.check_action(request)
+        await console.check_action(request)
         if not console.api.has("keys-create"):
             raise _refused(404, "Keys need the tenants service.", "not_found")
         return Response(await console.api.call("keys-create", request=request), status_code=201,
@@ -253,14 +294,14 @@ def console_handlers(
 
     @post("/console/keys/{key_id:str}/revoke", name="console-keys-revoke", status_code=200)
     async def revoke_key(request: Req, key_id: FromPath[str]) -> Response[Any]:
-        console.check_action(request)
+        await console.check_action(request)
         if not console.api.has("keys-revoke"):
             raise _refused(404, "Keys need the tenants service.", "not_found")
         return Response(await console.api.call("keys-revoke", key_id=key_id), headers=SECURITY_HEADERS)
 
     @post("/console/explain", name="console-explain", status_code=200)
     async def explain(request: Req, endpoint: FromQuery[str] = "chat") -> Response[str]:
-        console.check_action(request)
+        await console.check_action(request)
         result = await console.api.call("explain", request=request, endpoint=endpoint)
         return _html(explained_fragment(result))
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from gateway.request.allowance import ClassOf, apply_allowance
 from gateway.request.parse import ParsedRequest
 from gateway.request.prompt_size import PromptSizer
+from policies.hints import HeaderHints
 from policies.profile import RequestProfile, context_needed
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class Caller:
     """Its reservation in the key's and team's limits, settled once at the request's end."""
     client_request_id: str | None = None
     """The client's valid `x-request-id`: echoed and logged, never used for accounting."""
+    hints_ignored: list[str] | None = None
+    """With a key: the hints it may not give, left out of the profile (`x-switchyard-hints-ignored`)."""
 
 
 @lru_cache(maxsize=4096)
@@ -59,10 +63,18 @@ _DEFAULT_SIZER = PromptSizer()
 """Never taught: the default characters per token, for callers without a gateway's sizer (CLI, bench)."""
 
 
-def classify(parsed: ParsedRequest, caller: Caller, sizer: PromptSizer = _DEFAULT_SIZER) -> RequestProfile:
+def classify(
+    parsed: ParsedRequest,
+    caller: Caller,
+    sizer: PromptSizer = _DEFAULT_SIZER,
+    hints: HeaderHints | None = None,
+    class_of: ClassOf | None = None,
+) -> RequestProfile:
+    """The request's profile; with an API key (`caller.key`), holding only the hints the key may give
+    (`hints`, `class_of`: the policy's, see gateway/request/allowance.py)."""
     key = key_id(caller.authorization)
     prompt_tokens = sizer.estimate(parsed.model, key, parsed.prompt_chars)
-    return RequestProfile(
+    profile = RequestProfile(
         model=parsed.model,
         prompt_tokens_estimate=prompt_tokens,
         context_needed=context_needed(prompt_tokens, parsed.max_tokens),
@@ -77,3 +89,6 @@ def classify(parsed: ParsedRequest, caller: Caller, sizer: PromptSizer = _DEFAUL
         parsed=parsed,
         headers=caller.headers,
     )
+    if caller.key is not None:
+        caller.hints_ignored = apply_allowance(profile, caller.key.key, hints, class_of)
+    return profile

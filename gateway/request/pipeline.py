@@ -105,10 +105,11 @@ class Pipeline:
         team's limits and budget (one Redis round trip); `end` settles or releases the admission."""
         tenants, caller = self.tenants, ctx.caller
         assert tenants is not None and caller.key is not None
-        ignored = tenants.check(caller.key, ctx.profile)
+        tenants.check(caller.key, ctx.profile)
         self.route(ctx)
         if ctx.limits.backpressure is not None:
             await self.wait_for_room(ctx)
+        ignored = caller.hints_ignored or []
         caller.admission = await tenants.admit(caller.key, ctx.profile, ctx.decision.candidates, ignored)
         if ctx.parsed.stream:
             return await self.stream(ctx)
@@ -123,7 +124,11 @@ class Pipeline:
         ctx.parsed = parse(ctx.endpoint, ctx.body)
 
     def classify(self, ctx: RequestContext) -> None:
-        ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer)
+        router = self.router  # with a key, the profile holds only the hints it may give (allowance.py)
+        if ctx.caller.key is not None and isinstance(router, PolicyEngine):
+            ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer, router.hints, router.classify)
+        else:
+            ctx.profile = classify(ctx.parsed, ctx.caller, self.prompt_sizer)
         ctx.classified_ns = time_ns()
 
     def route(self, ctx: RequestContext) -> None:

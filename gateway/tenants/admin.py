@@ -16,7 +16,9 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
+from gateway.credentials import authorization
 from gateway.errors import GatewayError, invalid_request
+from gateway.query_params import refuse_repeated
 from gateway.tenants import errors
 from gateway.tenants.admission import Tenant, Tenants
 from gateway.tenants.keys import (
@@ -29,6 +31,7 @@ from gateway.tenants.keys import (
     new_key_material,
 )
 from gateway.tenants.limits import budget_period
+from gateway.tenants.login_throttle import LoginThrottle, client_address, too_many_failed_logins
 
 ADMIN_PREFIX = "/admin/"
 TENANT_READABLE = {"/admin/v1/usage", "/admin/v1/costs"}
@@ -36,12 +39,34 @@ _STATE_TENANT = "switchyard_tenant"
 _STATE_VISIBLE = "switchyard_visible_keys"
 
 
-def admin_guard(tenants: Tenants):
+def admin_guard(tenants: Tenants, throttle: LoginThrottle | None = None):
+    """With `throttle`, a wrong key slows its address down (gateway/tenants/login_throttle.py)."""
+
+    async def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Tenant:
+        credential = authorization(connection.scope["headers"])
+        if throttle is None or not credential:  # no key given: nothing guessed
+            return await tenants.authenticate(credential)
+        address = client_address(connection.client.host if connection.client else None)
+        gate = await throttle.check(address)
+        if gate.wait_s > 0:
+            throttle.refused("admin_api")
+            raise too_many_failed_logins(gate.wait_s)
+        try:
+            tenant = await tenants.authenticate(credential)
+        except GatewayError as exc:
+            if exc.status == 401:
+                await throttle.failed(address, "admin_api")
+            raise
+        if tenant.admin:
+            await throttle.succeeded(address, gate)
+        return tenant
+
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         path = connection.scope["path"]
         if not path.startswith(ADMIN_PREFIX):
             return
-        tenant = await tenants.authenticate(connection.headers.get("authorization"))
+        refuse_repeated(connection.scope.get("query_string", b""))
+        tenant = await authenticate(connection)
         connection.scope.setdefault("state", {})[_STATE_TENANT] = tenant
         query = connection.query_params
         team, key = query.get("team"), query.get("key")

@@ -20,6 +20,8 @@ from gateway.errors import GatewayError
 from gateway.fastpath import AsgiHandler
 
 ADMIN_PATHS = ("/admin/", "/console")
+ON_ADMIN_PORT = "switchyard.admin_port"
+"""Set (True) in the scope of a request that came in on the admin port."""
 BOTH_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
@@ -48,6 +50,7 @@ class AdminPortSplit:
                 if not path.startswith(ADMIN_PATHS) and path not in BOTH_PATHS:
                     await send_error(send, _unknown(path), _request_id())
                     return
+                scope[ON_ADMIN_PORT] = True
             else:
                 handler = self._routes.get(path)
                 if handler is not None:

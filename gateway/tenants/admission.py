@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import time
@@ -26,7 +25,8 @@ from gateway.settings import AuthOptions
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
 from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
-from gateway.tenants.keys import PRIORITY_RANK, KeyRecord, TeamRecord, bearer_token, hash_key
+from gateway.tenants.key_lookup import KeyLookup, Tenant
+from gateway.tenants.keys import hash_key
 from gateway.tenants.limits import (
     ADMIT,
     NANO,
@@ -36,7 +36,7 @@ from gateway.tenants.limits import (
     Verdict,
     nano,
 )
-from gateway.tenants.prepared import Prepared, SettleNames, prepare, settle_names
+from gateway.tenants.prepared import SettleNames, prepare, settle_names
 from gateway.tenants.reservation import max_cost_usd, max_output_tokens
 from gateway.tenants.script_client import ScriptClient
 from gateway.tenants.settler import Settler
@@ -49,14 +49,6 @@ log = logging.getLogger("switchyard.tenants")
 _CACHE_MAX = 50_000
 _REDIS_RETRY_S = 1.0
 """After a failed Redis call, admissions use the local share for this long before trying Redis again."""
-
-
-@dataclass(slots=True)
-class Tenant:
-    key: KeyRecord
-    team: TeamRecord | None
-    admin: bool
-    prepared: Prepared | None = None
 
 
 @dataclass(slots=True)
@@ -75,12 +67,6 @@ class Admission:
     """The shared counters to settle (`Prepared.names_for`); empty: built when settling."""
 
 
-@dataclass(slots=True)
-class _Cached:
-    tenant: Tenant | None
-    why: str = ""
-
-
 @dataclass
 class Tenants:
     options: AuthOptions
@@ -90,19 +76,19 @@ class Tenants:
     client: AnyRedis | None = None
     """Redis for the shared counters; None: this replica's counters are the whole truth (memory store)."""
     admin_hash: str | None = None
-    _cache: dict[str, _Cached] = field(default_factory=dict)
     _version: int = -1
     _redis_down_until: float = 0.0
     _task: asyncio.Task[None] | None = None
     _closing: bool = False
     """Set by `close`: the background loops stop on it, not only on a cancellation (redis-py can swallow
     one that lands while it reconnects: the call then returns and the loop would go on forever)."""
-    _lookups: dict[str, asyncio.Future[_Cached]] = field(default_factory=dict)
-    _digests: dict[str, str] = field(default_factory=dict)  # Authorization header -> its key's hash
     _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
     def __post_init__(self) -> None:
+        self.keys = KeyLookup(self.store, self.admin_hash, self.options.redis_timeout)
+        self.authenticate = self.keys.authenticate
+        """The caller's tenant, or 401 `invalid_api_key` (gateway/tenants/key_lookup.py)."""
         ns = "{syt:" + self.prefix + "}"
         self._ns = ns
         self.local = LocalCounters(self.options.window_s)
@@ -162,17 +148,25 @@ class Tenants:
         while not self._closing:
             await asyncio.sleep(self.options.refresh_interval)
             try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    version = await self.store.version()
+                await self.sync()
             except Exception as exc:
                 if not failing:
                     log.warning("tenants: cannot read the key store (%s); cached keys stay in use", exc)
                 failing = True
                 continue
             failing = False
-            if version != self._version:
-                self._version = version
-                self._cache.clear()
+
+    async def sync(self) -> None:
+        """Read the store's version now and forget the cached keys if anything changed (raises when the
+        store cannot be read). The batch scheduler calls it before handing out lines."""
+        async with asyncio.timeout(self.options.redis_timeout):
+            version = await self.store.version()
+        if version != self._version:
+            self._version = version
+            self._forget()
+
+    def _forget(self) -> None:
+        self.keys.forget()
 
     async def _renew_lease(self) -> None:
         async with asyncio.timeout(self.options.redis_timeout):
@@ -190,84 +184,25 @@ class Tenants:
     def changed(self, version: int) -> None:
         """This replica changed a key or team (the store is now at `version`): forget cached lookups now.
         If nobody else changed anything since the last poll, the poll need not forget them again."""
-        self._cache.clear()
+        self._forget()
         if version == self._version + 1:
             self._version = version
 
     # --- the edge ------------------------------------------------------------------------------------
 
-    async def authenticate(self, authorization: str | None) -> Tenant:
-        """The caller's tenant, or 401 `invalid_api_key` (no key, unknown, revoked, expired)."""
-        digest = self._digests.get(authorization) if authorization else None
-        if digest is None:
-            token = bearer_token(authorization)
-            if token is None:
-                raise errors.invalid_api_key(
-                    "You didn't provide an API key. Send it as `Authorization: Bearer sy-...`."
-                )
-            digest = hash_key(token)
-            if len(self._digests) >= _CACHE_MAX:
-                self._digests.clear()
-            self._digests[authorization] = digest  # type: ignore[index]
-        cached = self._cache.get(digest)
-        if cached is None:
-            # One lookup per key however many of its requests missed the cache at once.
-            pending = self._lookups.get(digest)
-            if pending is None:
-                pending = self._lookups[digest] = asyncio.ensure_future(self._lookup(digest))
-                pending.add_done_callback(lambda _: self._lookups.pop(digest, None))
-            cached = await asyncio.shield(pending)
-        tenant = cached.tenant
-        if tenant is None:
-            raise errors.invalid_api_key(cached.why)
-        expires = tenant.key.expires_at
-        if expires is not None and time.time() >= expires:
-            raise errors.invalid_api_key("This API key has expired.")
-        return tenant
-
-    async def _lookup(self, digest: str) -> _Cached:
-        if self.admin_hash is not None and hmac.compare_digest(digest, self.admin_hash):
-            cached = _Cached(
-                Tenant(KeyRecord(id="admin", name="admin (environment)", scopes=["admin"]), None, True)
-            )
-        else:
-            try:
-                async with asyncio.timeout(self.options.redis_timeout):
-                    key = await self.store.key_by_hash(digest)
-                    team = await self.store.get_team(key.team) if key is not None else None
-            except Exception as exc:
-                raise errors.limits_unavailable(f"key store unreachable: {exc.__class__.__name__}") from None
-            if key is None:
-                cached = _Cached(None, "Incorrect API key provided.")
-            elif key.revoked:
-                cached = _Cached(None, "This API key has been revoked.")
-            else:
-                cached = _Cached(Tenant(key, team, "admin" in key.scopes))
-        if len(self._cache) >= _CACHE_MAX:
-            self._cache.clear()
-        self._cache[digest] = cached
-        return cached
+    async def resolve(self, key_id: str) -> Tenant:
+        """The key `key_id` as it is now, for work a key started that runs without its material (a
+        batch's lines): 401 `key_revoked`, `key_expired`, `key_not_found`, or 503 `limits_unavailable`."""
+        return await self.keys.resolve(key_id)
 
     # --- after classify: what the key may ask for ------------------------------------------------------
 
-    def check(self, tenant: Tenant, profile: RequestProfile) -> list[str]:
-        """403 for a model the key may not use; caps the client's hints. Returns the hints ignored."""
+    def check(self, tenant: Tenant, profile: RequestProfile) -> None:
+        """403 for a model the key may not use. (Its hints were capped when the profile was built:
+        gateway/request/allowance.py.)"""
         key = tenant.key
         if key.models and profile.model not in key.models:
             raise errors.model_not_allowed(profile.model)
-        ignored: list[str] = []
-        ceiling = PRIORITY_RANK[key.max_priority]
-        if profile.priority is not None and PRIORITY_RANK.get(profile.priority, 1) < ceiling:
-            ignored.append("priority")
-            profile.priority = None
-        if ceiling > 1 and profile.priority is None:
-            profile.priority = key.max_priority
-        if profile.explicit_class is not None and key.classes and profile.explicit_class not in key.classes:
-            ignored.append("class")
-            profile.explicit_class = None
-        profile.key_id = key.id
-        profile.tenant = key.team
-        return ignored
 
     # --- after routing: limits and budget ---------------------------------------------------------------
 

@@ -12,7 +12,18 @@ from typing import Any
 
 ADMIN_KEY_ENV = "SWITCHYARD_ADMIN_KEY"
 _LIMITS = ("rpm", "tpm", "max_parallel", "budget_usd")
-_CLEARABLE = ("rpm", "tpm", "max_parallel", "budget_usd", "expires_at", "models", "classes", "metadata")
+_QUOTAS = ("max_file_bytes", "max_stored_files", "max_stored_bytes", "max_open_batches")
+_CLEARABLE = (
+    "rpm",
+    "tpm",
+    "max_parallel",
+    "budget_usd",
+    "expires_at",
+    "models",
+    "classes",
+    "metadata",
+    *_QUOTAS,
+)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +80,27 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--admin", action="store_true", help="give the key the admin scope")
     _limit_options(parser)
+    parser.add_argument(
+        "--max-file-bytes", type=int, default=None, help="largest upload (default: batches.max_file_bytes)"
+    )
+    parser.add_argument(
+        "--max-stored-files",
+        type=int,
+        default=None,
+        help="files held at once (default: batches.max_stored_files)",
+    )
+    parser.add_argument(
+        "--max-stored-bytes",
+        type=int,
+        default=None,
+        help="bytes of files held at once (default: batches.max_stored_bytes)",
+    )
+    parser.add_argument(
+        "--max-open-batches",
+        type=int,
+        default=None,
+        help="batches open at once (default: batches.max_open_batches)",
+    )
 
 
 def add_commands(commands: Any) -> None:
@@ -121,7 +153,7 @@ def _limits_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def _key_body(args: argparse.Namespace) -> dict[str, Any]:
     body = _limits_body(args)
-    for name in ("name", "team", "max_priority"):
+    for name in ("name", "team", "max_priority", *_QUOTAS):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     for name in ("models", "classes"):

@@ -9,6 +9,14 @@ def invalid_api_key(why: str) -> GatewayError:
     return GatewayError(401, why, "invalid_request_error", code="invalid_api_key")
 
 
+KEY_UNUSABLE = frozenset({"key_revoked", "key_expired", "key_not_found"})
+
+
+def key_unusable(code: str, why: str) -> GatewayError:
+    """Work a key started (a batch) that it can no longer run: `code` is one of `KEY_UNUSABLE`."""
+    return GatewayError(401, why, "invalid_request_error", code=code)
+
+
 def model_not_allowed(model: str) -> GatewayError:
     return GatewayError(
         403,

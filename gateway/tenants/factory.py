@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,14 +14,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from gateway.ledger.records import Ledger
 from gateway.redis_client import redis_client
 from gateway.settings import Settings
+from gateway.tenants.admin_key import check_admin_key
 from gateway.tenants.admission import Tenants
 from gateway.tenants.store import TenantStore
 from gateway.tenants.store_memory import MemoryTenantStore
 from gateway.tenants.store_redis import RedisTenantStore
 
+log = logging.getLogger("switchyard.tenants")
+
 
 def build_tenants(settings: Settings, ledger: Ledger) -> Tenants | None:
+    """Raises WeakAdminKey for a weak admin key that nothing allows."""
     options = settings.auth
+    weak = check_admin_key(options.admin_key_env, options.allow_weak_admin_key)
+    if weak is not None:
+        log.warning("%s", weak)
     admin_hash = Tenants.admin_hash_from_env(options)
     if options.mode == "open" and admin_hash is None:
         return None

@@ -26,6 +26,8 @@ PRIORITY_RANK = {"high": 0, "normal": 1, "": 1, "low": 2, "batch": 2}
 _Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
 _Count = Annotated[int, msgspec.Meta(ge=1)]
 _Usd = Annotated[float, msgspec.Meta(ge=0)]
+_Quota = Annotated[int, msgspec.Meta(ge=0)]
+_Bytes = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class Limits(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -58,6 +60,14 @@ class KeyRecord(Limits, kw_only=True, omit_defaults=True, forbid_unknown_fields=
     """Unix time after which the key is refused."""
     metadata: dict[str, str] = {}
     scopes: list[Scope] = []
+    max_file_bytes: _Bytes | None = None
+    """The largest upload; None: `batches.max_file_bytes` (which also caps this)."""
+    max_stored_files: _Quota | None = None
+    """Files the key may hold at once; None: `batches.max_stored_files`."""
+    max_stored_bytes: _Quota | None = None
+    """Bytes of files the key may hold at once; None: `batches.max_stored_bytes`."""
+    max_open_batches: _Quota | None = None
+    """Batches the key may have open at once; None: `batches.max_open_batches`."""
     revoked: bool = False
     created_at: float = 0.0
     hash: str = ""
@@ -89,6 +99,10 @@ class KeyFields(Limits, kw_only=True, omit_defaults=True, forbid_unknown_fields=
     expires_at: float | None = None
     metadata: dict[str, str] | None = None
     scopes: list[Scope] | None = None
+    max_file_bytes: _Bytes | None = None
+    max_stored_files: _Quota | None = None
+    max_stored_bytes: _Quota | None = None
+    max_open_batches: _Quota | None = None
 
 
 _LIMIT_FIELDS = ("rpm", "tpm", "max_parallel", "budget_usd", "budget_period")

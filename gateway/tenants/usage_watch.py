@@ -74,7 +74,8 @@ class BudgetWatch:
                         budget / NANO,
                     )
 
-    def render(self) -> str:
+    def render(self, scopes: bool = True) -> str:
+        """The Prometheus series; `scopes`: also those of each budgeted key and team."""
         out = [
             "# HELP switchyard_tenant_admissions_total Requests admitted or refused by key and team limits.",
             "# TYPE switchyard_tenant_admissions_total counter",
@@ -84,6 +85,8 @@ class BudgetWatch:
             f'switchyard_tenant_admissions_total{{outcome="refused",limit="{k}"}} {n}'
             for k, n in sorted(self.refused.items())
         ]
+        if not scopes:
+            return "\n".join(out) + "\n"
         out += [
             "# HELP switchyard_budget_used_ratio Share of a budget spent or reserved (k:<key id>, t:<team>).",
             "# TYPE switchyard_budget_used_ratio gauge",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -92,7 +93,9 @@ def _serve(
         group = ProcessGroup(workdir)
         try:
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
-            child = group.start("gateway", [*argv, "--log-level", "info"])
+            # An open gateway read without a key: the shell's admin key (a weak one stops it) is not its.
+            env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
+            child = group.start("gateway", [*argv, "--log-level", "info"], env=env)
             base = f"http://127.0.0.1:{port}"
             wait_until(lambda: _status(base + "/ready") == 200, timeout=60, what="gateway", child=child)
             progress = Progress(label, len(requests), spec.duration_s / scenario.time_scale)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cluster import free_port, haproxy_config
+from gateway.proxy_protocol import read_header
 from gateway.workers import die_with_parent
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hello"}]}'
@@ -48,6 +49,14 @@ def _read_request(stream: socket.socket) -> tuple[bytes, bytes] | None:
             return None
         body += chunk
     return head.split(b"\r\n", 1)[0], body
+
+
+def _read_proxy_header(stream: socket.socket) -> None:
+    """The PROXY v2 header HAProxy begins each connection with (send-proxy-v2), read exactly."""
+    head = stream.recv(16, socket.MSG_WAITALL)
+    length = int.from_bytes(head[14:16], "big") if len(head) == 16 else 0
+    header = read_header(head + (stream.recv(length, socket.MSG_WAITALL) if length else b""))
+    assert header is not None and header.length == 16 + length, head
 
 
 def _answer(stream: socket.socket, text: bytes) -> None:
@@ -79,6 +88,7 @@ class _ReplicaHandler(socketserver.BaseRequestHandler):
             self._serve(self.request)
 
     def _serve(self, stream: socket.socket) -> None:
+        _read_proxy_header(stream)
         while (request := _read_request(stream)) is not None:
             line, _ = request
             if not line.startswith(b"POST"):

@@ -18,7 +18,7 @@ from gateway.batch.redis_state import RedisBatchState
 from gateway.redis_client import redis_client, subscriber
 from gateway.tenants.script_client import ScriptClient, bulk
 from tests.redis_cluster import RedisCluster
-from tests.unit.gateway import test_batch_state
+from tests.unit.gateway import test_batch_file_quota, test_batch_state
 
 COUNT = "return redis.call('INCR', ARGV[1] .. ':n')"
 """Names no key (as `limits.ADMIT`): Redis cannot redirect it, only refuse a key it does not serve."""
@@ -99,8 +99,22 @@ def test_fleet_pubsub_reaches_a_subscriber_from_every_node(cluster_redis: RedisC
         test_batch_state.test_a_lapsed_lease_is_claimed_again_and_a_result_counts_once,
         test_batch_state.test_a_released_line_waits_its_backoff,
         test_batch_state.test_status_changes_happen_once_and_listing_pages,
+        test_batch_state.test_every_owners_batches_list_together_for_an_admin,
+        test_batch_file_quota.test_concurrent_uploads_cannot_go_over_the_quota_together,
+        test_batch_file_quota.test_open_batches_over_the_quota_are_refused_even_when_racing,
+        test_batch_file_quota.test_a_file_read_by_a_batch_not_ended_cannot_be_deleted,
+        test_batch_file_quota.test_listing_pages_in_either_order_by_purpose_and_past_a_deleted_cursor,
     ],
-    ids=["claims", "backoff", "status-and-pages"],
+    ids=[
+        "claims",
+        "backoff",
+        "status-and-pages",
+        "admin-pages",
+        "file-quota",
+        "batch-quota",
+        "file-in-use",
+        "file-pages",
+    ],
 )
 def test_batch_state_on_a_cluster(cluster_redis: RedisCluster, test: Any) -> None:
     async def run() -> None:

@@ -67,6 +67,16 @@ async def test_put_get_exists_overwrite_and_missing(store: S3FileStore, s3: S3Se
     assert stored == b"second"  # under the prefix, the name as given
 
 
+async def test_delete_removes_the_object_and_a_missing_one_is_no_error(
+    store: S3FileStore, s3: S3Server, bucket: str
+) -> None:
+    await store.put("files/file-gone", b"x")
+    await store.delete("files/file-gone")
+    assert await store.get("files/file-gone") is None
+    assert s3.client().list_objects_v2(Bucket=bucket, Prefix="gw/test/files/file-gone")["KeyCount"] == 0
+    await store.delete("files/file-gone")
+
+
 async def test_names_with_spaces_unicode_and_slashes(store: S3FileStore, s3: S3Server, bucket: str) -> None:
     for name in ("files/with space+plus", "files/ünïcode/ファイル", "a/b/c/~tilde/%percent&amp=1?q"):
         await store.put(name, name.encode())

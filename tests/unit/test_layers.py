@@ -128,6 +128,16 @@ def test_a_backend_importing_the_gateway_breaks_the_contract(tmp_path):
     assert "backends.health -> gateway.settings" in result.stdout
 
 
+def test_the_runtime_importing_the_simulator_breaks_the_contract(tmp_path):
+    copy = _copy_project(tmp_path)
+    relay = copy / "gateway" / "request" / "relay.py"
+    relay.write_text(relay.read_text() + "\nimport backends.sim.engine  # noqa\n")
+    result = _lint_imports(copy)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the runtime never imports the simulator" in result.stdout and "BROKEN" in result.stdout
+    assert "gateway.request.relay -> backends.sim.engine" in result.stdout
+
+
 def test_a_cycle_planted_under_type_checking_is_found(tmp_path):
     copy = _copy_project(tmp_path)
     breaker = copy / "backends" / "breaker.py"

@@ -60,7 +60,11 @@ def record(url: str, model: str, out: Path) -> None:
             r = http.request(method, path, json=body)
             text = r.text
             if name.endswith(".json"):
-                text = json.dumps(r.json(), indent=2) + "\n"
+                data = r.json()
+                if name == "models.json":  # `root` is the path the server was started with: this machine's
+                    for card in data.get("data", []):
+                        card["root"] = model
+                text = json.dumps(data, indent=2) + "\n"
             (out / name).write_text(text)
             index[name] = {
                 "method": method,

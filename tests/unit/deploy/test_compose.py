@@ -106,6 +106,22 @@ def test_only_the_balancer_publishes_a_port_and_it_reaches_every_replica() -> No
     assert "option httpchk GET /ready" in config and "path_beg /admin/" in config
 
 
+def test_the_gateways_trust_only_the_balancers_proxy_header(tmp_path: Path) -> None:
+    import ipaddress
+
+    compose = yaml.safe_load(COMPOSE.read_text())
+    subnet = ipaddress.ip_network(compose["networks"]["default"]["ipam"]["config"][0]["subnet"])
+    balancer = ipaddress.ip_address(_services()["balancer"]["networks"]["default"]["ipv4_address"])
+    assert balancer in subnet
+    config = (COMPOSE.parent / "haproxy.cfg").read_text()
+    assert re.search(r"^\s*default-server .*\bsend-proxy-v2\b", config, re.M)
+    for profile in ("sim", "cuda", "rocm"):
+        text = (COMPOSE.parent / f"gateway-{profile}.yaml").read_text()
+        server = load_gateway_config(text, tmp_path / profile).server
+        assert server.trusted_proxies == [f"{balancer}/32"], profile
+        assert server.proxy_protocol == "required", profile
+
+
 @pytest.mark.skipif(
     shutil.which("haproxy") is None,
     reason="haproxy is not installed (make test and make test-cluster install it)",

@@ -142,3 +142,18 @@ def test_the_base_ships_the_balanced_preset_as_it_is() -> None:
     """The ConfigMap's policy is the preset's text, not a copy that drifts from it."""
     policy = find("base", "ConfigMap", "switchyard-config")["data"]["policy.yaml"]
     assert policy == (DEPLOY.parent / "policies" / "presets" / "balanced.yaml").read_text()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_ingress_reaches_the_public_service_and_the_gateway_trusts_its_forwarded_for(
+    overlay: str, tmp_path: Path
+) -> None:
+    import ipaddress
+
+    ingress = find(overlay, "Ingress", "switchyard")
+    backends = [p["backend"]["service"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]]
+    assert backends == [{"name": "switchyard", "port": {"name": "http"}}]
+    config = find(overlay, "ConfigMap", "switchyard-config")["data"]
+    server = load_gateway_config(config["gateway.yaml"], tmp_path, policy=config["policy.yaml"]).server
+    assert server.forwarded_for is True and server.proxy_protocol == "off"
+    assert server.trusted_proxies and all(ipaddress.ip_network(n).is_private for n in server.trusted_proxies)

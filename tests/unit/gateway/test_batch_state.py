@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 
 from gateway.batch.memory_state import MemoryBatchState
-from gateway.batch.objects import BatchObject, StoredBatch
+from gateway.batch.objects import BatchObject, FileObject, StoredBatch, StoredFile
 from gateway.batch.redis_state import RedisBatchState
 from gateway.batch.state import BatchState
 from gateway.batch.transitions import to_finalizing, to_in_progress
@@ -26,6 +26,16 @@ def _batch() -> StoredBatch:
         created_at=1,
     )
     return StoredBatch(batch=batch, owner="key-a")
+
+
+async def created(state: BatchState, stored: StoredBatch) -> StoredBatch:
+    """`stored` recorded, with the input file it names (a batch is recorded only while its input exists)."""
+    file_id = stored.batch.input_file_id
+    meta = FileObject(id=file_id, bytes=10, created_at=1, filename="in.jsonl", purpose="batch")
+    if await state.get_file(file_id) is None:
+        await state.put_file(StoredFile(file=meta, owner=stored.owner, path=f"files/{file_id}"))
+    assert await state.create(stored) is None
+    return stored
 
 
 async def _states() -> AsyncIterator[BatchState]:
@@ -58,7 +68,7 @@ def _each_state(test):  # type: ignore[no-untyped-def]
 @_each_state
 async def test_a_lapsed_lease_is_claimed_again_and_a_result_counts_once(state: BatchState) -> None:
     stored = _batch()
-    await state.create(stored)
+    await created(state, stored)
     first = await state.claim(stored.batch.id, 2, "replica-a", 0.05)
     second = await state.claim(stored.batch.id, 2, "replica-a", 30)
     assert (first, second) == (0, 1)
@@ -78,7 +88,7 @@ async def test_a_lapsed_lease_is_claimed_again_and_a_result_counts_once(state: B
 @_each_state
 async def test_a_released_line_waits_its_backoff(state: BatchState) -> None:
     stored = _batch()
-    await state.create(stored)
+    await created(state, stored)
     line = await state.claim(stored.batch.id, 1, "a", 30)
     await state.release(stored.batch.id, line or 0, "a", 0.1)
     assert await state.claim(stored.batch.id, 1, "b", 30) is None
@@ -91,7 +101,7 @@ async def test_a_released_line_waits_its_backoff(state: BatchState) -> None:
 async def test_status_changes_happen_once_and_listing_pages(state: BatchState) -> None:
     made = [_batch() for _ in range(3)]
     for stored in made:
-        await state.create(stored)
+        await created(state, stored)
         await asyncio.sleep(0.002)
     target = made[0].batch.id
     assert (await state.update(target, to_in_progress(5, "m"))) is not None
@@ -103,3 +113,18 @@ async def test_status_changes_happen_once_and_listing_pages(state: BatchState) -
     assert [b.batch.id for b in rest] == [target] and not more
     assert await state.page("key-b", None, 2) == ([], False)
     assert await state.get("batch_missing") is None
+
+
+@_each_state
+async def test_every_owners_batches_list_together_for_an_admin(state: BatchState) -> None:
+    made = [_batch() for _ in range(3)]
+    made[1].owner = "key-b"
+    for stored in made:
+        await created(state, stored)
+        await asyncio.sleep(0.002)
+    page, more = await state.page(None, None, 2)
+    assert [b.batch.id for b in page] == [made[2].batch.id, made[1].batch.id] and more
+    rest, more = await state.page(None, page[-1].batch.id, 2)
+    assert [b.batch.id for b in rest] == [made[0].batch.id] and not more
+    mine, _ = await state.page("key-b", None, 10)
+    assert [b.batch.id for b in mine] == [made[1].batch.id]

@@ -92,3 +92,29 @@ async def test_queue_serves_by_priority_then_arrival():
     assert queue.waiters[0] is first and first.event.is_set()
     await queue.turn(first, 1.0)  # already woken: returns at once
     assert not first.event.is_set()
+
+
+async def test_open_breaker_half_opens_only_once_the_health_check_passes():
+    """A backend that refuses new connections must not flap open/half-open/open and count as routable
+    in between: the half-open step asks the health check (a fresh connection) first."""
+    b = _backend()
+    passing = False
+    asked = 0
+
+    async def confirm() -> bool:
+        nonlocal asked
+        asked += 1
+        return passing
+
+    b.breaker.confirm = confirm
+    b.breaker.failure("refused", at_once=True)
+    routable_seen = False
+    for _ in range(10):  # four open periods and more
+        await asyncio.sleep(0.02)
+        routable_seen |= b.healthy
+    assert b.breaker.state is OPEN and not routable_seen and asked >= 2
+    assert b.breaker.opened == 1, "still the one opening, kept open: not re-opened by a doomed probe"
+    passing = True
+    await asyncio.sleep(0.08)
+    assert b.breaker.state is HALF_OPEN and b.healthy
+    b.breaker.close()

@@ -45,3 +45,41 @@ def test_bad_values_name_the_line(gateway: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         settings_from_text(f"gateway:\n  {gateway}\n" + POOLS, "gw.yaml")
     assert "gw.yaml:2" in str(caught.value)
+
+
+def test_trusted_proxies() -> None:
+    text = (
+        "gateway:\n  trusted_proxies: [127.0.0.1/32, 10.0.0.0/8, '2001:db8::/32', 192.0.2.4]\n"
+        "  proxy_protocol: required\n  forwarded_for: true\n" + POOLS
+    )
+    server = settings_from_text(text).server
+    assert server.trusted_proxies == ["127.0.0.1/32", "10.0.0.0/8", "2001:db8::/32", "192.0.2.4"]
+    assert (server.proxy_protocol, server.forwarded_for) == ("required", True)
+    defaults = settings_from_text(POOLS).server
+    assert (defaults.trusted_proxies, defaults.proxy_protocol, defaults.forwarded_for) == (
+        [],
+        "optional",
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("gateway", "line", "says"),
+    [
+        ("trusted_proxies:\n    - 10.0.0.0/8\n    - 10.0.0.1/8\n", 4, "has host bits set"),
+        ("trusted_proxies:\n    - 10.0.0.0/33\n", 3, "10.0.0.0/33"),
+        ("trusted_proxies:\n    - haproxy\n", 3, "`haproxy` is not an address or CIDR"),
+        ("trusted_proxies: 10.0.0.0/8\n", 2, "Expected `array`"),
+        ("proxy_protocol: always\n", 2, "proxy_protocol"),
+        (
+            "proxy_protocol: required\n",
+            2,
+            "gateway.proxy_protocol is honoured only from gateway.trusted_proxies",
+        ),
+        ("forwarded_for: true\n", 2, "gateway.forwarded_for is honoured only from gateway.trusted_proxies"),
+    ],
+)
+def test_bad_trusted_proxies_name_the_line(gateway: str, line: int, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings_from_text(f"gateway:\n  {gateway}" + POOLS, "gw.yaml")
+    assert f"gw.yaml:{line}:" in str(caught.value) and says in str(caught.value)
