@@ -138,9 +138,10 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-CHART_STEPS: dict[str, tuple[int, int]] = {"1m": (60, 5), "15m": (60, 15), "1h": (60, 60), "24h": (3600, 24)}
-"""Per cost window: the chart's step (seconds) and number of steps, the current (partial) one last. The
-1-minute window is drawn over 5 minutes: a minute is the ledger's default bucket, the finest step."""
+CHART_STEPS: dict[str, tuple[int, int]] = {"1m": (60, 5), "15m": (60, 15), "1h": (60, 60), "24h": (900, 96)}
+"""Per cost window: the chart's step (seconds) and number of steps, the current (partial) one last: a
+day in quarter hours, an hour or less in minutes. The 1-minute window is drawn over 5 minutes: a minute
+is the ledger's default bucket, the finest step."""
 
 
 class CostSeries:

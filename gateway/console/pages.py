@@ -361,7 +361,7 @@ def cost_chart(starts: Sequence[int], step: int, series: dict[str, list[dict[str
         name: [None if row is None else row.get("blended_usd_per_mtok") for row in rows]
         for name, rows in series.items()
     }
-    per = "hour" if step >= 3600 else "minute"
+    per = "hour" if step == 3600 else "minute" if step == 60 else f"{step // 60} minutes"
     labels = time_labels(starts, step)
     first = line_chart(f"Paid per {per} by vendor (USD)", labels, paid, "", ".2f", partial_last=True)
     title = f"Blended cost per million tokens by vendor, per {per} (USD)"
