@@ -332,7 +332,7 @@ def _cost_rows(by: str, rows: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
-def costs_page(window: str, tables: dict[str, list[dict[str, Any]]], chart: str, budgets: str) -> str:
+def costs_page(window: str, tables: dict[str, list[dict[str, Any]]], chart: str) -> str:
     tabs = "".join(
         f'<a href="/console/costs?window={w}"{" aria-current=true" if w == window else ""}>{w}</a>'
         for w in WINDOWS
@@ -347,8 +347,12 @@ def costs_page(window: str, tables: dict[str, list[dict[str, Any]]], chart: str,
         parts.append("</section>")
     parts.insert(1, f'<section class="charts"><h2>Over the window <small>{e(window)}</small></h2>{chart}'
                     f"{SPEND_NOTE}</section>")  # fmt: skip
-    parts.append(f"<section><h2>Budgets</h2>{budgets}</section>")
     return "".join(parts)
+
+
+def budgets_section(keys: list[dict[str, Any]]) -> str:
+    """Read at each view (a counter per key), not with the cost tables: what is held changes by the second."""
+    return f"<section><h2>Budgets <small>now</small></h2>{budget_bars(keys)}</section>"
 
 
 def cost_chart(starts: Sequence[int], step: int, series: dict[str, list[dict[str, Any] | None]]) -> str:

@@ -146,7 +146,7 @@ class Console:
         names = {k["id"]: k.get("name") for k in keys}
         for row in tables["key"]:
             row["name"] = f"{names.get(row['name']) or ''} {row['name']}".strip() or "(no key)"
-        return pages.costs_page(window, tables, chart, pages.budget_bars(keys))
+        return pages.costs_page(window, tables, chart)
 
     async def keys_fragment(self) -> str:
         return keys_fragment(await data.keys_with_spend(self.api), self.api.has("keys-list"))
@@ -248,7 +248,8 @@ def console_handlers(
             ("costs", window), lambda: console.costs_body(request, window)
         )
         as_of = f'<p class="summary">As of {time.strftime("%H:%M:%S", time.localtime(read_at))}</p>'
-        return await console.render(request, token, "costs", "Costs", as_of + body)
+        budgets = pages.budgets_section(await data.keys_with_spend(console.api))
+        return await console.render(request, token, "costs", "Costs", as_of + body + budgets)
 
     @get("/console/routing", name="console-routing")
     async def routing(request: Req) -> Response[str]:

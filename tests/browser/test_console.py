@@ -8,6 +8,7 @@ import contextlib
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,47 @@ def test_breaker_opened_by_failing_requests_is_shown_with_its_reason(
         save_screenshot(new_page, screenshots, "fleet-breaker-open")
     finally:
         httpx.post(faults, json={"reset": True}, trust_env=False).raise_for_status()
+
+
+def test_budget_shows_what_requests_in_flight_hold_apart_from_settled_spend(
+    replicas: Replicas, new_page: Any
+) -> None:
+    """While a slow request is in flight its reservation is shown as held, not as spent; once it ends the
+    held part is gone and the settled spend has grown by its real cost only."""
+    slow = [f"{b.url}/sim/faults" for b in replicas.fleet.backends]
+    for url in slow:
+        httpx.post(url, json={"added_latency_ms": 4000}, trust_env=False).raise_for_status()
+    login(new_page, replicas.urls[0])
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(_served_by, replicas.urls[0], replicas.traffic_key, 1)
+            with replicas.admin(0) as admin:
+                deadline = time.monotonic() + 3
+                listed = admin.get("/admin/v1/keys").json()["data"]
+                key_id = next(k["id"] for k in listed if k["name"] == "traffic")
+                while True:
+                    traffic = admin.get(f"/admin/v1/keys/{key_id}").json()
+                    if traffic["held_usd"] > 0 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            assert traffic["held_usd"] > 0, traffic
+            new_page.goto(replicas.urls[0] + "/console/keys")
+            row = new_page.locator("table.keys tbody tr", has_text="traffic").inner_text()
+            assert "held" in row, row
+            new_page.goto(replicas.urls[0] + "/console/costs")
+            assert "held for requests in flight" in new_page.locator("table.budgets").inner_text()
+            pending.result(timeout=30)
+    finally:
+        for url in slow:
+            httpx.post(url, json={"reset": True}, trust_env=False).raise_for_status()
+    with replicas.admin(0) as admin:
+        deadline = time.monotonic() + 5
+        listed = admin.get("/admin/v1/keys").json()["data"]
+        key_id = next(k["id"] for k in listed if k["name"] == "traffic")
+        while True:
+            traffic = admin.get(f"/admin/v1/keys/{key_id}").json()
+            if traffic["held_usd"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert traffic["held_usd"] == 0, "the settled request still holds its reservation"
+    assert traffic["spent_usd"] > 0
