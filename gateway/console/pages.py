@@ -250,7 +250,7 @@ def fleet_fragment(
             facts.append(f"{money(price)}/GPU-hour &times; {gpus} = {money(price * gpus)}/hour a backend")
         if pool_cost:
             facts.append(f"utilisation (1h) {_pct(pool_cost.get('utilisation'))}")
-            facts.append(f"{_per_mtok(pool_cost)}/M tokens")
+            facts.append(f"$/M tokens {_per_mtok(pool_cost)}")
         cls = "bad" if up < len(rows) else ""
         facts.append(f'<span class="routable {cls}">{up}/{len(rows)} routable</span>')
         body = "".join(
