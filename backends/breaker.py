@@ -75,10 +75,13 @@ class Breaker:
         "_unpause",
         "confirm",
         "failures",
+        "health_failing_since",
         "opened",
+        "opened_at",
         "options",
         "paused_until",
         "probes",
+        "reason",
         "state",
         "successes",
     )
@@ -92,6 +95,13 @@ class Breaker:
         self.probes = 0
         self.opened = 0
         """How many times the breaker has opened (for the admin listing)."""
+        self.opened_at: float | None = None
+        """Wall time (time.time()) it last opened; None if it never has."""
+        self.reason = ""
+        """Why it last opened (the failure that opened it), for the admin listing."""
+        self.health_failing_since: float | None = None
+        """Wall time the backend's health check started failing (`health_ok` went False); None while it
+        passes. Kept by `refresh`, which backends/health.py calls on every change of `health_ok`."""
         self.paused_until = 0.0
         """time.monotonic() until which the backend asked not to be sent anything (`Retry-After`)."""
         self._timer: asyncio.TimerHandle | None = None
@@ -129,6 +139,7 @@ class Breaker:
         self.failures += 1
         if at_once or self.state is HALF_OPEN or self.failures >= self.options.failure_threshold:
             log.warning("backend %s: circuit opened (%s)", self._backend.name, why)
+            self.reason = why
             self._set(OPEN)
 
     def suspect(self, why: str) -> None:
@@ -185,6 +196,7 @@ class Breaker:
         self.probes = 0
         if state is OPEN:
             self.opened += 1
+            self.opened_at = time.time()
             self._timer = _loop().call_later(self.options.open_s, self._half_open)
         elif state is CLOSED:
             log.warning("backend %s: circuit closed", self._backend.name)
@@ -218,6 +230,10 @@ class Breaker:
     def refresh(self) -> None:
         """Recompute the one flag routing reads."""
         b = self._backend
+        if b.health_ok:
+            self.health_failing_since = None
+        elif self.health_failing_since is None:
+            self.health_failing_since = time.time()
         b.healthy = (
             b.health_ok
             and not b.draining

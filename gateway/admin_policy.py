@@ -29,6 +29,9 @@ class PolicyState(msgspec.Struct):
     """The policy text's hash: it changes exactly when a reload applies a different file."""
     source: str | None = None
     classes: list[str] | None = None
+    rules: list[dict[str, Any]] | None = None
+    """The class rules in the order they are tried: `rule N` in an explanation's `matched_by` is the Nth
+    (`n`), with its class, condition (`when`) and description."""
     warnings: list[str] | None = None
     decisions: int | None = None
     mean_decision_us: float | None = None
@@ -43,6 +46,16 @@ def policy_state(router: Router, watcher: PolicyWatcher | None) -> PolicyState:
         state.version = router.version
         state.source = router.loaded.source
         state.classes = [rule.name for rule in router.loaded.policy.classes] + ["default"]
+        tried = [rule for rule in router.loaded.policy.classes if rule.when is not None]
+        state.rules = [
+            {
+                "n": n,
+                "class": rule.name,
+                "when": msgspec.to_builtins(rule.when),
+                "description": rule.description,
+            }
+            for n, rule in enumerate(tried, 1)
+        ]
         state.warnings = router.warnings
         state.decisions = router.decisions
         state.mean_decision_us = round(router.mean_decision_us, 2)

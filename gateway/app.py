@@ -19,7 +19,7 @@ from gateway.admin_policy import policy_handlers
 from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
 from gateway.console import console_handlers
 from gateway.credentials import one_credential
-from gateway.errors import GatewayError, body_too_large
+from gateway.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.fastpath import FastPath
 from gateway.ledger.factory import build_ledger
 from gateway.ledger.records import Ledger
@@ -29,6 +29,7 @@ from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
 from gateway.request.forward import Upstream
 from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
+from gateway.responses.api import build_responses, response_handlers, responses_lifespan
 from gateway.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, Tracing, build_tracing
@@ -80,14 +81,20 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     status = exc.status_code
     if status == 500 and exc.detail == _CLIENT_LEFT:  # the client closed mid-body: its doing, not ours
         return _gateway_error(
-            request, GatewayError(400, "The request body was cut short.", "invalid_request_error")
+            request,
+            GatewayError(
+                400, "The request body was cut short.", "invalid_request_error", code="body_cut_short"
+            ),
         )
     if status >= 500:
         log.error("%s on %s: %s", status, request.url.path, exc.detail, exc_info=exc)
     kind = _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     message = exc.detail if status < 500 else "Internal gateway error."
     if status == 404:
-        message = f"Unknown path `{request.url.path}`."
+        path = request.url.path
+        if path == "/v1" or path.startswith("/v1/"):  # an OpenAI endpoint the gateway does not serve
+            return _gateway_error(request, unsupported_endpoint(path))
+        message = f"Unknown path `{path}`."
     return _gateway_error(request, GatewayError(status, message, kind))
 
 
@@ -158,11 +165,16 @@ class SwitchyardPlugin(InitPluginProtocol):
         pipeline.tenants = build_tenants(settings, ledger)
         self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
         self.batches = build_batches(settings, pipeline)
+        self.responses = build_responses(settings, pipeline)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         pipeline = self.pipeline
-        forwarding = openai_handlers(pipeline, pipeline.catalog, self.settings.server.max_body_bytes)
+        forwarding = openai_handlers(
+            pipeline, pipeline.catalog, self.settings.server.max_body_bytes, self.responses.handle
+        )
         app_config.route_handlers.extend(forwarding)
+        app_config.route_handlers.extend(response_handlers(self.responses))
+        app_config.lifespan.append(responses_lifespan(self.responses))
         self.fast_routes = {
             path: handler.fn
             for handler in forwarding

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from gateway.errors import GatewayError, body_too_large
+from gateway.errors import GatewayError, anthropic_error_json, body_too_large
 
 _CONTENT_TYPE = b"content-type"
 _CONTENT_LENGTH = b"content-length"
@@ -77,6 +77,12 @@ async def send_body(
 async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
     headers = {"x-request-id": request_id, **error.headers}
     await send_body(send, error.status, headers, error.to_json(), _JSON)
+
+
+async def send_anthropic_error(send: Any, error: GatewayError, request_id: str) -> None:
+    """An error of the `/v1/messages` route, in Anthropic's shape."""
+    headers = {"x-request-id": request_id, **error.headers}
+    await send_body(send, error.status, headers, anthropic_error_json(error), _JSON)
 
 
 class DisconnectWatch:

@@ -102,12 +102,18 @@ def backend_state(backend: Backend) -> dict[str, Any]:
         "breaker": breaker.state,
         "breaker_failures": breaker.failures,
         "breaker_opened": breaker.opened,
+        "breaker_opened_at": breaker.opened_at,
+        "breaker_reason": breaker.reason or None,
+        "health_failing_since": breaker.health_failing_since,
         "paused_s": round(max(0.0, breaker.paused_until - time.monotonic()), 3),
         "draining": backend.draining,
         "inflight": backend.inflight,
         "inflight_seqs": backend.inflight_seqs,
         "prompt_tokens_by_class": {c: n for c, n in backend.prompt_tokens_by_class.items() if n},
         "load": {"running": load.running, "waiting": load.waiting, "kv_cache_usage": load.kv_cache_usage},
+        "load_age_s": None if load.scraped_at is None else round(time.monotonic() - load.scraped_at, 3),
+        "price_per_gpu_hour": backend.pool.price_per_gpu_hour,
+        "gpus_per_backend": backend.pool.gpus_per_backend,
     }
 
 

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -19,17 +20,20 @@ from gateway.asgi_io import (
     ClientGone,
     DisconnectWatch,
     read_body,
+    send_anthropic_error,
     send_body,
     send_error,
     send_stream,
 )
 from gateway.credentials import API_KEY, AUTHORIZATION, authorization, duplicate_header
-from gateway.errors import GatewayError, model_not_found
+from gateway.errors import GatewayError, invalid_request, model_not_found
 from gateway.openai.responses import Model, ModelList
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.parse import Endpoint
-from gateway.request.pipeline import Pipeline
+from gateway.request.pipeline import Pipeline, Reply
+
+ErrorSender = Callable[[Any, GatewayError, str], Awaitable[None]]
 
 log = logging.getLogger("switchyard")
 
@@ -104,19 +108,50 @@ def read_caller(scope: Any) -> Caller:
     return caller
 
 
+def read_anthropic_caller(scope: Any) -> Caller:
+    """As `read_caller`; Anthropic's clients send their key as `x-api-key`, taken as a bearer token. Both
+    it and `Authorization` is a 400: a proxy that checks one must not see the gateway bill the other."""
+    caller = read_caller(scope)
+    for name, value in scope["headers"]:
+        if name == API_KEY:
+            if caller.authorization is not None:
+                raise invalid_request(
+                    "The request has both `authorization` and `x-api-key`; send exactly one.",
+                    param="x-api-key",
+                    code="duplicate_header",
+                )
+            caller.authorization = "Bearer " + value.decode("latin-1").strip()
+            break
+    return caller
+
+
 _ALLOW = {"allow": "POST"}
 _INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
 
 
-def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -> list[BaseRouteHandler]:
-    """The `/v1` endpoints, bound to one pipeline."""
+def openai_handlers(
+    pipeline: Pipeline,
+    catalog: Catalog,
+    max_body_bytes: int,
+    responses_handle: Callable[[RequestContext], Awaitable[Reply]] | None = None,
+) -> list[BaseRouteHandler]:
+    """The `/v1` endpoints, bound to one pipeline; `/v1/responses` through `responses_handle` (the
+    gateway's response store, gateway/responses/api.py) when given."""
 
     tenants = pipeline.tenants
     authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
 
-    async def serve(scope: Any, receive: Any, send: Any, endpoint: Endpoint) -> None:
+    async def serve(
+        scope: Any,
+        receive: Any,
+        send: Any,
+        endpoint: Endpoint,
+        read: Callable[[Any], Caller] = read_caller,
+        send_error: ErrorSender = send_error,
+        handle: Callable[[RequestContext], Awaitable[Reply]] = pipeline.handle,
+    ) -> None:
         try:
-            caller = read_caller(scope)
+            caller = read(scope)
         except GatewayError as error:
             await send_error(send, error, new_request_id())
             return
@@ -133,7 +168,7 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
                 caller.key = await authenticate(caller.authorization)
             ctx.body = await read_body(scope, receive, max_body_bytes)
             watch = DisconnectWatch(receive)  # the client leaving cancels the request from here on
-            reply = await pipeline.handle(ctx)
+            reply = await handle(ctx)
         except GatewayError as error:
             if watch is not None:
                 watch.stop()
@@ -185,6 +220,16 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
     async def embeddings(scope: Any, receive: Any, send: Any) -> None:
         await serve(scope, receive, send, "embeddings")
 
+    respond = responses_handle or pipeline.handle
+
+    @asgi("/v1/messages", name="messages", copy_scope=False)
+    async def messages(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "messages", read_anthropic_caller, send_anthropic_error)
+
+    @asgi("/v1/responses", name="responses", copy_scope=False)
+    async def responses(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "responses", handle=respond)
+
     created = int(time.time())
     cards = [
         Model(id=m, created=created, owned_by="switchyard", max_model_len=catalog.max_model_len(m))
@@ -219,4 +264,4 @@ def openai_handlers(pipeline: Pipeline, catalog: Catalog, max_body_bytes: int) -
             raise model_not_found(name)
         return Response(body, media_type="application/json")
 
-    return [chat_completions, completions, embeddings, models, model]
+    return [chat_completions, completions, embeddings, messages, responses, models, model]

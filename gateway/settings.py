@@ -15,9 +15,11 @@ from backends.models import Backend, PoolConfig, build_backends
 from backends.yamlfile import ConfigError, decode, parse_yaml, read_text
 from gateway.batch_options import BatchOptions
 from gateway.client_address import parse_network
+from gateway.ledger_options import LedgerOptions
 from gateway.redis_client import URL_PATTERN as REDIS_URL_PATTERN
 from gateway.redis_client import parse_redis_url
 from gateway.request_bounds import RequestLimits
+from gateway.responses_options import ResponsesOptions
 from policies import presets
 from policies.engine import PolicyEngine, load_engine
 
@@ -154,35 +156,6 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     client (the per-client cap then counts that client's requests in flight)."""
 
 
-class LedgerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Where usage and cost go (see gateway/ledger/__init__.py for the Redis key layout and cost rules)."""
-
-    store: Literal["auto", "redis", "memory", "none"] = "auto"
-    """`auto`: Redis when `redis_url` is set, else in memory; `none` records nothing (benchmarks only)."""
-    redis_url: Annotated[str, msgspec.Meta(pattern=REDIS_URL_PATTERN)] | None = None
-    key_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = "switchyard"
-    bucket_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60
-    retention: _Seconds = 48 * 3600.0
-    dedupe_ttl: _Seconds = 3600.0
-    """How long a request id is remembered, so a retry or a re-sent batch is never counted twice."""
-    buffer_max: Annotated[int, msgspec.Meta(ge=1)] = 200_000
-    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 500
-    flush_interval: _Seconds = 0.2
-    paid_interval: _Seconds = 1.0
-    refresh_interval: _Seconds = 5.0
-    redis_timeout: _Seconds = 2.0
-    spill: bool = True
-    """While Redis is unreachable, keep the buffered records in a local file the next start replays."""
-    spill_path: str | None = None
-    """Default: `$XDG_STATE_HOME/switchyard/ledger-<key_prefix>.spill` (~/.local/state/...). One per
-    gateway process: replicas on one host need their own."""
-    output_token_weight: Annotated[float, msgspec.Meta(gt=0)] = 4.0
-    """One output token costs this many input tokens' worth of GPU time (decode vs prefill)."""
-    idle_cost: Literal["idle", "spread"] = "idle"
-    """`idle`: GPU time no request used is reported as idle cost, charged to nobody. `spread`: each
-    bucket's idle cost is spread over its requests by weighted tokens (gateway/ledger/allocation.py)."""
-
-
 class Tracing(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """OpenTelemetry traces: one span per request, children per step (gateway/telemetry/tracing.py)."""
 
@@ -254,6 +227,7 @@ class ConfigFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
     batches: BatchOptions = msgspec.field(default_factory=BatchOptions)
+    responses: ResponsesOptions = msgspec.field(default_factory=ResponsesOptions)
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -271,6 +245,7 @@ class Settings(msgspec.Struct, kw_only=True):
     telemetry: TelemetryOptions = msgspec.field(default_factory=TelemetryOptions)
     auth: AuthOptions = msgspec.field(default_factory=AuthOptions)
     batches: BatchOptions = msgspec.field(default_factory=BatchOptions)
+    responses: ResponsesOptions = msgspec.field(default_factory=ResponsesOptions)
 
     @property
     def models(self) -> list[str]:
@@ -369,6 +344,9 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
             raise ConfigError(source, line, f"gateway.health.pools names an unknown pool `{pool_name}`")
     if config.ledger.store == "redis" and not config.ledger.redis_url:
         raise ConfigError(source, lines.get(("ledger", "store")), "ledger.store is redis but no redis_url")
+    if config.responses.store == "redis" and not config.ledger.redis_url:
+        where = lines.get(("responses", "store"))
+        raise ConfigError(source, where, "responses.store is redis but ledger.redis_url is not set")
     for section, url in (("ledger", config.ledger.redis_url), ("auth", config.auth.redis_url)):
         try:
             parse_redis_url(url or "")
@@ -397,4 +375,5 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
         telemetry=config.telemetry,
         auth=config.auth,
         batches=config.batches,
+        responses=config.responses,
     )

@@ -119,9 +119,10 @@ def running_replicas(
 
 
 def clean_redis(prefix: str) -> None:
-    """Delete the keys gateways wrote to the local Redis under ledger prefix `prefix` (`sy:`, `syt:`)."""
+    """Delete the keys gateways wrote to the local Redis under ledger prefix `prefix` (`sy:`, `syt:`,
+    `syr:`)."""
     client = redis.Redis()
-    for pattern in (f"*syt:{prefix}*", f"*sy:{prefix}*"):
+    for pattern in (f"*syt:{prefix}*", f"*sy:{prefix}*", f"*syr:{prefix}*"):
         keys = list(client.scan_iter(match=pattern, count=1000))
         if keys:
             client.delete(*keys)

@@ -67,6 +67,11 @@ def parse_line(raw: bytes, endpoint: str) -> tuple[str, Endpoint, dict[str, Any]
         raise Malformed("`body` must be a JSON object.")
     if body.get("stream"):
         raise Malformed("`stream` is not supported in a batch.")
+    if endpoint == "/v1/responses":
+        # Batch lines are neither stored nor continued (each is answered on its own, as OpenAI's are).
+        if body.get("previous_response_id") is not None:
+            raise Malformed("`previous_response_id` is not supported in a batch.")
+        body["store"] = False
     return custom_id, ENDPOINTS[endpoint], body
 
 
@@ -164,6 +169,8 @@ def _usage_of(answer: Any) -> tuple[int, int] | None:
     if not isinstance(usage, dict):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+    if prompt is None:  # a Responses API answer
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens", 0)
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     return prompt, completion

@@ -18,6 +18,7 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
 }
 
 

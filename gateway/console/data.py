@@ -111,6 +111,11 @@ class Recent:
                 return await asyncio.shield(task)
         return entry
 
+    def peek(self, key: Hashable, compute: Callable[[], Awaitable[Any]]) -> tuple[float, Any] | None:
+        """What is kept for `key`, never waiting: a missing or old one is read in the background."""
+        self.start(key, compute)
+        return self._values.get(key)
+
     def start(self, key: Hashable, compute: Callable[[], Awaitable[Any]]) -> None:
         """Read `key` in the background now unless it is fresh or being read."""
         entry = self._values.get(key)
@@ -133,16 +138,23 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-class CostSeries:
-    """Spend per hour over the last day, by one dimension, from the ledger's buckets.
+CHART_STEPS: dict[str, tuple[int, int]] = {"1m": (60, 5), "15m": (60, 15), "1h": (60, 60), "24h": (900, 96)}
+"""Per cost window: the chart's step (seconds) and number of steps, the current (partial) one last: a
+day in quarter hours, an hour or less in minutes. The 1-minute window is drawn over 5 minutes: a minute
+is the ledger's default bucket, the finest step."""
 
-    Finished hours do not change once their buckets are written, so they are kept: a page view reads
-    only the current hour (60 buckets with the default 1-minute buckets) after the first.
+
+class CostSeries:
+    """Spend per step (a minute or an hour) over the selected window, by one dimension, from the
+    ledger's buckets.
+
+    Finished steps do not change once their buckets are written, so they are kept: a page view reads
+    only the current step after the first.
     """
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self._hours: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+        self._steps: dict[tuple[str, int, int], dict[str, dict[str, Any]]] = {}
         self._lock = asyncio.Lock()
 
     @property
@@ -151,32 +163,39 @@ class CostSeries:
 
     async def hourly(self, by: Dimension, now: float | None = None) -> tuple[list[int], dict[str, list]]:
         """(hour starts, {name: [row or None per hour]}), oldest first, the current hour last."""
+        return await self.series(by, 3600, HOURS, now)
+
+    async def series(
+        self, by: Dimension, step: int, count: int, now: float | None = None
+    ) -> tuple[list[int], dict[str, list]]:
+        """(step starts, {name: [row or None per step]}), oldest first, the current step last."""
         ledger = self.ledger
         assert isinstance(ledger, LedgerBase)
         now = time.time() if now is None else now
         size = ledger.options.bucket_seconds
-        current = bucket_of(now, 3600)
-        hours = [current - (HOURS - 1 - i) * 3600 for i in range(HOURS)]
+        step = max(step, size)
+        current = bucket_of(now, step)
+        starts = [current - (count - 1 - i) * step for i in range(count)]
         async with self._lock:
-            per_hour = [await self._hour(ledger, by, start, size, done=start < current) for start in hours]
-        self._forget(by, hours[0])
-        names = sorted({name for rows in per_hour for name in rows})
-        return hours, {name: [rows.get(name) for rows in per_hour] for name in names}
+            per_step = [await self._step(ledger, by, start, step, size, start < current) for start in starts]
+        self._forget(by, step, starts[0])
+        names = sorted({name for rows in per_step for name in rows})
+        return starts, {name: [rows.get(name) for rows in per_step] for name in names}
 
-    async def _hour(
-        self, ledger: LedgerBase, by: Dimension, start: int, size: int, done: bool
+    async def _step(
+        self, ledger: LedgerBase, by: Dimension, start: int, step: int, size: int, done: bool
     ) -> dict[str, dict[str, Any]]:
-        cached = self._hours.get((by, start)) if done else None
+        cached = self._steps.get((by, step, start)) if done else None
         if cached is not None:
             return cached
         first = bucket_of(start, size)
-        buckets = list(range(first, start + 3600, size))
+        buckets = list(range(first, start + step, size))
         rows, _ = await ledger.report_buckets(by, buckets)
         result = {row.name: asdict(row) for row in rows}
         if done:
-            self._hours[(by, start)] = result
+            self._steps[(by, step, start)] = result
         return result
 
-    def _forget(self, by: str, oldest: int) -> None:
-        for key in [k for k in self._hours if k[0] == by and k[1] < oldest]:
-            del self._hours[key]
+    def _forget(self, by: str, step: int, oldest: int) -> None:
+        for key in [k for k in self._steps if k[0] == by and k[1] == step and k[2] < oldest]:
+            del self._steps[key]

@@ -108,9 +108,12 @@ class Console:
             raise _refused(403, "Refused: missing or wrong CSRF token; reload the page.", "csrf")
         return token
 
-    def render(self, token: str, slug: str, title: str, body: str) -> Response[str]:
+    async def render(self, request: Req, token: str, slug: str, title: str, body: str) -> Response[str]:
+        """The page in its frame; every page but Fleet (whose fragment has it) opens with the fleet's
+        trouble, if any."""
         assert self.sessions is not None
-        return _html(pages.frame(title, slug, self.sessions.csrf_token(token), body))
+        alert = "" if slug == "fleet" else pages.fleet_alert(await data.fleet(self.api, request))
+        return _html(pages.frame(title, slug, self.sessions.csrf_token(token), alert + body))
 
     def backend_extra(self) -> dict[str, dict[str, Any]]:
         return {
@@ -119,21 +122,31 @@ class Console:
         }
 
     async def fleet_fragment(self, request: Req) -> str:
-        return pages.fleet_fragment(await data.fleet(self.api, request), self.backend_extra())
+        """The fleet with the last hour's cost per backend and pool, as last read (never waited for)."""
+        kept = self.recent.peek(("fleet-costs",), lambda: self.fleet_costs(request))
+        costs = kept[1] if kept is not None else None
+        return pages.fleet_fragment(await data.fleet(self.api, request), self.backend_extra(), costs)
+
+    async def fleet_costs(self, request: Req) -> dict[str, dict[str, dict[str, Any]]]:
+        return {
+            by: {row["name"]: row for row in await data.costs(self.api, request, by, "1h")}
+            for by in ("backend", "pool")
+        }
 
     async def costs_body(self, request: Req, window: str) -> str:
         tables = {by: await data.costs(self.api, request, by, window)
                   for by in ("vendor", "pool", "backend", "key", "model")}  # fmt: skip
         if self.series.available:
-            hours, series = await self.series.hourly("vendor")
-            chart = pages.cost_chart(hours, series)
+            step, count = data.CHART_STEPS[window]
+            starts, series = await self.series.series("vendor", step, count)
+            chart = pages.cost_chart(starts, step, series)
         else:
             chart = "<p>This ledger keeps no history (ledger.store: none).</p>"
         keys = await data.keys_with_spend(self.api)
         names = {k["id"]: k.get("name") for k in keys}
         for row in tables["key"]:
             row["name"] = f"{names.get(row['name']) or ''} {row['name']}".strip() or "(no key)"
-        return pages.costs_page(window, tables, chart, pages.budget_bars(keys))
+        return pages.costs_page(window, tables, chart)
 
     async def keys_fragment(self) -> str:
         return keys_fragment(await data.keys_with_spend(self.api), self.api.has("keys-list"))
@@ -187,6 +200,7 @@ def console_handlers(
         await throttle.succeeded(address, gate)
         # Start reading the costs now: the slow read is done while the operator looks at the fleet.
         console.recent.start(("costs", "1h"), lambda: console.costs_body(request, "1h"))
+        console.recent.start(("fleet-costs",), lambda: console.fleet_costs(request))
         headers = {"location": "/console/fleet", "set-cookie": sessions.cookie_header(sessions.issue())}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
@@ -216,7 +230,7 @@ def console_handlers(
             assert refusal is not None  # no session: the login page refuses
             return refusal
         body = pages.fleet_page(await console.fleet_fragment(request))
-        return console.render(token, "fleet", "Fleet", body)
+        return await console.render(request, token, "fleet", "Fleet", body)
 
     @get("/console/fleet/fragment", name="console-fleet-fragment")
     async def fleet_fragment(request: Req) -> Response[str]:
@@ -238,7 +252,8 @@ def console_handlers(
             ("costs", window), lambda: console.costs_body(request, window)
         )
         as_of = f'<p class="summary">As of {time.strftime("%H:%M:%S", time.localtime(read_at))}</p>'
-        return console.render(token, "costs", "Costs", as_of + body)
+        budgets = pages.budgets_section(await data.keys_with_spend(console.api))
+        return await console.render(request, token, "costs", "Costs", as_of + body + budgets)
 
     @get("/console/routing", name="console-routing")
     async def routing(request: Req) -> Response[str]:
@@ -248,7 +263,8 @@ def console_handlers(
             return refusal
         state = await console.api.call("policy", request=request)
         mix = data.traffic_mix(await data.recent(console.api, request), time.time())
-        return console.render(token, "routing", "Routing", routing_page(state, mix, list(UPSTREAM_PATHS)))
+        body = routing_page(state, mix, list(UPSTREAM_PATHS))
+        return await console.render(request, token, "routing", "Routing", body)
 
     @get("/console/keys", name="console-keys")
     async def keys(request: Req) -> Response[str]:
@@ -257,7 +273,8 @@ def console_handlers(
             assert refusal is not None  # no session: the login page refuses
             return refusal
         enabled = console.api.has("keys-list")
-        return console.render(token, "keys", "Keys", keys_page(await console.keys_fragment(), enabled))
+        body = keys_page(await console.keys_fragment(), enabled)
+        return await console.render(request, token, "keys", "Keys", body)
 
     @get("/console/keys/fragment", name="console-keys-fragment")
     async def keys_fragment_view(request: Req) -> Response[str]:

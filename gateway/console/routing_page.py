@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-from gateway.console.charts import line_chart
+from gateway.console.charts import line_chart, time_labels
 from gateway.console.pages import e, table
 
 SAMPLE_REQUEST = {
@@ -37,6 +36,29 @@ def _policy(state: dict[str, Any]) -> str:
     return f'<table class="facts">{body}</table>' + (f"<ul>{warnings}</ul>" if warnings else "")
 
 
+def _rules(state: dict[str, Any]) -> str:
+    """The class rules in the order they are tried, each with an anchor (`#rule-N`) explain links to."""
+    rules = state.get("rules") or []
+    if not rules:
+        return ""
+    rows = "".join(
+        f'<tr id="rule-{r["n"]}"><td>rule {r["n"]}</td><td>{e(r["class"])}</td>'
+        f"<td><code>{e(json.dumps(r['when'], separators=(', ', ': ')))}</code></td>"
+        f"<td>{e(r.get('description') or '')}</td></tr>"
+        for r in rules
+    )
+    head = "<thead><tr><th>Rule</th><th>Class</th><th>When</th><th>Description</th></tr></thead>"
+    title = "<h3>Class rules <small>tried in order</small></h3>"
+    return f'{title}<table class="rules">{head}<tbody>{rows}</tbody></table>'
+
+
+def _matched_by(matched: str) -> str:
+    """`rule N` as a link to the rule in the policy section; `header` and `default` as they are."""
+    if matched.startswith("rule ") and matched[5:].isdigit():
+        return f'<a href="#rule-{matched[5:]}" class="rule-link">{e(matched)}</a>'
+    return e(matched)
+
+
 def _shares(counts: list[tuple[str, int]], total: int) -> str:
     rows = [
         [e(name), str(n), f'<meter min="0" max="{total}" value="{n}"></meter> {n / total * 100:.0f}%']
@@ -48,16 +70,16 @@ def _shares(counts: list[tuple[str, int]], total: int) -> str:
 def routing_page(state: dict[str, Any], mix: dict[str, Any], paths: list[str]) -> str:
     total = max(mix["count"], 1)
     minutes = len(next(iter(mix["split"].values()), []))
-    labels = [time.strftime("%H:%M", time.localtime(mix["start"] + i * 60)) for i in range(minutes or 30)]
+    labels = time_labels([mix["start"] + i * 60 for i in range(minutes or 30)], 60)
     chart = (
-        line_chart("Requests per minute by vendor", labels, mix["split"], "", ".0f")
+        line_chart("Requests per minute by vendor", labels, mix["split"], "", ".0f", partial_last=True)
         if mix["split"]
         else "<p>No requests in the last 30 minutes.</p>"
     )
     options = "".join(f'<option value="{e(p)}">{e(p)}</option>' for p in paths)
     sample = e(json.dumps(SAMPLE_REQUEST, indent=2))
     return (
-        f"<section><h2>Policy in force</h2>{_policy(state)}</section>"
+        f"<section><h2>Policy in force</h2>{_policy(state)}{_rules(state)}</section>"
         f'<section class="split"><div><h2>Classes <small>last {mix["count"]} requests</small></h2>'
         f"{_shares(mix['classes'], total)}</div>"
         f"<div><h2>Routes</h2>{_shares(mix['routes'], total)}</div></section>"
@@ -65,7 +87,9 @@ def routing_page(state: dict[str, Any], mix: dict[str, Any], paths: list[str]) -
         '<section><h2>Explain a request</h2><form id="explain" class="explain">'
         f'<label>Endpoint <select name="endpoint">{options}</select></label>'
         f'<label>Request body (JSON)<textarea name="body" rows="9" spellcheck="false">{sample}</textarea>'
-        '</label><button type="submit">Explain</button></form><div id="explain-result"></div></section>'
+        '</label><div class="submit"><button type="submit">Explain</button>'
+        '<p id="explain-error" class="error" role="alert" hidden></p></div></form>'
+        '<div id="explain-result"></div></section>'
     )
 
 
@@ -75,7 +99,7 @@ def explained_fragment(result: dict[str, Any]) -> str:
     pick = detail.get("choice") or (result["order"][0] if result.get("order") else None)
     facts = [
         ("Class", e(result.get("request_class"))),
-        ("Matched by", e(detail.get("matched_by", "-"))),
+        ("Matched by", _matched_by(detail.get("matched_by", "-"))),
         ("Route", e(result.get("route"))),
         ("Pick", f'<b class="pick">{e(pick or "none")}</b>'),
         ("Order", e(" → ".join(result.get("order") or []) or "-")),

@@ -53,3 +53,42 @@ class EmbeddingRequest(msgspec.Struct):
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
+
+
+class AnthropicMessage(msgspec.Struct):
+    role: str
+    content: str | list[Any]
+
+
+class MessagesRequest(msgspec.Struct):
+    """Anthropic's Messages API (`POST /v1/messages`), which vLLM serves too."""
+
+    model: str
+    messages: Annotated[list[AnthropicMessage], msgspec.Meta(min_length=1)]
+    max_tokens: _PositiveInt
+    system: str | list[Any] | None = None
+    stream: bool | None = False
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def user(self) -> str | None:
+        value = self.metadata.get("user_id") if self.metadata else None
+        return value if isinstance(value, str) else None
+
+
+class ResponsesRequest(msgspec.Struct):
+    """OpenAI's Responses API (`POST /v1/responses`)."""
+
+    model: str
+    input: str | list[Any]
+    instructions: str | None = None
+    max_output_tokens: _PositiveInt | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    previous_response_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+
+
+messages_decoder = msgspec.json.Decoder(MessagesRequest)
+responses_decoder = msgspec.json.Decoder(ResponsesRequest)

@@ -32,3 +32,27 @@ class ModelList(msgspec.Struct):
 
 
 usage_decoder = msgspec.json.Decoder(UsageOnly)
+
+
+def answer_usage(body: bytes) -> Usage | None:
+    """A whole answer's usage; None when it is not in OpenAI's shape (then accounted from estimates)."""
+    try:
+        return usage_decoder.decode(body).usage
+    except msgspec.DecodeError:
+        return None
+
+
+class TokenUsage(msgspec.Struct):
+    """Usage as the Responses and Messages APIs count it."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class TokenUsageOnly(msgspec.Struct):
+    """A Responses or Messages answer, read for its usage."""
+
+    usage: TokenUsage | None = None
+
+
+token_usage_decoder = msgspec.json.Decoder(TokenUsageOnly)

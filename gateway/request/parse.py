@@ -18,24 +18,44 @@ from gateway.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
+    MessagesRequest,
+    ResponsesRequest,
     chat_decoder,
     completion_decoder,
     embedding_decoder,
+    messages_decoder,
+    responses_decoder,
 )
 from gateway.request_bounds import RequestLimits
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses"]
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
+    "messages": "/v1/messages",
+    "responses": "/v1/responses",
 }
+TYPED_EVENTS: frozenset[Endpoint] = frozenset({"messages", "responses"})
+"""Endpoints whose streams are typed events (`event:` lines) that always carry usage, and whose usage
+counts `input_tokens`/`output_tokens` (gateway/request/typed_sse.py)."""
+
+PROMPT_PARAMS: dict[str, str] = {"completions": "prompt", "embeddings": "input", "responses": "input"}
+"""The parameter that holds an endpoint's prompt (`messages` otherwise), named by a too-long error."""
+
+
+def prompt_param(parsed: object) -> str:
+    return PROMPT_PARAMS.get(getattr(parsed, "endpoint", "chat"), "messages")
+
+
+AnyRequest = ChatCompletionRequest | CompletionRequest | EmbeddingRequest | MessagesRequest | ResponsesRequest
 
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]+)`")
 _OUT_OF_RANGE = re.compile(r"(>=|<=|<|>) ")
 _json_encoder = msgspec.json.Encoder()
+_raw_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 _limits = RequestLimits()
 
@@ -56,8 +76,10 @@ class ParsedRequest:
     prompt_chars: int
     max_tokens: int | None
     n: int
-    request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+    request: AnyRequest
     """The decoded fields, for what later steps read only sometimes (the prompt's start, metadata)."""
+    typed: bool = False
+    """A Messages or Responses API request (`TYPED_EVENTS`)."""
 
     @property
     def priority(self) -> str | None:
@@ -72,7 +94,7 @@ class ParsedRequest:
     def prompt_prefix(self, chars: int) -> str:
         """The first `chars` characters of the prompt text (all messages, in order)."""
         request = self.request
-        if isinstance(request, ChatCompletionRequest):
+        if isinstance(request, ChatCompletionRequest | MessagesRequest):
             parts: list[str] = []
             size = 0
             for message in request.messages:
@@ -83,8 +105,25 @@ class ParsedRequest:
                 if size >= chars:
                     break
             return "\n".join(parts)[:chars]
+        if isinstance(request, ResponsesRequest):
+            source = request.input
+            if isinstance(source, list):
+                return "\n".join(_joined_text(_item_content(item)) for item in source)[:chars]
+            return source[:chars]
         source = request.prompt if isinstance(request, CompletionRequest) else request.input
         return (source if isinstance(source, str) else _joined_text(source))[:chars]
+
+
+def _item_content(item: Any) -> list[Any]:
+    """A Responses input item's text parts (a message's content, a tool's output)."""
+    if not isinstance(item, dict):
+        return []
+    content = item.get("content", item.get("output"))
+    return [content] if isinstance(content, str) else content if isinstance(content, list) else []
+
+
+def response_items_chars(items: list[Any]) -> int:
+    return sum(_text_chars(_item_content(item)) for item in items)
 
 
 def _joined_text(content: Any) -> str:
@@ -144,6 +183,20 @@ def _too_large(param: str, value: int, bound: int, what: str = "") -> GatewayErr
     )
 
 
+def _check_typed_bounds(limits: RequestLimits, request: MessagesRequest | ResponsesRequest) -> None:
+    if isinstance(request, MessagesRequest):
+        items, param, wanted, wanted_param = request.messages, "messages", request.max_tokens, "max_tokens"
+    else:
+        items, param = request.input, "input"
+        wanted, wanted_param = request.max_output_tokens, "max_output_tokens"
+        if not items:
+            raise invalid_request("`input` must not be empty.", param="input", code="invalid_value")
+    if isinstance(items, list) and len(items) > limits.max_messages:
+        raise _too_large(param, len(items), limits.max_messages, " items")
+    if wanted is not None and wanted > limits.max_tokens:
+        raise _too_large(wanted_param, wanted, limits.max_tokens)
+
+
 def _check_bounds(
     limits: RequestLimits, request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
 ) -> None:
@@ -193,9 +246,11 @@ def _text_chars(content: Any) -> int:
 
 
 def _with_usage_requested(body: bytes) -> bytes:
-    """Re-encode a streaming body so the backend sends its final usage chunk."""
-    data = msgspec.json.decode(body)
-    options = data.get("stream_options")
+    """Re-encode a streaming body so the backend sends its final usage chunk. The other fields are copied
+    as their raw JSON text, never decoded (a 5,000-digit number in an unknown field is forwarded as sent)."""
+    data: dict[str, Any] = _raw_fields.decode(body)
+    raw = data.get("stream_options")
+    options = msgspec.json.decode(raw) if raw is not None else None
     if not isinstance(options, dict):
         options = {}
     options["include_usage"] = True
@@ -217,6 +272,8 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         model, stream, options = completion.model, bool(completion.stream), completion.stream_options
         n = completion.n or 1
         max_tokens = completion.max_tokens
+    elif endpoint == "messages" or endpoint == "responses":
+        return _parse_typed(endpoint, body)
     else:
         request = embedding = _decode(embedding_decoder, body)
         if not embedding.input:
@@ -237,6 +294,10 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
             raise invalid_request(
                 "The request body is not valid JSON: nested too deeply.", code="invalid_json"
             ) from None
+        except (msgspec.ValidationError, ValueError) as exc:  # within `stream_options` itself
+            raise invalid_request(
+                f"Invalid value at `stream_options`: {exc}.", param="stream_options", code="invalid_value"
+            ) from None
     return ParsedRequest(
         endpoint=endpoint,
         model=model,
@@ -248,3 +309,47 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         n=n,
         request=request,
     )
+
+
+def _parse_typed(endpoint: Endpoint, body: bytes) -> ParsedRequest:
+    """A Messages or Responses API request: forwarded as is (its stream always carries usage)."""
+    request: MessagesRequest | ResponsesRequest
+    if endpoint == "messages":
+        request = message = _decode(messages_decoder, body)
+        prompt_chars = _text_chars(message.system) + sum(_text_chars(m.content) for m in message.messages)
+        max_tokens: int | None = message.max_tokens
+    else:
+        request = response = _decode(responses_decoder, body)
+        given = response.input
+        prompt_chars = len(given) if isinstance(given, str) else response_items_chars(given)
+        prompt_chars += len(response.instructions or "")
+        max_tokens = response.max_output_tokens
+    if not request.model:
+        raise invalid_request("`model` must not be empty.", param="model", code="invalid_value")
+    limits = _limits
+    _check_typed_bounds(limits, request)
+    if prompt_chars > limits.max_prompt_chars:
+        raise _too_large("prompt", prompt_chars, limits.max_prompt_chars, " characters")
+    return ParsedRequest(
+        endpoint=endpoint,
+        model=request.model,
+        body=body,
+        stream=bool(request.stream),
+        client_wants_usage=False,
+        prompt_chars=prompt_chars,
+        max_tokens=max_tokens,
+        n=1,
+        request=request,
+        typed=True,
+    )
+
+
+def check_expanded_input(prompt_chars: int, items: int) -> None:
+    """The gateway's bounds on a Responses input grown by its earlier turns (`previous_response_id`)."""
+    limits = _limits
+    if items > limits.max_messages:
+        raise _too_large("input", items, limits.max_messages, " items with the earlier turns")
+    if prompt_chars > limits.max_prompt_chars:
+        raise _too_large(
+            "prompt", prompt_chars, limits.max_prompt_chars, " characters with the earlier turns"
+        )

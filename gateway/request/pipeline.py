@@ -16,22 +16,21 @@ from dataclasses import dataclass
 from time import time_ns
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import Usage, usage_decoder
+from gateway.openai.responses import Usage, answer_usage
 from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
 from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
-from gateway.request.parse import ParsedRequest, parse
+from gateway.request.parse import ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
 from gateway.request.sse import SseRelay
+from gateway.request.typed_sse import TypedSseRelay, typed_usage
 from gateway.tenants.reservation import charged_cost
 from policies.engine import PolicyEngine
 from policies.framework import Decision, Router
@@ -144,10 +143,7 @@ class Pipeline:
         assert backend is not None
         if not 200 <= ctx.status < 300:
             raise with_attempts(upstream_status_error(ctx.status, answer.body, backend), ctx)
-        try:
-            ctx.usage = usage_decoder.decode(answer.body).usage
-        except msgspec.DecodeError:  # not OpenAI's shape: accounted from estimates
-            ctx.usage = None
+        ctx.usage = typed_usage(answer.body) if ctx.parsed.typed else answer_usage(answer.body)
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
         headers = _reply_headers(ctx, backend)
@@ -161,7 +157,8 @@ class Pipeline:
         """Open a stream; the relay ends the request when the stream ends."""
         opened = await self.upstream.open_stream(ctx)
         ctx.decision.answered(ctx.profile.prompt_tokens_estimate)  # prefilled: out of the TTFT estimate
-        ctx.sse = sse = SseRelay(keep_usage_chunk=ctx.parsed.client_wants_usage)
+        parsed = ctx.parsed
+        ctx.sse = sse = TypedSseRelay(ctx.endpoint) if parsed.typed else SseRelay(parsed.client_wants_usage)
         if ctx.parsed.client_wants_usage:
             sse.cost_of = _cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
@@ -340,7 +337,9 @@ class Pipeline:
         why = decision.why_none or "no backend fits"
         if decision.rejected_for_context:
             raise invalid_request(
-                f"Request too long: {why}.", param="messages", code="context_length_exceeded"
+                f"Request too long: {why}.",
+                param=prompt_param(profile.parsed),
+                code="context_length_exceeded",
             )
         raise no_backend(profile.model, why)
 

@@ -162,7 +162,7 @@ class RelayedStream:
                         error = upstream_failed(backend.name, f"stream broke ({exc.__class__.__name__})")
                         backend.breaker.failure("a stream broke")
                     sse.failed = error
-                    yield error.to_sse()
+                    yield sse.error_event(error)
                     return
                 watchdog.waiting_since = None
                 if not data:

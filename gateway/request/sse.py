@@ -55,6 +55,10 @@ class SseRelay:
             return complete
         return self._take_usage(complete, at)
 
+    def error_event(self, error: GatewayError) -> bytes:
+        """The event that ends a stream the backend failed after it started."""
+        return error.to_sse()
+
     def flush(self) -> bytes:
         """What is left when the backend closes the stream (an unterminated last event)."""
         tail, self._tail = self._tail, b""

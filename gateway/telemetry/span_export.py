@@ -74,7 +74,13 @@ def build_exporter(settings: dict[str, Any]) -> SpanExporter:
     return OtlpHttpExporter(settings["endpoint"], headers)
 
 
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+OPERATIONS = {
+    "chat": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+    "messages": "chat",
+    "responses": "chat",
+}
 """`gen_ai.operation.name` per endpoint (OpenTelemetry GenAI semantic conventions)."""
 
 

@@ -125,7 +125,7 @@ def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
 
     async def shown(record: KeyRecord) -> dict[str, Any]:
         period, _ = budget_period(record.budget_period, time.time())
-        return {**record.public(), "spent_usd": await tenants.spent_usd("k:" + record.id, period)}
+        return {**record.public(), **await tenants.usage("k:" + record.id, period)}
 
     @post("/admin/v1/keys", name="keys-create", status_code=201)
     async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from backends.models import Backend
 from gateway.errors import GatewayError
@@ -313,7 +314,7 @@ class Tenants:
         settler = self.settler
         if admission.local or settler is None:
             counters = self.away if admission.local else self.local
-            counters.settle(admission.scopes, admission.window, token_delta, cost_delta)
+            counters.settle(admission.scopes, admission.window, token_delta, cost_delta, -admission.cost_nano)
             if settler is None:
                 return
         if admission.local:  # no shared slot or spend was taken: only the window's tokens
@@ -322,11 +323,30 @@ class Tenants:
                 settler.add(f"{ns}:tk:{s.name}:{window}", token_delta)
             return
         names = admission.names or settle_names(admission.scopes, self._ns, admission.window)
-        settler.settle(names, token_delta, cost_delta)
+        settler.settle(names, token_delta, cost_delta, -admission.cost_nano)
 
     def release(self, admission: Admission) -> None:
         """The request ended without a ledger record (it failed before a backend served it)."""
         self.settle(admission, 0, 0, 0.0)
+
+    async def usage(self, scope: str, period: str) -> dict[str, Any]:
+        """A key's or team's spend in its budget period (settled and held for requests in flight: what
+        its budget is checked against), what of it is held, and when it last had a request admitted."""
+        if self.client is None:
+            counts = self.local._counts
+            spent, held = counts.get(f"sp:{scope}:{period}", 0), counts.get(f"hd:{scope}:{period}", 0)
+            last = counts.get("lu:" + scope)
+        else:
+            ns = self._ns
+            raw = await self.client.mget(
+                f"{ns}:sp:{scope}:{period}", f"{ns}:hd:{scope}:{period}", f"{ns}:lu:{scope}"
+            )
+            spent, held, last = int(raw[0] or 0), int(raw[1] or 0), raw[2]
+        return {
+            "spent_usd": spent / NANO,
+            "held_usd": min(held, spent) / NANO,
+            "last_used_at": int(last) if last else None,
+        }
 
     async def spent_usd(self, scope: str, period: str) -> float:
         """Spend recorded against a budget counter (`k:<id>` or `t:<team>`), reservations included."""

@@ -67,7 +67,7 @@ local function scope(l)
   local s = scopes[l.name]
   if not s then
     s = {rk = ns .. ':rq:' .. l.name .. suffix, tk = ns .. ':tk:' .. l.name .. suffix,
-         pk = ns .. ':pa:' .. l.name, pttl = l.pttl, drq = 0, dtk = 0, dpa = 0}
+         pk = ns .. ':pa:' .. l.name, lu = ns .. ':lu:' .. l.name, pttl = l.pttl, drq = 0, dtk = 0, dpa = 0}
     s.rq = tonumber(redis.call('GET', s.rk) or '0')
     s.tkn = tonumber(redis.call('GET', s.tk) or '0')
     scopes[l.name] = s
@@ -92,7 +92,8 @@ local function spend(l)
   local key = ns .. ':sp:' .. l.name .. ':' .. l.period
   local b = spends[key]
   if not b then
-    b = {key = key, sp = tonumber(redis.call('GET', key) or '0'), d = 0, bttl = 0, charged = false}
+    b = {key = key, hk = ns .. ':hd:' .. l.name .. ':' .. l.period,
+         sp = tonumber(redis.call('GET', key) or '0'), d = 0, bttl = 0, charged = false}
     spends[key] = b
   end
   return b
@@ -121,10 +122,9 @@ local function admit(tokens, cost, first, last)
     s.tkn, s.dtk = s.tkn + tokens, s.dtk + tokens
     s.dpa = s.dpa + 1
     s.pttl = l.pttl
-    if l.budget >= 0 then
-      b.sp, b.d, b.charged = b.sp + cost, b.d + cost, true
-      if l.bttl > 0 then b.bttl = l.bttl end
-    end
+    -- Every key's spend is kept, budget or not (an unbudgeted one reserves 0 and is charged at settling).
+    b.sp, b.d, b.charged = b.sp + cost, b.d + cost, true
+    if l.bttl > 0 then b.bttl = l.bttl end
   end
   return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
 end
@@ -143,12 +143,17 @@ for _, s in ipairs(order) do
     if redis.call('INCRBY', s.tk, s.dtk) == s.dtk then redis.call('PEXPIRE', s.tk, ttl) end
     redis.call('HINCRBY', s.pk, replica, s.dpa)
     redis.call('EXPIRE', s.pk, s.pttl)
+    redis.call('SET', s.lu, now[1])
   end
 end
 for _, b in pairs(spends) do
   if b.charged then
     redis.call('INCRBY', b.key, b.d)
-    if b.bttl > 0 then redis.call('EXPIRE', b.key, b.bttl) end
+    redis.call('INCRBY', b.hk, b.d)
+    if b.bttl > 0 then
+      redis.call('EXPIRE', b.key, b.bttl)
+      redis.call('EXPIRE', b.hk, b.bttl)
+    end
   end
 end
 return out
@@ -295,17 +300,24 @@ class LocalCounters:
             self._counts["rq:" + name] = get("rq:" + name, 0) + 1
             self._counts["tk:" + name] = get("tk:" + name, 0) + tokens
             self._counts["pa:" + name] = get("pa:" + name, 0) + 1
-            if scope.limits.budget_usd is not None:
-                self._counts[spend] = get(spend, 0) + cost
+            self._counts[spend] = get(spend, 0) + cost
+            held = f"hd:{name}:{scope.period}"
+            self._counts[held] = get(held, 0) + cost
+            self._counts["lu:" + name] = int(time.time())
         return Verdict(True, -1, "", reset, window, counts)
 
-    def settle(self, scopes: list[ScopeCounters], window: int, token_delta: int, cost_delta: int) -> None:
+    def settle(
+        self, scopes: list[ScopeCounters], window: int, token_delta: int, cost_delta: int, held_delta: int = 0
+    ) -> None:
+        """`held_delta`: minus the reservation the request held (it is now settled)."""
         counts = self._counts
         for scope in scopes:
             name = scope.name
             counts["pa:" + name] = max(0, counts.get("pa:" + name, 0) - 1)
             if window == self._window and "tk:" + name in counts:
                 counts["tk:" + name] = max(0, counts["tk:" + name] + token_delta)
-            spend = f"sp:{name}:{scope.period}"
+            spend, held = f"sp:{name}:{scope.period}", f"hd:{name}:{scope.period}"
             if spend in counts:
                 counts[spend] = max(0, counts[spend] + cost_delta)
+            if held in counts:
+                counts[held] = max(0, counts[held] + held_delta)

@@ -11,9 +11,9 @@ from gateway.tenants.answers import HeaderPlan
 from gateway.tenants.keys import KeyRecord, TeamRecord
 from gateway.tenants.limits import PARALLEL_TTL_S, ScopeCounters, budget_period, nano
 
-SettleNames = tuple[tuple[str, str, str | None], ...]
+SettleNames = tuple[tuple[str, str, str, str], ...]
 """Per scope the Redis counters a settlement changes: the window's tokens, the parallel slots, the
-budget period's spend (None without a budget)."""
+budget period's spend (kept for every key, budget or not) and what of it is held by requests in flight."""
 
 
 @dataclass(slots=True)
@@ -68,7 +68,8 @@ def settle_names(scopes: list[ScopeCounters], namespace: str, window: int) -> Se
         (
             f"{namespace}:tk:{s.name}:{window}",
             f"{namespace}:pa:{s.name}",
-            f"{namespace}:sp:{s.name}:{s.period}" if s.limits.budget_usd is not None else None,
+            f"{namespace}:sp:{s.name}:{s.period}",
+            f"{namespace}:hd:{s.name}:{s.period}",
         )
         for s in scopes
     )

@@ -32,7 +32,7 @@ class Settler:
         self._deltas: dict[str, int] = {}
         """Pending change per counter: the ends of many requests of one key add up to one entry."""
         self._settles: dict[int, list[Any]] = {}
-        """Pending `settle` calls: per `names` object, [names, tokens, requests, cost]."""
+        """Pending `settle` calls: per `names` object, [names, tokens, requests, cost, held]."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
@@ -51,18 +51,21 @@ class Settler:
             deltas[counter] = delta
         self._wake.set()
 
-    def settle(self, names: tuple[tuple[str, str, str | None], ...], tokens: int, cost: int) -> None:
+    def settle(
+        self, names: tuple[tuple[str, str, str, str], ...], tokens: int, cost: int, held: int = 0
+    ) -> None:
         """One admitted request's end: per scope its window's tokens change by `tokens`, its parallel
-        slot is given back, its spend (when it has a budget) changes by `cost`. Requests settling the same
-        counters (`names`, one object per key and window) add up in one entry, spread into per-counter
-        deltas only when sent."""
+        slot is given back, its spend changes by `cost` and what is held for requests in flight by `held`
+        (minus its reservation). Requests settling the same counters (`names`, one object per key and
+        window) add up in one entry, spread into per-counter deltas only when sent."""
         entry = self._settles.get(id(names))
         if entry is not None:
             entry[1] += tokens
             entry[2] += 1
             entry[3] += cost
+            entry[4] += held
         else:
-            self._settles[id(names)] = [names, tokens, 1, cost]
+            self._settles[id(names)] = [names, tokens, 1, cost, held]
         self._wake.set()
 
     def _spread(self) -> dict[str, int]:
@@ -72,21 +75,23 @@ class Settler:
             return deltas
         self._settles = {}
         if len(deltas) >= MAX_PENDING:  # Redis away for long: bounded, as `add` is
-            for names, tokens, count, cost in settles.values():
-                for tk, pa, sp in names:
+            for names, tokens, count, cost, held in settles.values():
+                for tk, pa, sp, hd in names:
                     self.add(tk, tokens)
                     self.add(pa, -count)
-                    if sp is not None:
-                        self.add(sp, cost)
+                    self.add(sp, cost)
+                    self.add(hd, held)
             return deltas
         get = deltas.get
-        for names, tokens, count, cost in settles.values():
-            for tk, pa, sp in names:
+        for names, tokens, count, cost, held in settles.values():
+            for tk, pa, sp, hd in names:
                 if tokens:
                     deltas[tk] = get(tk, 0) + tokens
                 deltas[pa] = get(pa, 0) - count
-                if sp is not None and cost:
+                if cost:
                     deltas[sp] = get(sp, 0) + cost
+                if held:
+                    deltas[hd] = get(hd, 0) + held
         return deltas
 
     def take(self) -> dict[str, int]:

@@ -51,7 +51,7 @@ groups:
       tpot_ms: 1}}
 """
 REPO_SCREENSHOTS = ROOT / "docs" / "console-screenshots"
-DOCS_SHOTS = {"fleet", "costs", "routing-explain", "keys-created"}
+DOCS_SHOTS = {"fleet", "costs", "routing-explain", "keys-created", "fleet-failing", "fleet-800px"}
 """The screenshots docs/console.md shows, one per page."""
 
 if not Path(CHROMIUM).exists():

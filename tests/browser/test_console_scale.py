@@ -96,7 +96,8 @@ def test_pages_render_under_300ms_with_64_backends_and_a_day_of_data(
             new_page.goto(f"{big_gateway}/console/{slug}", wait_until="load")
             timings.setdefault(slug, []).append(new_page.evaluate(NAVIGATION_MS))
         save_screenshot(new_page, screenshots, f"{slug}-64-backends")
-    new_page.goto(f"{big_gateway}/console/costs")
+    # The day's window: its first view waits for the day's tables (not timed; seconds at this size).
+    new_page.goto(f"{big_gateway}/console/costs?window=24h", timeout=240_000)
     costs_points = new_page.locator("svg.chart").first.locator("circle.point").count()
     print(f"first costs view {first_costs:.0f} ms; render ms:", json.dumps(timings))
     assert costs_points >= 2 * 23, "the day of data is not on the chart"

@@ -49,7 +49,13 @@ LIMITS = {
     "max_embedding_inputs": 4,
 }
 CONNECTIONS = {"header_timeout": 2.0, "body_timeout": 2.0, "keep_alive_timeout": 2.0, "max_per_client": 128}
-ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/admin/v1/explain"]
+ENDPOINTS = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/admin/v1/explain",
+]
 
 
 @dataclass

@@ -28,6 +28,7 @@ VALID = {
     },
     "/v1/completions": {"model": MODEL, "prompt": "hello", "max_tokens": 2},
     "/v1/embeddings": {"model": MODEL, "input": "hello"},
+    "/v1/responses": {"model": MODEL, "input": "hello", "max_output_tokens": 2},
     "/admin/v1/explain": {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]},
 }
 

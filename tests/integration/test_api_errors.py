@@ -139,8 +139,40 @@ def test_backend_too_slow_is_504(env: Env, stream: bool) -> None:
 
 
 def test_unknown_path_and_wrong_method_use_the_error_shape(env: Env) -> None:
-    assert_openai_error(httpx.get(env.base_url + "/v1/nothing"), 404)
-    assert_openai_error(httpx.get(env.base_url + "/v1/chat/completions"), 405)
+    assert_openai_error(httpx.get(env.base_url + "/v1/nothing"), 404, "unsupported_endpoint")
+    assert_openai_error(httpx.get(env.base_url + "/v1/chat/completions"), 405, "method_not_allowed")
+    assert_openai_error(httpx.get(env.base_url + "/nothing"), 404, "not_found")
+
+
+UNSUPPORTED = [
+    "/v1/moderations",
+    "/v1/audio/speech",
+    "/v1/audio/transcriptions",
+    "/v1/images/generations",
+    "/v1/fine_tuning/jobs",
+    "/v1/vector_stores",
+    "/v1/assistants",
+    "/v1/threads/thread_1/runs",
+    "/v1/realtime/sessions",
+    "/v1/uploads",
+    "/v1/something-new",
+]
+
+
+@pytest.mark.parametrize("path", UNSUPPORTED)
+def test_unsupported_openai_endpoints_are_404_naming_what_is_served(env: Env, path: str) -> None:
+    before = totals(env)
+    for method in ("POST", "GET"):
+        response = httpx.request(method, env.base_url + path, json={"model": MODEL, "input": "x"})
+        error = assert_openai_error(response, 404, "unsupported_endpoint")
+        assert path in str(error["message"]) and "/v1/chat/completions" in str(error["message"])
+    assert totals(env) == before
+
+
+def test_sdk_sees_unsupported_endpoint_as_not_found(env: Env) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client(env).moderations.create(input="hello")
+    assert caught.value.code == "unsupported_endpoint"
 
 
 def test_admin_usage_rejects_unknown_dimension(env: Env) -> None:

@@ -207,6 +207,43 @@ def test_upload_create_poll_download_with_a_malformed_line(cluster: Cluster) -> 
     assert key["spent_usd"] > 0
 
 
+def test_a_responses_batch_answers_each_line_unstored(cluster: Cluster) -> None:
+    client = cluster.sdk()
+    lines: list[Any] = [
+        {
+            "custom_id": f"r-{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": MODEL, "input": f"hello {i}", "max_output_tokens": 4},
+        }
+        for i in range(3)
+    ]
+    lines.append(
+        {
+            "custom_id": "chained",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": MODEL, "input": "x", "previous_response_id": "resp_1"},
+        }
+    )
+    batch = client.batches.create(
+        input_file_id=_upload(client, lines), endpoint="/v1/responses", completion_window="24h"
+    )
+    done = _wait(client, batch.id, {"completed", "failed", "expired"})
+    assert done.status == "completed", done
+    output = _jsonl(client, done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == ["r-0", "r-1", "r-2"]
+    for o in output:
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200 and body["object"] == "response"
+        assert body["usage"]["input_tokens"] > 0 and body["usage"]["output_tokens"] > 0
+        with pytest.raises(openai.NotFoundError):  # batch lines are not stored
+            client.responses.retrieve(body["id"])
+    errors = _jsonl(client, done.error_file_id)
+    assert [e["custom_id"] for e in errors] == ["chained"]
+    assert "previous_response_id" in errors[0]["error"]["message"]
+
+
 def test_bad_requests_change_nothing(cluster: Cluster) -> None:
     client = cluster.sdk()
     file_id = _upload(client, [_line("x")])

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -392,6 +393,71 @@ def _ledger(vllm_env: VllmEnv) -> dict[str, dict[str, float]]:
     usage = vllm_env.usage_by_backend()
     zero = {"prompt_tokens": 0, "completion_tokens": 0}
     return {n: {k: usage.get(n, zero)[k] for k in zero} for n in SERVERS}
+
+
+# The Responses API and Anthropic's Messages API, through the official SDKs
+
+
+def _drained(vllm_env: VllmEnv, backend: str, drain: bool) -> None:
+    action = "drain" if drain else "undrain"
+    r = httpx.post(f"{vllm_env.base_url}/admin/v1/backends/{backend}/{action}", trust_env=False)
+    assert r.status_code == 200, r.text
+
+
+def test_a_response_and_its_follow_up_on_the_other_backend(client: OpenAI, vllm_env: VllmEnv) -> None:
+    first = client.responses.with_raw_response.create(
+        model=MODEL, input="Hello, world!", max_output_tokens=6, temperature=0
+    )
+    answered_by = first.headers["x-switchyard-backend"]
+    response = first.parse()
+    assert response.status in ("completed", "incomplete") and response.usage is not None
+    assert 0 < response.usage.output_tokens <= 6
+    # vLLM keeps no response: the gateway expands the conversation itself, so the follow-up may go to any
+    # backend. Draining the first one sends it to the other.
+    _drained(vllm_env, answered_by, True)
+    try:
+        second = client.responses.with_raw_response.create(
+            model=MODEL,
+            input="And then?",
+            previous_response_id=response.id,
+            max_output_tokens=4,
+            temperature=0,
+        )
+    finally:
+        _drained(vllm_env, answered_by, False)
+    assert second.headers["x-switchyard-backend"] != answered_by
+    follow_up = second.parse()
+    assert follow_up.previous_response_id == response.id and follow_up.usage is not None
+    assert follow_up.usage.input_tokens > response.usage.input_tokens, "the first turn was sent along"
+    stored = client.responses.retrieve(follow_up.id)
+    assert stored.id == follow_up.id
+    client.responses.delete(follow_up.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(follow_up.id)
+
+
+def test_a_streamed_response_sends_its_typed_events(client: OpenAI) -> None:
+    stream = client.responses.create(model=MODEL, input="Hello, world!", max_output_tokens=5, stream=True)
+    kinds = [event.type for event in stream]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+
+
+def test_messages_through_the_anthropic_sdk(vllm_env: VllmEnv) -> None:
+    with anthropic.Anthropic(base_url=vllm_env.base_url, api_key="sk-vllm-e2e", max_retries=0) as claude:
+        message = claude.messages.create(
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hello, world!"}]
+        )
+        assert message.type == "message" and 0 < message.usage.output_tokens <= 5
+        with claude.messages.stream(
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hello again"}]
+        ) as stream:
+            final = stream.get_final_message()
+        assert 0 < final.usage.output_tokens <= 5 and final.usage.input_tokens > 0
+        with pytest.raises(anthropic.NotFoundError):
+            claude.messages.create(
+                model="no-such-model", max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+            )
 
 
 def _settled(vllm_env: VllmEnv) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:

@@ -29,9 +29,26 @@ def test_json_shape_has_exactly_four_fields():
     assert error.headers == {}
 
 
-def test_json_shape_keeps_null_param_and_code():
+def test_json_shape_keeps_null_param_and_a_code_from_the_status():
     data = json.loads(GatewayError(500, "m", "t").to_json())
-    assert data == {"error": {"message": "m", "type": "t", "param": None, "code": None}}
+    assert data == {"error": {"message": "m", "type": "t", "param": None, "code": "server_error"}}
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, "invalid_request"),
+        (401, "invalid_api_key"),
+        (404, "not_found"),
+        (405, "method_not_allowed"),
+        (418, "invalid_request"),
+        (499, "client_closed_request"),
+        (502, "upstream_failed"),
+        (599, "server_error"),
+    ],
+)
+def test_every_error_has_a_string_code(status: int, code: str):
+    assert json.loads(GatewayError(status, "m", "t").to_json())["error"]["code"] == code
 
 
 def test_to_sse_framing():
@@ -83,9 +100,9 @@ def test_vllm_openai_shape():
     error = normalise_upstream_error(400, payload, "b1")
     assert error.status == 400
     assert error.body.message == "This model's maximum context length is 4096 tokens."
-    assert error.body.type == "BadRequestError"
+    assert error.body.type == "invalid_request_error"
     assert error.body.param == "messages"
-    assert error.body.code == 400
+    assert error.body.code == "context_length_exceeded"
 
 
 def test_old_flat_vllm_shape():
@@ -96,9 +113,9 @@ def test_old_flat_vllm_shape():
     error = normalise_upstream_error(400, payload, "b1")
     assert error.status == 400
     assert error.body.message == "max_tokens must be at least 1"
-    assert error.body.type == "BadRequestError"
+    assert error.body.type == "invalid_request_error"
     assert error.body.param is None
-    assert error.body.code == 400
+    assert error.body.code == "backend_error"
     assert json.loads(error.to_json())["error"]["message"] == "max_tokens must be at least 1"
 
 
@@ -107,7 +124,7 @@ def test_message_only_uses_defaults():
     assert (error.body.message, error.body.type, error.body.code, error.body.param) == (
         "nope",
         "invalid_request_error",
-        422,
+        "backend_error",
         None,
     )
 
@@ -117,7 +134,7 @@ def test_plain_text_body():
     assert error.status == 404
     assert error.body.message == "Backend `b1` answered HTTP 404: Not Found"
     assert error.body.type == "invalid_request_error"
-    assert error.body.code == 404
+    assert error.body.code == "not_found"
 
 
 def test_json_without_message_falls_back_to_text():
@@ -128,7 +145,7 @@ def test_json_without_message_falls_back_to_text():
 def test_empty_body():
     error = normalise_upstream_error(400, b"", "b1")
     assert error.body.message == "Backend `b1` answered HTTP 400"
-    assert error.body.code == 400
+    assert error.body.code == "backend_error"
 
 
 def test_long_plain_text_is_truncated():
@@ -140,7 +157,7 @@ def test_5xx_is_upstream_error():
     error = normalise_upstream_error(503, b"Service Unavailable", "b1")
     assert error.status == 503
     assert error.body.type == "upstream_error"
-    assert error.body.code == 503
+    assert error.body.code == "upstream_failed"
     assert "HTTP 503" in error.body.message
 
 
@@ -148,5 +165,71 @@ def test_5xx_json_shape():
     payload = b'{"object":"error","message":"engine dead","type":"InternalServerError","code":500}'
     error = normalise_upstream_error(500, payload, "b1")
     assert error.body.message == "engine dead"
-    assert error.body.type == "InternalServerError"
-    assert error.body.code == 500
+    assert error.body.type == "upstream_error"
+    assert error.body.code == "upstream_failed"
+
+
+# Recorded from vLLM 0.32 (/tmp/vprobe): its 4xx carry a class name as type and the status as an integer code.
+@pytest.mark.parametrize(
+    ("status", "payload", "code", "param"),
+    [
+        (
+            400,
+            b'{"error":{"message":"max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)",'
+            b'"type":"BadRequestError","param":"max_tokens","code":400}}',
+            "invalid_value",
+            "max_tokens",
+        ),
+        (
+            400,
+            b"{\"error\":{\"message\":\"1 validation error: {'type': 'missing', 'loc': 'body.max_tokens', "
+            b'\'msg\': \'Field required\'}","type":"Bad Request","param":"body.max_tokens","code":400}}',
+            "missing_required",
+            "max_tokens",
+        ),
+        (
+            404,
+            b'{"error":{"message":"The model `nope` does not exist. Valid aliases: tiny-llama.",'
+            b'"type":"NotFoundError","param":"model","code":404}}',
+            "model_not_found",
+            "model",
+        ),
+        (
+            400,
+            b'{"type":"error","error":{"type":"BadRequestError","message":"max_completion_tokens=50000 '
+            b"cannot be greater than max_model_len=512. Please request fewer output tokens. "
+            b'(parameter=max_completion_tokens, value=50000)"}}',
+            "invalid_value",
+            "max_completion_tokens",
+        ),
+        (
+            400,
+            b'{"error":{"message":"This model\'s maximum context length is 512 tokens. However, you '
+            b'requested 900 tokens.","type":"BadRequestError","param":null,"code":400}}',
+            "context_length_exceeded",
+            None,
+        ),
+        (
+            404,
+            b'{"error":{"message":"Response with id \'resp_x\' not found.","type":"invalid_request_error",'
+            b'"param":"response_id","code":404}}',
+            "not_found",
+            "response_id",
+        ),
+    ],
+)
+def test_vllm_4xx_become_openai_types_with_string_codes(
+    status: int, payload: bytes, code: str, param: str | None
+):
+    error = normalise_upstream_error(status, payload, "b1")
+    assert error.status == status
+    assert error.body.type == "invalid_request_error"
+    assert error.body.code == code
+    assert error.body.param == param
+    assert error.body.message == json.loads(payload)["error"]["message"]
+
+
+def test_a_backends_string_code_is_kept():
+    payload = b'{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"too_fast"}}'
+    error = normalise_upstream_error(429, payload, "b1")
+    assert (error.body.type, error.body.code) == ("rate_limit_error", "too_fast")

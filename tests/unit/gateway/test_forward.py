@@ -371,7 +371,8 @@ async def test_stream_400_passes_through_with_its_message(server, upstream: Upst
         await _open(upstream, [backend], _request("400", stream=True))
     assert info.value.status == 400
     assert info.value.body.message == "context too long"
-    assert info.value.body.type == "BadRequestError"
+    assert info.value.body.type == "invalid_request_error"
+    assert info.value.body.code == "backend_error"
     assert backend.inflight == 0
 
 

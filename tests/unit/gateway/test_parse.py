@@ -101,6 +101,8 @@ def test_upstream_paths():
         "chat": "/v1/chat/completions",
         "completions": "/v1/completions",
         "embeddings": "/v1/embeddings",
+        "messages": "/v1/messages",
+        "responses": "/v1/responses",
     }
 
 

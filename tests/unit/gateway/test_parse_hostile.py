@@ -170,3 +170,14 @@ def test_empty_embedding_input_list_is_refused() -> None:
 def test_default_bounds_allow_ordinary_requests() -> None:
     parse("chat", _chat(n=8, max_tokens=4096, logprobs=True, top_logprobs=20))
     parse("completions", _completion(n=2, best_of=4, logprobs=5, max_tokens=32_000))
+
+
+@pytest.mark.parametrize("number", [b"9" * 5000, b"1e999999", b"-1e999999"])
+def test_a_huge_number_in_an_unknown_field_of_a_stream_is_forwarded_as_sent(number: bytes) -> None:
+    # The stream's body is re-encoded to ask for usage; its other fields are copied, never decoded.
+    body = CHAT + b',"stream":true,"stream_options":{"continuous_usage_stats":true},"extra":' + number + b"}"
+    parsed = parse("chat", body)
+    assert b'"extra":' + number in parsed.body
+    forwarded = json.loads(parsed.body.replace(number, b"0"))
+    assert forwarded["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+    assert forwarded["messages"] == [{"role": "user", "content": "hello"}]

@@ -342,3 +342,32 @@ def test_directory_path(tmp_path: Path):
         load_settings(tmp_path)
     _assert_where(info.value, tmp_path, None)
     assert "cannot read config file" in str(info.value)
+
+
+# --- responses: ------------------------------------------------------------------------------------------
+
+
+def test_responses_section_loads_with_defaults_and_overrides(tmp_path: Path):
+    default = load_settings(_write(tmp_path, _pool(GOOD_BACKEND)))
+    assert (default.responses.store, default.responses.ttl_s) == ("auto", 30 * 24 * 3600.0)
+    text = _pool(GOOD_BACKEND) + "responses:\n  store: memory\n  ttl_s: 60\n  max_bytes_per_key: 4096\n"
+    options = load_settings(_write(tmp_path, text, "b.yaml")).responses
+    assert (options.store, options.ttl_s, options.max_bytes_per_key) == ("memory", 60.0, 4096)
+    assert (default.responses.response_bytes_bound, options.response_bytes_bound) == (16 * 1024 * 1024, 4096)
+
+
+def test_responses_store_redis_needs_the_ledgers_redis_url(tmp_path: Path):
+    error, path = _error(tmp_path, _pool(GOOD_BACKEND) + "responses:\n  store: redis\n")
+    _assert_where(error, path, 11)
+    assert "ledger.redis_url" in str(error)
+
+
+def test_responses_entry_bound_within_the_key_quota(tmp_path: Path):
+    text = _pool(GOOD_BACKEND) + "responses:\n  max_bytes_per_key: 4096\n  max_response_bytes: 8192\n"
+    error, _ = _error(tmp_path, text)
+    assert "max_response_bytes" in str(error) and "responses" in str(error)
+
+
+def test_responses_unknown_key_points_at_it(tmp_path: Path):
+    error, path = _error(tmp_path, _pool(GOOD_BACKEND) + "responses:\n  ttl: 5\n")
+    _assert_where(error, path, 11)

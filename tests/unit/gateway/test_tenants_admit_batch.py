@@ -40,7 +40,7 @@ def test_one_batch_counts_each_request_against_those_before_it() -> None:
         verdicts = [verdict_of(a) for a in answers]
         assert [v.admitted for v in verdicts] == [True, True, True, False, False, False]
         assert [v.refused_by for v in verdicts[3:]] == ["requests", "requests", "tokens"]
-        assert verdicts[2].counts == [3, 30, 300, 3, 30, 100]  # spend shown even unbudgeted
+        assert verdicts[2].counts == [3, 30, 300, 3, 30, 300]  # spend kept for every scope, budget or not
         assert verdicts[3].counts == [3, 30, 300]  # before: nothing of it was taken
         assert verdicts[5].refused_scope == 1  # the team's tokens: 30 + 95 > 100
         window = verdicts[0].window

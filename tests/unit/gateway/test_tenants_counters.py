@@ -12,6 +12,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from backends.models import Backend, Pool
 from gateway.ledger.factory import build_ledger
 from gateway.settings import AuthOptions, LedgerOptions
 from gateway.tenants.admission import Tenant, Tenants
@@ -270,3 +271,54 @@ def test_an_admitted_answers_headers_are_the_tightest_limits_as_bytes() -> None:
     for scopes, counts in cases:
         verdict = Verdict(True, -1, "", 1.5, 7, counts)
         assert decoded(HeaderPlan.of(scopes).raw(verdict)) == rate_headers(scopes, verdict), counts
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "memory"])
+def test_usage_keeps_spend_of_every_key_apart_from_what_is_held_and_when_last_used(
+    prefix: str, shared: bool
+) -> None:
+    """A budgeted key's spend counts its requests in flight at their reservation: `held_usd` says how
+    much, so a console can show settled spend steadily; a key without a budget has its spend kept too."""
+    pool = Pool(name="p", vendor="amd", accelerator="mi300x", gpus_per_backend=8, price_per_gpu_hour=2.0,
+                labels={})  # fmt: skip
+    backend = Backend(
+        name="b", url="http://127.0.0.1:1", models=frozenset({"m"}), max_model_len=4096, pool=pool
+    )
+
+    async def run() -> None:
+        client = aioredis.Redis() if shared else None
+        options = AuthOptions(mode="keys", window_s=3600, replicas=1)
+        ledger = build_ledger(LedgerOptions(store="memory"), [])
+        tenants = Tenants(options, MemoryTenantStore(), ledger, prefix, client=client)
+        await tenants.start()
+        try:
+            budgeted = Tenant(_key("bud", 1.0, budget_usd=10.0, budget_period="total"), None, False)
+            free = Tenant(_key("free", 1.0, budget_period="total"), None, False)
+            assert await tenants.usage("k:bud", "total") == {"spent_usd": 0.0, "held_usd": 0.0,
+                                                             "last_used_at": None}  # fmt: skip
+            before = int(time.time())
+            admission = await tenants.admit(budgeted, _profile(), [backend], [])
+            reserved = admission.cost_nano / NANO
+            assert reserved > 0
+            usage = await tenants.usage("k:bud", "total")
+            assert usage["spent_usd"] == pytest.approx(reserved) and usage["held_usd"] == pytest.approx(
+                reserved
+            )
+            assert before <= usage["last_used_at"] <= time.time()
+            tenants.settle(admission, 10, 5, 0.001)
+            other = await tenants.admit(free, _profile(), [backend], [])
+            assert other.cost_nano == 0, "a key without a budget reserves nothing"
+            tenants.settle(other, 10, 5, 0.002)
+            if tenants.settler is not None:
+                assert await tenants.settler.flush()
+            usage = await tenants.usage("k:bud", "total")
+            assert usage["spent_usd"] == pytest.approx(0.001) and usage["held_usd"] == 0.0
+            usage = await tenants.usage("k:free", "total")
+            assert usage["spent_usd"] == pytest.approx(0.002) and usage["held_usd"] == 0.0
+            assert usage["last_used_at"] is not None
+        finally:
+            await tenants.close()
+            if client is not None:
+                await client.aclose()
+
+    asyncio.run(run())
