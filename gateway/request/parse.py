@@ -184,6 +184,8 @@ def _too_large(param: str, value: int, bound: int, what: str = "") -> GatewayErr
 
 
 def _check_typed_bounds(limits: RequestLimits, request: MessagesRequest | ResponsesRequest) -> None:
+    items: str | list[Any]
+    wanted: int | None
     if isinstance(request, MessagesRequest):
         items, param, wanted, wanted_param = request.messages, "messages", request.max_tokens, "max_tokens"
     else:

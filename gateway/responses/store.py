@@ -168,7 +168,7 @@ class RedisResponseStore:
         return [tag + ":data", tag + ":expiry", tag + ":bytes"]
 
     async def put(self, owner: str, response_id: str, entry: bytes) -> None:
-        args = [_now_ms(), self.ttl_ms, self.max_bytes_per_key, response_id, entry]
+        args: list[bytes | str | int] = [_now_ms(), self.ttl_ms, self.max_bytes_per_key, response_id, entry]
         await self._put(keys=self.keys(owner), args=args)
 
     async def get(self, owner: str, response_id: str) -> bytes | None:

@@ -332,6 +332,7 @@ class Tenants:
     async def usage(self, scope: str, period: str) -> dict[str, Any]:
         """A key's or team's spend in its budget period (settled and held for requests in flight: what
         its budget is checked against), what of it is held, and when it last had a request admitted."""
+        last: int | bytes | str | None
         if self.client is None:
             counts = self.local._counts
             spent, held = counts.get(f"sp:{scope}:{period}", 0), counts.get(f"hd:{scope}:{period}", 0)
