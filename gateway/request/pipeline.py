@@ -25,10 +25,11 @@ from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
-from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
+from gateway.request.forward import Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
+from gateway.request.relay import EventStream
 from gateway.request.sse import SseRelay
 from gateway.request.typed_sse import TypedSseRelay, typed_usage
 from gateway.tenants.reservation import charged_cost
@@ -55,7 +56,7 @@ class Reply:
     headers: dict[str, str]
     body: bytes = b""
     content_type: str = "application/json"
-    stream: RelayedStream | None = None
+    stream: EventStream | None = None
     raw_headers: list[tuple[bytes, bytes]] | None = None
     """More headers, already as bytes (an API key's `x-ratelimit-*`)."""
 

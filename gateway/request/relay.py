@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from backends.models import Backend
 from gateway.errors import upstream_failed, upstream_timeout
@@ -88,6 +89,14 @@ class GapWatchdog:
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+
+class EventStream(Protocol):
+    """What the HTTP layer sends as a stream: `RelayedStream`, or a wrapper of one (the Responses API's)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    def end(self) -> None: ...
 
 
 class RelayedStream:

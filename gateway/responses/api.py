@@ -120,7 +120,7 @@ class ResponsesApi:
             sse = ctx.sse
             assert isinstance(sse, TypedSseRelay) and isinstance(reply.stream, RelayedStream)
             saver = self if store else None
-            reply.stream = ResponsesStream(reply.stream, sse, saver, owner, items, previous)  # type: ignore[assignment]
+            reply.stream = ResponsesStream(reply.stream, sse, saver, owner, items, previous)
             return reply
         if previous is not None:
             reply.body = with_previous_id(reply.body, previous)
