@@ -20,6 +20,7 @@ from gateway.batch.objects import (
     BatchObject,
     RequestCounts,
     StoredBatch,
+    list_page,
     new_id,
     to_json,
 )
@@ -142,14 +143,7 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             )
         found, more = await state.page(viewer, after, limit)
         data = [await live(stored) for stored in found]
-        page = {
-            "object": "list",
-            "data": data,
-            "first_id": data[0].id if data else None,
-            "last_id": data[-1].id if data else None,
-            "has_more": more,
-        }
-        return _json(page)
+        return _json(list_page(data, more))
 
     @post("/v1/batches/{batch_id:str}/cancel", name="batches-cancel", status_code=200)
     async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[bytes]:

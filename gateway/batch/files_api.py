@@ -23,7 +23,7 @@ from litestar.params import Body, FromPath
 from gateway.batch.caller import Caller, caller_of
 from gateway.batch.files import FileStoreError
 from gateway.batch.finalize import split_lines
-from gateway.batch.objects import FileObject, StoredFile, new_id, now, to_json
+from gateway.batch.objects import FileObject, StoredFile, list_page, new_id, now, to_json
 from gateway.batch.quota import file_in_use, file_too_large, over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.state import UnknownCursor
@@ -175,14 +175,7 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
         except UnknownCursor:
             raise _invalid(f"`after`: no file '{after}' in this list.", "after") from None
         data = [stored.file for stored in found]
-        page = {
-            "object": "list",
-            "data": data,
-            "first_id": data[0].id if data else None,
-            "last_id": data[-1].id if data else None,
-            "has_more": more,
-        }
-        return _json(page)
+        return _json(list_page(data, more))
 
     @get("/v1/files/{file_id:str}", name="files-retrieve")
     async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:

@@ -113,3 +113,14 @@ encode = msgspec.json.Encoder().encode
 
 def to_json(obj: Any) -> bytes:
     return encode(obj)
+
+
+def list_page(data: list[Any], more: bool) -> dict[str, Any]:
+    """One page of an OpenAI list (`files.list`, `batches.list`): the SDK pages on with `last_id`."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0].id if data else None,
+        "last_id": data[-1].id if data else None,
+        "has_more": more,
+    }
