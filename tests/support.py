@@ -21,6 +21,8 @@ import httpx
 import redis
 import yaml
 
+from backends.lifetime import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ONE_POOL = """\
@@ -79,6 +81,7 @@ def running_gateway(
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
         env={**os.environ, **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import yaml
 
+from backends.lifetime import die_with_parent
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from tests.support import ROOT, free_port
@@ -93,6 +94,7 @@ def _start(config: dict[str, Any], workdir: Path) -> tuple[subprocess.Popen[byte
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

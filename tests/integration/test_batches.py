@@ -24,6 +24,7 @@ import pytest
 import redis
 import yaml
 
+from backends.lifetime import die_with_parent
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from tests.support import ROOT, free_port
@@ -65,6 +66,7 @@ def _start(config: dict[str, Any], workdir: Path) -> tuple[subprocess.Popen[byte
         stdout=(workdir / "gateway.log").open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
         env={**os.environ, "SWITCHYARD_ADMIN_KEY": ADMIN_KEY},
     )
     base = f"http://127.0.0.1:{port}"

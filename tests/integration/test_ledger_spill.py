@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from backends.lifetime import die_with_parent
 from tests.support import ROOT, RecordingBackend, free_port, running_gateway
 
 REQUESTS = 25
@@ -178,6 +179,7 @@ def _gateway(config: dict[str, Any], workdir: Path) -> Iterator[tuple[str, subpr
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         base = f"http://127.0.0.1:{port}"
         try:

@@ -23,6 +23,7 @@ import openai
 import pytest
 import yaml
 
+from backends.lifetime import die_with_parent
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from loadtest.bench import failover as bench
@@ -230,6 +231,7 @@ def test_graceful_shutdown_lets_streams_finish(fleet: Fleet, tmp_path: Path) -> 
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -26,6 +26,7 @@ import pytest
 import redis
 import yaml
 
+from backends.lifetime import die_with_parent
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from gateway.tenants.limits import SLOT_LEASE_S
@@ -481,6 +482,7 @@ def test_parallel_slots_of_a_killed_replica_are_freed_within_seconds(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
             env={**os.environ, "SWITCHYARD_ADMIN_KEY": ADMIN_KEY},
         )
     url = f"http://127.0.0.1:{port}"

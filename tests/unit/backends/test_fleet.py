@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.lifetime import die_with_parent
 from backends.sim.fleet import DEMO_FLEET, Fleet, FleetError, load_fleet_spec
 from backends.sim.fleet_spec import parse_fleet_spec
 from backends.yamlfile import ConfigError
@@ -106,6 +107,7 @@ def test_cli_runs_until_sigterm(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     try:
         assert process.stdout is not None

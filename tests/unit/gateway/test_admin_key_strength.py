@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.lifetime import die_with_parent
 from gateway.app import create_app
 from gateway.settings import settings_from_text
 from gateway.tenants.admin_key import WeakAdminKey, admin_key_weakness
@@ -81,6 +82,7 @@ def _serve(config: Path, port: int, key: str, *flags: str) -> subprocess.Popen[s
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
 
 

@@ -15,6 +15,7 @@ import httpx
 import openai
 import yaml
 
+from backends.lifetime import die_with_parent
 from tests.support import ROOT, RecordingBackend, free_port
 
 MODEL = "bench-model"
@@ -48,7 +49,12 @@ def switchable(tmp_path: Path, backend_url: str) -> Iterator[tuple[str, Path, in
     ]  # fmt: skip
     with (tmp_path / "gateway.log").open("wb") as log:
         process = subprocess.Popen(
-            argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
     base = f"http://127.0.0.1:{port}"
     try:
