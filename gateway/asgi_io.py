@@ -133,16 +133,24 @@ async def send_stream(
     stream: Any,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Send server-sent events as they come; `stream` is a RelayedStream (async iterable with `end()`)."""
+    """Send server-sent events as they come; `stream` is a RelayedStream (async iterable with `end()`, and
+    `last` set while it yields the piece that ends the stream)."""
     try:
         header_list = _header_list(headers, content_type.encode("latin-1"))
         if raw_headers:
             header_list += raw_headers
         await send({"type": "http.response.start", "status": 200, "headers": header_list})
+        ended = False
         async for chunk in stream:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        watch.stop()
-        await send({"type": "http.response.body", "body": b""})
+            if stream.last:  # the backend's answer is all here: end the response with it, in one write
+                watch.stop()
+                await send({"type": "http.response.body", "body": chunk})
+                ended = True
+            elif chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if not ended:
+            watch.stop()
+            await send({"type": "http.response.body", "body": b""})
     except asyncio.CancelledError:
         if not watch.swallow():
             raise

@@ -75,6 +75,10 @@ class Response:
     async def readany(self) -> bytes:
         return await self._conn.read_some()
 
+    def all_read(self) -> bool:
+        conn = self._conn
+        return conn.complete and not conn.has_buffered()
+
     def take_buffered(self) -> bytes:
         return self._conn.take_buffered()
 

@@ -185,7 +185,8 @@ class Pipeline:
             status, usage, events = ctx.status, ctx.usage, 0
         else:
             status = sse.failed.status if sse.failed is not None else 200
-            usage, events = sse.usage, sse.events
+            usage = sse.usage
+            events = sse.events if usage is None else 0  # counted only when accounting needs them
         served = Served(
             ctx.backend,  # type: ignore[arg-type]
             ctx.concurrency,

@@ -1,0 +1,398 @@
+"""Gateway CPU per streamed chunk: 512-token answers through this tree's gateway and a baseline commit's.
+
+Both gateways run in `auth.mode: keys` (a key and a team with RPM, TPM, parallel and budget limits the
+load never reaches, so every check runs), with the ledger and metrics on, pinned to the first CPU; nginx
+(with its echo module) streams each answer as vLLM's server shapes it (a role chunk, one
+`chat.completion.chunk` per token, the usage chunk, `data: [DONE]`, chunked transfer encoding) from the
+second CPU, where wrk runs too. Two upstream shapes: `burst` writes the answer in ~3.5 KB pieces at once
+(as the peers harness's mock does), `paced` flushes every event and sleeps `--paced-ms` between them (a
+decoding backend), so each token reaches the gateway in a read of its own.
+
+The machine may be shared, so throughput is not the figure: each phase loads one gateway alone with wrk
+and divides the gateway process's CPU time (utime + stime from /proc) by the chunks it relayed (answers
+x 512). Phases alternate old/new (and which goes first, round by round); the figure is the median over
+rounds, and `new/old` the median of the per-round ratios.
+
+Usage: python -m loadtest.bench.stream_chunks [--baseline REF] [--rounds 5] [--duration 5]
+       [--connections 64,8] [--shapes burst,paced] [--tokens 512] [--json out.json]
+       (make bench-stream-chunks ARGS=...; needs wrk, nginx and its echo module, Redis)
+REF defaults to `main`; the baseline runs from `git archive REF` in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import uuid
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtest.bench._util import (
+    delete_prefix,
+    http_post,
+    pick_cpus,
+    process_cpu_seconds,
+    start_gateway,
+    which,
+)
+from loadtest.bench.peers_keys import _provision
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/0"
+MODEL = "tiny-stream"
+TOKENS = 512
+PROMPT_TOKENS = 212
+ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
+
+
+def sse_events(tokens: int | None = None) -> list[bytes]:
+    """A vLLM-shaped chat stream: one event per token (the first carries the role), usage, [DONE]."""
+    tokens = TOKENS if tokens is None else tokens
+    sid, created = "chatcmpl-0a1b2c3d4e5f40718293a4b5c6d7e8f9", 1732250000
+    head = {"id": sid, "object": "chat.completion.chunk", "created": created, "model": MODEL}
+    events = []
+    for i in range(tokens):
+        delta: dict[str, Any] = {"content": f" word{i}"}
+        if i == 0:
+            delta = {"role": "assistant", "content": "word0"}
+        last = i == tokens - 1
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": "length" if last else None}
+        events.append({**head, "choices": [choice]})
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": tokens,
+        "total_tokens": PROMPT_TOKENS + tokens,
+    }
+    events.append({**head, "choices": [], "usage": usage})
+    lines = [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in events]
+    return [*lines, b"data: [DONE]\n\n"]
+
+
+def _ngx(text: bytes) -> str:
+    s = text.decode()
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def _echo_body(shape: str, paced_ms: float) -> str:
+    events = sse_events()
+    if shape == "paced":
+        sleep = f"echo_sleep {paced_ms / 1000:.3f};"
+        return "\n".join(f"echo -n {_ngx(e)}; echo_flush; {sleep}" for e in events)
+    groups, current = [], b""
+    for event in events:
+        if current and len(current) + len(event) > 3500:
+            groups.append(current)
+            current = b""
+        current += event
+    groups.append(current)
+    return "\n".join(f"echo -n {_ngx(g)};" for g in groups)
+
+
+def start_nginx(group: ProcessGroup, work: Path, cpu: int, paced_ms: float) -> dict[str, str]:
+    """nginx streaming the answer on one port per shape; {shape: base URL}."""
+    nginx = which("nginx", "/usr/sbin", "/usr/local/sbin")
+    if nginx is None or not ECHO_MODULE.exists():
+        raise SystemExit(
+            "needs nginx and its echo module (apt-get install nginx-light libnginx-mod-http-echo)"
+        )
+    prefix = work / "nginx"
+    (prefix / "tmp").mkdir(parents=True, exist_ok=True)
+    ports = {shape: free_port() for shape in ("burst", "paced")}
+    servers = "".join(
+        f"""
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location = /v1/chat/completions {{
+            default_type text/event-stream;
+            echo_read_request_body;
+            {_echo_body(shape, paced_ms)}
+        }}
+        location = /health {{ return 200; }}
+        location / {{ return 404; }}
+    }}"""
+        for shape, port in ports.items()
+    )
+    temp = "\n".join(
+        f"    {k}_temp_path {prefix}/tmp/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    for path in (work, prefix, prefix / "tmp"):
+        path.chmod(0o755)  # nginx workers may run as an unprivileged user
+    conf = prefix / "nginx.conf"
+    conf.write_text(
+        f"""load_module {ECHO_MODULE};
+worker_processes 1;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 8192; multi_accept on; }}
+http {{
+    access_log off;
+    keepalive_timeout 300s;
+    keepalive_requests 10000000;
+{temp}
+{servers}
+}}
+"""
+    )
+    child = group.start("nginx", [nginx, "-p", str(prefix), "-c", str(conf)], cpu=cpu)
+    urls = {shape: f"http://127.0.0.1:{port}" for shape, port in ports.items()}
+    for url in urls.values():
+        wait_until(
+            lambda u=url: http_post(u + "/v1/chat/completions", b"{}")[0] == 200,
+            timeout=15,
+            what="nginx",
+            child=child,
+        )
+    return urls
+
+
+def _config(port: int, upstreams: dict[str, str], prefix: str) -> dict[str, Any]:
+    return {
+        "gateway": {"port": port, "max_connections_per_backend": 256},
+        "ledger": {"store": "memory", "key_prefix": prefix},
+        "auth": {"mode": "keys", "store": "redis", "redis_url": REDIS_URL, "replicas": 3},
+        "telemetry": {"metrics": True, "access_log": {"enabled": False}},
+        "pools": [
+            {
+                "name": f"mock-{shape}",
+                "vendor": "amd",
+                "accelerator": "mi300x",
+                "price_per_gpu_hour": 1.75,
+                "backends": [{"url": url, "models": [f"{MODEL}-{shape}"], "max_model_len": 4096}],
+            }
+            for shape, url in upstreams.items()
+        ],
+    }
+
+
+def _request_body(shape: str) -> bytes:
+    body = {
+        "model": f"{MODEL}-{shape}",
+        "messages": [{"role": "user", "content": "Tell me a long story about request routing. " * 20}],
+        "max_tokens": TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body).encode()
+
+
+def _wrk_script(key: str, shape: str) -> str:
+    return (
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(_request_body(shape).decode())}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+        'function done(summary, latency, requests) io.write("BYTES " .. summary.bytes .. "\\n") end\n'
+    )
+
+
+def _wrk(
+    wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int, answer_bytes: int
+) -> float:
+    """Answers relayed in one wrk run, counting the part of a stream cut by its end (fails on any error)."""
+    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "30s", "-s", str(script), url]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    ).stdout
+    match = re.search(r"^BYTES (\d+)$", out, re.MULTILINE)
+    if match is None or "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk failed or saw errors:\n{out}")
+    return int(match.group(1)) / answer_bytes
+
+
+def _baseline_tree(ref: str, work: Path) -> Path:
+    tree = work / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, at = [], 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(body[line_end + 2 : line_end + 2 + size])
+        at = line_end + 4 + size
+
+
+def check_stream(url: str, key: str, shape: str) -> int:
+    """Validate one relayed answer (every token event, the usage chunk, [DONE]); its size on the wire."""
+    host, port = url.removeprefix("http://").split(":")
+    body = _request_body(shape)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    raw = b""
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        while not raw.endswith(b"\r\n0\r\n\r\n"):
+            data = sock.recv(65536)
+            if not data:
+                break
+            raw += data
+    headers, _, chunked = raw.partition(b"\r\n\r\n")
+    if not headers.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"{url} answered {raw[:300]!r}")
+    events = [e for e in _dechunk(chunked).split(b"\n\n") if e]
+    usage = json.loads(events[-2][6:])
+    if (
+        usage["usage"]["completion_tokens"] != TOKENS
+        or events[-1] != b"data: [DONE]"
+        or len(events) != TOKENS + 2
+    ):
+        raise RuntimeError(f"{url} relayed an unexpected stream ({len(events)} events)")
+    return len(raw)
+
+
+def run(
+    ref: str, rounds: int, duration: float, conns: list[int], shapes: list[str], paced_ms: float
+) -> dict[str, Any]:
+    wrk = which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is not installed (apt-get install wrk)")
+    gw_cpu, load_cpu = pick_cpus()
+    prefix = "bench-chunks-" + uuid.uuid4().hex[:8]
+    key = "sy-bench-chunks-" + uuid.uuid4().hex
+    samples: dict[str, dict[str, list[float]]] = {}
+    ratios: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:
+        work = Path(tmp)
+        group = ProcessGroup(work)
+        try:
+            trees = {"old": _baseline_tree(ref, work), "new": ROOT}
+            upstreams = start_nginx(group, work, load_cpu, paced_ms)
+            asyncio.run(_provision(key, prefix))
+            gateways = {}
+            for name, tree in trees.items():
+                port = free_port()
+                path = work / f"{name}.yaml"
+                path.write_text(yaml.safe_dump(_config(port, upstreams, prefix)))
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "serve",
+                    "--config",
+                    str(path),
+                    "--log-level",
+                    "warning",
+                ]
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                gateways[name] = start_gateway(
+                    group, f"gw-{name}", argv, port, gw_cpu, cwd=str(tree), env=env, timeout=60
+                )
+            for shape in shapes:
+                script = work / f"{shape}.lua"
+                script.write_text(_wrk_script(key, shape))
+                size = {}
+                for name, (url, _) in gateways.items():
+                    size[name] = check_stream(url, key, shape)
+                    _wrk(wrk, url + "/v1/chat/completions", script, 8, 1, load_cpu, size[name])  # warm-up
+                for c in conns:
+                    case = f"{shape} c={c}"
+                    samples[case] = {"old": [], "new": [], "old_rps": [], "new_rps": []}
+                    ratios[case] = []
+                    for r in range(rounds):
+                        order = ("old", "new") if r % 2 == 0 else ("new", "old")
+                        per_chunk = {}
+                        for name in order:
+                            url, child = gateways[name]
+                            before = process_cpu_seconds(child.pid)
+                            answers = _wrk(
+                                wrk, url + "/v1/chat/completions", script, c, duration, load_cpu, size[name]
+                            )
+                            spent = process_cpu_seconds(child.pid) - before
+                            per_chunk[name] = spent / max(1, answers * TOKENS) * 1e6
+                            samples[case][name].append(per_chunk[name])
+                            samples[case][f"{name}_rps"].append(answers / duration)
+                        ratios[case].append(per_chunk["new"] / per_chunk["old"])
+        finally:
+            group.close()
+            delete_prefix(REDIS_URL, prefix)
+    return {
+        "baseline": ref,
+        "tokens": TOKENS,
+        "cases": {
+            case: {
+                "old_us_per_chunk": statistics.median(s["old"]),
+                "new_us_per_chunk": statistics.median(s["new"]),
+                "new_vs_old": statistics.median(ratios[case]),
+                "rounds_new_vs_old": [round(x, 3) for x in ratios[case]],
+                "old_answers_per_s": statistics.median(s["old_rps"]),
+                "new_answers_per_s": statistics.median(s["new_rps"]),
+            }
+            for case, s in samples.items()
+        },
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"{summary['tokens']}-token streams, keys mode; gateway CPU µs per chunk (median of rounds), "
+        f"old = {summary['baseline']}",
+        f"{'case':<14} {'old':>8} {'new':>8} {'new/old':>8} {'old µs/ans':>11} {'new µs/ans':>11}  rounds",
+    ]
+    for case, c in summary["cases"].items():
+        old, new = c["old_us_per_chunk"], c["new_us_per_chunk"]
+        lines.append(
+            f"{case:<14} {old:>8.2f} {new:>8.2f} {c['new_vs_old']:>8.3f} {old * summary['tokens']:>11.0f} "
+            f"{new * summary['tokens']:>11.0f}  {c['rounds_new_vs_old']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--baseline", default="main", help="git ref of the baseline gateway (default main)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of load per phase")
+    parser.add_argument("--connections", default="64,8")
+    parser.add_argument("--shapes", default="burst,paced")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens per answer (the peers mock: 64)")
+    parser.add_argument("--paced-ms", type=float, default=1.0, help="pause between events, paced shape")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    conns = [int(c) for c in args.connections.split(",") if c]
+    shapes = [s for s in args.shapes.split(",") if s]
+    if not 1 <= args.rounds <= 50 or not 1 <= args.duration <= 120 or any(not 1 <= c <= 512 for c in conns):
+        parser.error("--rounds 1..50, --duration 1..120, --connections 1..512")
+    if any(s not in ("burst", "paced") for s in shapes):
+        parser.error("--shapes: burst and/or paced")
+    if not 1 <= args.tokens <= 8192:
+        parser.error("--tokens 1..8192")
+    globals()["TOKENS"] = args.tokens
+    install_interrupt_handlers()
+    summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms)
+    print(format_table(summary))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
