@@ -12,6 +12,7 @@ import contextlib
 from typing import Any
 
 from gateway.errors import GatewayError, body_too_large
+from gateway.response_write import send_head_and_body
 
 _CONTENT_TYPE = b"content-type"
 _CONTENT_LENGTH = b"content-length"
@@ -70,8 +71,7 @@ async def send_body(
     if raw_headers:
         header_list += raw_headers
     header_list.append((_CONTENT_LENGTH, str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": header_list})
-    await send({"type": "http.response.body", "body": body})
+    await send_head_and_body(send, status, header_list, body, False)
 
 
 async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
@@ -139,9 +139,13 @@ async def send_stream(
         header_list = _header_list(headers, content_type.encode("latin-1"))
         if raw_headers:
             header_list += raw_headers
-        await send({"type": "http.response.start", "status": 200, "headers": header_list})
-        ended = False
-        async for chunk in stream:
+        pieces = aiter(stream)
+        first = await anext(pieces, b"")  # sent with the head, in one write
+        ended = stream.last
+        if ended:  # the whole answer was in the backend's first chunk
+            watch.stop()
+        await send_head_and_body(send, 200, header_list, first, not ended)
+        async for chunk in pieces:
             if stream.last:  # the backend's answer is all here: end the response with it, in one write
                 watch.stop()
                 await send({"type": "http.response.body", "body": chunk})
