@@ -6,7 +6,8 @@ load never reaches, so every check runs), with the ledger and metrics on, pinned
 `chat.completion.chunk` per token, the usage chunk, `data: [DONE]`, chunked transfer encoding) from the
 second CPU, where wrk runs too. Two upstream shapes: `burst` writes the answer in ~3.5 KB pieces at once
 (as the peers harness's mock does), `paced` flushes every event and sleeps `--paced-ms` between them (a
-decoding backend), so each token reaches the gateway in a read of its own.
+decoding backend), so each token reaches the gateway in a read of its own. `json` is the same answer not
+streamed (a chat.completion with usage), for the CPU per non-streamed answer.
 
 The machine may be shared, so throughput is not the figure: each phase loads one gateway alone with wrk
 and divides the gateway process's CPU time (utime + stime from /proc) by the chunks it relayed (answers
@@ -14,7 +15,7 @@ x 512). Phases alternate old/new (and which goes first, round by round); the fig
 rounds, and `new/old` the median of the per-round ratios.
 
 Usage: python -m loadtest.bench.stream_chunks [--baseline REF] [--rounds 5] [--duration 5]
-       [--connections 64,8] [--shapes burst,paced] [--tokens 512] [--json out.json]
+       [--connections 64,8] [--shapes burst,paced,json] [--tokens 512] [--json out.json]
        (make bench-stream-chunks ARGS=...; needs wrk, nginx and its echo module, Redis)
 REF defaults to `main`; the baseline runs from `git archive REF` in a temporary directory.
 """
@@ -86,7 +87,29 @@ def _ngx(text: bytes) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
 
 
+def _completion() -> bytes:
+    text = " ".join(f"word{i}" for i in range(TOKENS))
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": TOKENS,
+        "total_tokens": PROMPT_TOKENS + TOKENS,
+    }
+    answer = {
+        "id": "chatcmpl-9f1c2d3e4b5a4c6d8e7f0a1b2c3d4e5f",
+        "object": "chat.completion",
+        "created": 1732250000,
+        "model": f"{MODEL}-json",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        ],
+        "usage": usage,
+    }
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
 def _echo_body(shape: str, paced_ms: float) -> str:
+    if shape == "json":
+        return f"echo -n {_ngx(_completion())};"
     events = sse_events()
     if shape == "paced":
         sleep = f"echo_sleep {paced_ms / 1000:.3f};"
@@ -110,13 +133,13 @@ def start_nginx(group: ProcessGroup, work: Path, cpu: int, paced_ms: float) -> d
         )
     prefix = work / "nginx"
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
-    ports = {shape: free_port() for shape in ("burst", "paced")}
+    ports = {shape: free_port() for shape in ("burst", "paced", "json")}
     servers = "".join(
         f"""
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location = /v1/chat/completions {{
-            default_type text/event-stream;
+            default_type {"application/json" if shape == "json" else "text/event-stream"};
             echo_read_request_body;
             {_echo_body(shape, paced_ms)}
         }}
@@ -183,9 +206,10 @@ def _request_body(shape: str) -> bytes:
         "model": f"{MODEL}-{shape}",
         "messages": [{"role": "user", "content": "Tell me a long story about request routing. " * 20}],
         "max_tokens": TOKENS,
-        "stream": True,
-        "stream_options": {"include_usage": True},
     }
+    if shape != "json":
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
 
 
@@ -237,6 +261,16 @@ def _dechunk(body: bytes) -> bytes:
         at = line_end + 4 + size
 
 
+def _whole(raw: bytes) -> bool:
+    head, found, body = raw.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+    return raw.endswith(b"\r\n0\r\n\r\n")
+
+
 def check_stream(url: str, key: str, shape: str) -> int:
     """Validate one relayed answer (every token event, the usage chunk, [DONE]); its size on the wire."""
     host, port = url.removeprefix("http://").split(":")
@@ -248,7 +282,7 @@ def check_stream(url: str, key: str, shape: str) -> int:
     raw = b""
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(head.encode() + body)
-        while not raw.endswith(b"\r\n0\r\n\r\n"):
+        while not _whole(raw):
             data = sock.recv(65536)
             if not data:
                 break
@@ -256,6 +290,10 @@ def check_stream(url: str, key: str, shape: str) -> int:
     headers, _, chunked = raw.partition(b"\r\n\r\n")
     if not headers.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(f"{url} answered {raw[:300]!r}")
+    if shape == "json":
+        if json.loads(chunked)["usage"]["completion_tokens"] != TOKENS:
+            raise RuntimeError(f"{url} answered without the usage")
+        return len(raw)
     events = [e for e in _dechunk(chunked).split(b"\n\n") if e]
     usage = json.loads(events[-2][6:])
     if (
@@ -325,7 +363,7 @@ def run(
                                 wrk, url + "/v1/chat/completions", script, c, duration, load_cpu, size[name]
                             )
                             spent = process_cpu_seconds(child.pid) - before
-                            per_chunk[name] = spent / max(1, answers * TOKENS) * 1e6
+                            per_chunk[name] = spent / max(1e-9, answers) * 1e6  # per answer
                             samples[case][name].append(per_chunk[name])
                             samples[case][f"{name}_rps"].append(answers / duration)
                         ratios[case].append(per_chunk["new"] / per_chunk["old"])
@@ -337,8 +375,8 @@ def run(
         "tokens": TOKENS,
         "cases": {
             case: {
-                "old_us_per_chunk": statistics.median(s["old"]),
-                "new_us_per_chunk": statistics.median(s["new"]),
+                "old_us_per_answer": statistics.median(s["old"]),
+                "new_us_per_answer": statistics.median(s["new"]),
                 "new_vs_old": statistics.median(ratios[case]),
                 "rounds_new_vs_old": [round(x, 3) for x in ratios[case]],
                 "old_answers_per_s": statistics.median(s["old_rps"]),
@@ -350,16 +388,19 @@ def run(
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    tokens = summary["tokens"]
     lines = [
-        f"{summary['tokens']}-token streams, keys mode; gateway CPU µs per chunk (median of rounds), "
-        f"old = {summary['baseline']}",
-        f"{'case':<14} {'old':>8} {'new':>8} {'new/old':>8} {'old µs/ans':>11} {'new µs/ans':>11}  rounds",
+        f"{tokens}-token answers, keys mode; gateway CPU µs per answer and per streamed chunk "
+        f"(median of rounds), old = {summary['baseline']}",
+        f"{'case':<14} {'old µs/ans':>11} {'new µs/ans':>11} {'old µs/ch':>10} {'new µs/ch':>10} "
+        f"{'new/old':>8}  rounds",
     ]
     for case, c in summary["cases"].items():
-        old, new = c["old_us_per_chunk"], c["new_us_per_chunk"]
+        old, new = c["old_us_per_answer"], c["new_us_per_answer"]
+        chunks = "" if case.startswith("json") else f"{old / tokens:>10.2f} {new / tokens:>10.2f}"
         lines.append(
-            f"{case:<14} {old:>8.2f} {new:>8.2f} {c['new_vs_old']:>8.3f} {old * summary['tokens']:>11.0f} "
-            f"{new * summary['tokens']:>11.0f}  {c['rounds_new_vs_old']}"
+            f"{case:<14} {old:>11.0f} {new:>11.0f} {chunks:>21} {c['new_vs_old']:>8.3f}  "
+            f"{c['rounds_new_vs_old']}"
         )
     return "\n".join(lines)
 
@@ -372,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of load per phase")
     parser.add_argument("--connections", default="64,8")
-    parser.add_argument("--shapes", default="burst,paced")
+    parser.add_argument("--shapes", default="burst,paced,json")
     parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens per answer (the peers mock: 64)")
     parser.add_argument("--paced-ms", type=float, default=1.0, help="pause between events, paced shape")
     parser.add_argument("--json", type=Path, default=None)
@@ -381,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [s for s in args.shapes.split(",") if s]
     if not 1 <= args.rounds <= 50 or not 1 <= args.duration <= 120 or any(not 1 <= c <= 512 for c in conns):
         parser.error("--rounds 1..50, --duration 1..120, --connections 1..512")
-    if any(s not in ("burst", "paced") for s in shapes):
-        parser.error("--shapes: burst and/or paced")
+    if any(s not in ("burst", "paced", "json") for s in shapes):
+        parser.error("--shapes: burst, paced and/or json")
     if not 1 <= args.tokens <= 8192:
         parser.error("--tokens 1..8192")
     globals()["TOKENS"] = args.tokens
