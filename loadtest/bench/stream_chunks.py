@@ -109,7 +109,8 @@ def _completion() -> bytes:
 
 def _echo_body(shape: str, paced_ms: float) -> str:
     if shape == "json":
-        return f"echo -n {_ngx(_completion())};"
+        answer = _completion()  # in pieces: nginx refuses a parameter past ~4 KB
+        return "\n".join(f"echo -n {_ngx(answer[i : i + 3000])};" for i in range(0, len(answer), 3000))
     events = sse_events()
     if shape == "paced":
         sleep = f"echo_sleep {paced_ms / 1000:.3f};"
