@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
 # minutes): `make test-whatif` runs them (and .ci/run).
 .PHONY: test-whatif whatif-demo bench-whatif
-.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-keys loadtest clean
+.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-keys loadtest clean
 
 venv: $(STAMP)
 
@@ -92,11 +92,15 @@ bench-telemetry: venv wrk
 bench-sse: venv
 	$(PY) -m loadtest.bench.sse $(ARGS)
 
+# Gateway CPU per streamed chunk (512-token answers, keys mode) against a baseline commit (ARGS="--baseline REF").
+bench-stream-chunks: venv wrk
+	$(PY) -m loadtest.bench.stream_chunks $(ARGS)
+
 # wrk drives the load and nginx answers as the backend (Debian's packages, installed when missing).
 .PHONY: wrk
 wrk:
 	@(command -v wrk && test -x /usr/sbin/nginx) >/dev/null 2>&1 || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light)
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light libnginx-mod-http-echo)
 
 bench-keys: venv wrk
 	$(PY) -m loadtest.bench.keys $(ARGS)

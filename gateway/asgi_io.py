@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from gateway.errors import GatewayError, anthropic_error_json, body_too_large
+from gateway.response_write import send_head_and_body
 
 _CONTENT_TYPE = b"content-type"
 _CONTENT_LENGTH = b"content-length"
@@ -70,8 +72,7 @@ async def send_body(
     if raw_headers:
         header_list += raw_headers
     header_list.append((_CONTENT_LENGTH, str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": header_list})
-    await send({"type": "http.response.body", "body": body})
+    await send_head_and_body(send, status, header_list, body, False)
 
 
 async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
@@ -131,24 +132,46 @@ class DisconnectWatch:
         return True
 
 
+class SentStream(Protocol):
+    """A stream the HTTP layer sends (gateway/request/relay.py's `EventStream`, seen from this side)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    @property
+    def last(self) -> bool: ...
+
+    def end(self) -> None: ...
+
+
 async def send_stream(
     send: Any,
     watch: DisconnectWatch,
     headers: dict[str, str],
     content_type: str,
-    stream: Any,
+    stream: SentStream,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Send server-sent events as they come; `stream` is a RelayedStream (async iterable with `end()`)."""
+    """Send server-sent events as they come (`last` is set while the stream yields its final piece)."""
     try:
         header_list = _header_list(headers, content_type.encode("latin-1"))
         if raw_headers:
             header_list += raw_headers
-        await send({"type": "http.response.start", "status": 200, "headers": header_list})
-        async for chunk in stream:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        watch.stop()
-        await send({"type": "http.response.body", "body": b""})
+        pieces = aiter(stream)
+        first = await anext(pieces, b"")  # sent with the head, in one write
+        ended = stream.last
+        if ended:  # the whole answer was in the backend's first chunk
+            watch.stop()
+        await send_head_and_body(send, 200, header_list, first, not ended)
+        async for chunk in pieces:
+            if stream.last:  # the backend's answer is all here: end the response with it, in one write
+                watch.stop()
+                await send({"type": "http.response.body", "body": chunk})
+                ended = True
+            elif chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if not ended:
+            watch.stop()
+            await send({"type": "http.response.body", "body": b""})
     except asyncio.CancelledError:
         if not watch.swallow():
             raise

@@ -55,6 +55,9 @@ class MemoryResponse:
             raise ConnectionBroken("the backend closed the connection")
         return b""
 
+    def all_read(self) -> bool:
+        return not self._chunks and not self._cut and not self.closed
+
     def take_buffered(self) -> bytes:
         return b""
 

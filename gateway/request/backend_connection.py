@@ -206,6 +206,9 @@ class Connection(asyncio.Protocol):
             finally:
                 self._body_waiter = None
 
+    def has_buffered(self) -> bool:
+        return bool(self._chunks)
+
     def take_buffered(self) -> bytes:
         """The answer bytes that arrived and were not read yet, without waiting."""
         data = b"".join(self._chunks)

@@ -188,7 +188,8 @@ class Pipeline:
             status, usage, events = ctx.status, ctx.usage, 0
         else:
             status = sse.failed.status if sse.failed is not None else 200
-            usage, events = sse.usage, sse.events
+            usage = sse.usage
+            events = sse.events if usage is None else 0  # counted only when accounting needs them
         backend = ctx.backend
         assert backend is not None  # no error: a backend answered
         served = Served(

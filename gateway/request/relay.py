@@ -96,6 +96,11 @@ class EventStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
+    @property
+    def last(self) -> bool:
+        """The piece being yielded ends the backend's answer: the response can end with it."""
+        ...
+
     def end(self) -> None: ...
 
 
@@ -121,6 +126,7 @@ class RelayedStream:
         "_sse",
         "_stream",
         "_watchdog",
+        "last",
     )
 
     def __init__(
@@ -144,6 +150,9 @@ class RelayedStream:
         self._completed = False
         self._first_fed = False
         self._ended = False
+        self.last = False
+        """The piece being yielded ends the stream (the backend's answer was read to its end), so the HTTP
+        layer can end the response with it rather than with one more write."""
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._events()
@@ -151,11 +160,15 @@ class RelayedStream:
     async def _events(self) -> AsyncIterator[bytes]:
         stream, sse, watchdog, loop = self._stream, self._sse, self._watchdog, self._loop
         try:
+            response = stream.response
             out = sse.feed(stream.first_chunk)
             self._first_fed = True
+            if response.all_read():
+                yield self._last(out)
+                return
             if out:
                 yield out
-            read = stream.response.readany
+            read = response.readany
             while True:
                 watchdog.waiting_since = loop.time()
                 try:
@@ -181,10 +194,19 @@ class RelayedStream:
                         yield tail
                     return
                 out = sse.feed(data)
+                if response.all_read():
+                    yield self._last(out)
+                    return
                 if out:
                     yield out
         finally:
             self.end()
+
+    def _last(self, out: bytes) -> bytes:
+        """The final piece: what the relay holds back, with what the backend left unterminated."""
+        self._completed = self.last = True
+        tail = self._sse.flush()
+        return out + tail if tail else out
 
     def end(self) -> None:
         if self._ended:

@@ -4,6 +4,11 @@ The relay reads only what accounting needs: the last usage chunk (vLLM's usage i
 last one is the total, never a sum). The gateway always asks the backend for usage; when the client did
 not, the usage chunk is dropped on the way. Events are scanned, not parsed: only an event that mentions
 `"usage"` is decoded.
+
+Per byte relayed the relay does one scan (for `"usage"`); the events are counted only when someone asks
+(`events`: accounting asks only for a stream that ended without usage), from the blocks kept since the
+last count, at most `COUNT_AFTER` bytes of them (past that they are counted at once and let go). A block
+that ends on an event boundary is passed on as it came, not copied.
 """
 
 from __future__ import annotations
@@ -22,19 +27,46 @@ _EVENT_END = b"\n\n"
 _USAGE_KEY = b'"usage"'
 _NULL_VALUE = b":null"
 _TEXT_COMPLETION = b'"text_completion"'
+COUNT_AFTER = 128 * 1024
+"""Bytes of relayed events kept uncounted at most (references to blocks already passed on)."""
 
 
 class SseRelay:
-    __slots__ = ("_keep_usage", "_tail", "cost_of", "events", "failed", "usage")
+    __slots__ = (
+        "_counted",
+        "_keep_usage",
+        "_started",
+        "_tail",
+        "_uncounted",
+        "_uncounted_bytes",
+        "cost_of",
+        "failed",
+        "usage",
+    )
 
     def __init__(self, keep_usage_chunk: bool) -> None:
         self._keep_usage = keep_usage_chunk
         self._tail = b""
+        self._started = False
+        self._counted = 0
+        self._uncounted: list[bytes] = []
+        self._uncounted_bytes = 0
         self.usage: Usage | None = None
-        self.events = 0
         self.failed: GatewayError | None = None
         self.cost_of: Callable[[Usage], float] | None = None
         """Set when the client asked for usage: its final usage event gets `switchyard_cost_usd`."""
+
+    @property
+    def events(self) -> int:
+        """Complete events relayed so far (the usage chunk and `[DONE]` included)."""
+        if self._uncounted:
+            self._count()
+        return self._counted
+
+    def _count(self) -> None:
+        self._counted += sum([block.count(_EVENT_END) for block in self._uncounted])
+        self._uncounted.clear()
+        self._uncounted_bytes = 0
 
     def feed(self, data: bytes) -> bytes:
         """Take bytes from the backend; return the complete events to send on (possibly empty)."""
@@ -45,11 +77,19 @@ class SseRelay:
             self._tail = data
             return b""
         end += 2
-        complete, self._tail = data[:end], data[end:]
-        if not self.events and complete.find(_TEXT_COMPLETION, 0, complete.find(_EVENT_END)) >= 0:
-            # Accounting discounts one event for a chat stream's role chunk; /v1/completions has none.
-            self.events = 1
-        self.events += complete.count(_EVENT_END)
+        if end == len(data):
+            complete, self._tail = data, b""
+        else:
+            complete, self._tail = data[:end], data[end:]
+        if not self._started:
+            self._started = True
+            if complete.find(_TEXT_COMPLETION, 0, complete.find(_EVENT_END)) >= 0:
+                # Accounting discounts one event for a chat stream's role chunk; /v1/completions has none.
+                self._counted = 1
+        self._uncounted.append(complete)
+        self._uncounted_bytes += len(complete)
+        if self._uncounted_bytes > COUNT_AFTER:
+            self._count()
         at = complete.find(_USAGE_KEY)
         if at < 0:
             return complete

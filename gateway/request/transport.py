@@ -32,6 +32,10 @@ class BackendResponse(Protocol):
         """The body bytes that arrived since the last call, waiting for some; b"" at the end."""
         ...
 
+    def all_read(self) -> bool:
+        """The whole answer has arrived and been read: `readany` would return b"" at once."""
+        ...
+
     def take_buffered(self) -> bytes:
         """What arrived and was not read yet, without waiting."""
         ...

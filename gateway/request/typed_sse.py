@@ -53,7 +53,7 @@ class TypedSseRelay(SseRelay):
         self._endpoint = endpoint
         self._input: int | None = None
         self._output: int | None = None
-        self.events = 1  # accounting counts events past the first as generated tokens
+        self._counted = 1  # `events`: accounting counts events past the first as generated tokens
         self.final_response: bytes | None = None
         """The Responses stream's final response object, as sent."""
 
@@ -66,7 +66,7 @@ class TypedSseRelay(SseRelay):
             return b""
         end += 2
         complete, self._tail = data[:end], data[end:]
-        self.events += complete.count(_DELTA_EVENT)
+        self._counted += complete.count(_DELTA_EVENT)
         at = complete.find(_USAGE_KEY)
         while at >= 0:
             start = complete.rfind(_EVENT_END, 0, at)

@@ -257,6 +257,11 @@ class ResponsesStream:
                 await self._api.save(self._owner, self._items, final)
             yield chunk if previous is None else with_previous_id(chunk, previous)
 
+    @property
+    def last(self) -> bool:
+        """The piece being yielded ends the backend's answer (its chunks pass through one for one)."""
+        return self._inner.last
+
     def end(self) -> None:
         self._inner.end()
 

@@ -3,6 +3,7 @@ when it completes, when its backend cuts it, and when it fails before its first 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 
@@ -10,6 +11,7 @@ import pytest
 
 from backends.catalog import Catalog
 from backends.models import Backend, Pool
+from gateway.asgi_io import DisconnectWatch, send_stream
 from gateway.errors import GatewayError
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import UsageRecord
@@ -159,3 +161,63 @@ async def test_a_retried_answer_says_how_many_backends_it_took(stream: bool) -> 
     assert isinstance(reply, Reply) and reply.headers["x-switchyard-attempts"] == "2"
     assert reply.headers["x-switchyard-backend"] == "b1"
     assert len(seen.records) == 1 and [b.inflight for b in backends] == [0, 0]
+
+
+class Sent:
+    """An ASGI `send` that keeps the messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, object]] = []
+
+    async def __call__(self, message: dict[str, object]) -> None:
+        self.messages.append(message)
+
+
+async def _sent_stream(chunks: list[bytes], cut: bool = False) -> tuple[list[dict[str, object]], Seen]:
+    """A stream relayed by the HTTP layer (gateway/asgi_io.py `send_stream`): what it sent the client."""
+    answer = Scripted(headers=dict(SSE), chunks=chunks, cut=cut)
+    pipeline, _, _, seen = gateway([answer])
+    ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
+    ctx.body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    ).encode()
+    reply = await pipeline.handle(ctx)
+    assert reply.stream is not None
+    sent = Sent()
+
+    async def never_disconnects() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    watch = DisconnectWatch(never_disconnects)
+    await send_stream(sent, watch, reply.headers, reply.content_type, reply.stream, reply.raw_headers)
+    await pipeline.settle_pending()
+    return sent.messages, seen
+
+
+async def test_a_stream_read_to_its_end_is_ended_with_its_last_piece_not_one_more_write() -> None:
+    messages, seen = await _sent_stream([event("Hel"), event("lo") + USAGE + DONE])
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert [(m["body"], m.get("more_body", False)) for m in bodies] == [
+        (event("Hel"), True),
+        (event("lo") + DONE, False),  # the last piece ends the response: no empty write after it
+    ]
+    (record,) = seen.records
+    assert (record.completion_tokens, record.usage_source) == (2, "backend")
+
+
+async def test_a_whole_stream_in_its_first_chunk_is_one_write_after_the_headers() -> None:
+    messages, seen = await _sent_stream([event("Hel") + event("lo") + USAGE + DONE])
+    assert [m["type"] for m in messages] == ["http.response.start", "http.response.body"]
+    assert messages[1]["body"] == event("Hel") + event("lo") + DONE
+    assert not messages[1].get("more_body", False)
+    assert seen.records[0].completion_tokens == 2
+
+
+async def test_a_cut_stream_still_ends_with_its_error_event_then_the_end_of_the_response() -> None:
+    messages, seen = await _sent_stream([event("Hel"), event("lo")], cut=True)
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert b"upstream_failed" in bodies[-2]["body"]  # type: ignore[operator]
+    assert bodies[-1] == {"type": "http.response.body", "body": b""}
+    (record,) = seen.records
+    assert (record.status, record.completion_tokens, record.usage_source) == (502, 1, "estimated")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.request.sse import SseRelay
+from gateway.request.sse import COUNT_AFTER, SseRelay
 
 
 def _chunk(content: str | None = None, finish: str | None = None, role: str | None = None) -> bytes:
@@ -185,3 +185,16 @@ def test_fresh_relay_state():
     sse = SseRelay(keep_usage_chunk=True)
     assert (sse.usage, sse.events, sse.failed) == (None, 0, None)
     assert sse.flush() == b""
+
+
+def test_events_are_counted_exactly_while_at_most_count_after_bytes_wait_uncounted() -> None:
+    sse = SseRelay(keep_usage_chunk=False)
+    block = b"".join(BODY_EVENTS)
+    fed = 0
+    while fed <= 3 * COUNT_AFTER:
+        sse.feed(block)
+        fed += len(block)
+        assert sse._uncounted_bytes <= COUNT_AFTER
+    blocks = fed // len(block)
+    assert sse.events == blocks * len(BODY_EVENTS)
+    assert sse._uncounted_bytes == 0

@@ -1,0 +1,105 @@
+"""A response's head and its first body piece in one socket write, under uvicorn's httptools protocol.
+
+uvicorn's `send` writes the status line and headers as soon as `http.response.start` arrives, then each
+body message on its own, and checks every header with two regular expressions: a whole JSON answer costs
+two writes (two syscalls) and a stream one more than it has pieces. The gateway knows the body, or a
+stream's first piece, when it starts the response, so `send_head_and_body` does what uvicorn's `send` does
+for the two messages in one write: the same bytes on the wire and the same cycle state afterwards
+(tests/unit/gateway/test_response_write.py compares both with uvicorn's own path), the headers checked
+with one search over all names and one over all values. Anything else (another server, a cycle in another
+state, the access log on, a header uvicorn would act on or refuse) goes through `send` as two messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    RequestResponseCycle,
+)
+
+_CONTENT_LENGTH = b"content-length"
+_SPECIAL = (b"transfer-encoding", b"connection")
+
+
+async def send_head_and_body(
+    send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more_body: bool
+) -> None:
+    """`http.response.start` with `headers`, then `http.response.body` with `body` (and `more_body`)."""
+    cycle = getattr(send, "__self__", None)
+    head = (
+        _head(cycle, status, headers, len(body), more_body) if type(cycle) is RequestResponseCycle else None
+    )
+    if head is None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": more_body})
+        return
+    flow = cycle.flow  # type: ignore[union-attr]
+    if flow.write_paused and not cycle.disconnected:  # type: ignore[union-attr]
+        await flow.drain()
+    if cycle.disconnected:  # type: ignore[union-attr]
+        return  # as uvicorn's `send` does
+    _write(cycle, head, body, more_body)  # type: ignore[arg-type]
+
+
+def _head(
+    cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], size: int, more_body: bool
+) -> tuple[list[bytes], int | None] | None:
+    """The head's pieces and the declared Content-Length (None: chunked), or None for uvicorn's path."""
+    if (
+        cycle.response_started
+        or cycle.access_log
+        or cycle.chunked_encoding is not None
+        or cycle.scope["method"] == "HEAD"
+        or status in (204, 304)
+    ):
+        return None
+    every = cycle.default_headers + headers
+    names = b"".join([name for name, _ in every])
+    if HEADER_RE.search(names) or HEADER_VALUE_RE.search(b"".join([value for _, value in every])):
+        return None  # uvicorn refuses it, with its own error
+    if not names.islower() or any(special in names for special in _SPECIAL):
+        return None
+    length: int | None = None
+    content = [STATUS_LINE[status]]
+    for name, value in every:
+        if name == _CONTENT_LENGTH:
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        content.extend((name, b": ", value, b"\r\n"))
+    if length is not None and (size > length or (not more_body and size != length)):
+        return None
+    return content, length
+
+
+def _write(
+    cycle: RequestResponseCycle, head: tuple[list[bytes], int | None], body: bytes, more_body: bool
+) -> None:
+    """uvicorn's `send` for the start message and one body message, as one write."""
+    content, length = head
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    if not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    if length is None:
+        cycle.chunked_encoding = True
+        content.append(b"transfer-encoding: chunked\r\n\r\n")
+        if body:
+            content.extend((b"%x\r\n" % len(body), body, b"\r\n"))
+        if not more_body:
+            content.append(b"0\r\n\r\n")
+    else:
+        cycle.chunked_encoding = False
+        cycle.expected_content_length = length - len(body)
+        content.extend((b"\r\n", body))
+    cycle.transport.write(b"".join(content))
+    if not more_body:
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()

@@ -1,0 +1,313 @@
+"""Gateway CPU per streamed chunk: 512-token answers through this tree's gateway and a baseline commit's.
+
+Both gateways run in `auth.mode: keys` (a key and a team with RPM, TPM, parallel and budget limits the
+load never reaches, so every check runs), with the ledger and metrics on, pinned to the first CPU; nginx
+(with its echo module) streams each answer as vLLM's server shapes it (a role chunk, one
+`chat.completion.chunk` per token, the usage chunk, `data: [DONE]`, chunked transfer encoding) from the
+second CPU, where wrk runs too. Two upstream shapes: `burst` writes the answer in ~3.5 KB pieces at once
+(as the peers harness's mock does), `paced` flushes every event and sleeps `--paced-ms` between them (a
+decoding backend), so each token reaches the gateway in a read of its own. `json` is the same answer not
+streamed (a chat.completion with usage), for the CPU per non-streamed answer.
+
+The machine may be shared, so throughput is not the figure: each phase loads one gateway alone with wrk
+and divides the gateway process's CPU time (utime + stime from /proc) by the chunks it relayed (answers
+x 512). Phases alternate old/new (and which goes first, round by round); the figure is the median over
+rounds, and `new/old` the median of the per-round ratios.
+
+Usage: python -m loadtest.bench.stream_chunks [--baseline REF] [--rounds 5] [--duration 5]
+       [--connections 64,8] [--shapes burst,paced,json] [--tokens 512] [--json out.json]
+       (make bench-stream-chunks ARGS=...; needs wrk, nginx and its echo module, Redis)
+REF defaults to `main`; the baseline runs from `git archive REF` in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import uuid
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtest.bench._util import (
+    delete_prefix,
+    pick_cpus,
+    process_cpu_seconds,
+    start_gateway,
+    which,
+)
+from loadtest.bench.peers_keys import _provision
+from loadtest.bench.stream_upstream import MODEL, TOKENS, start_nginx
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _config(port: int, upstreams: dict[str, str], prefix: str) -> dict[str, Any]:
+    return {
+        "gateway": {"port": port, "max_connections_per_backend": 256},
+        "ledger": {"store": "memory", "key_prefix": prefix},
+        "auth": {"mode": "keys", "store": "redis", "redis_url": REDIS_URL, "replicas": 3},
+        "telemetry": {"metrics": True, "access_log": {"enabled": False}},
+        "pools": [
+            {
+                "name": f"mock-{shape}",
+                "vendor": "amd",
+                "accelerator": "mi300x",
+                "price_per_gpu_hour": 1.75,
+                "backends": [{"url": url, "models": [f"{MODEL}-{shape}"], "max_model_len": 4096}],
+            }
+            for shape, url in upstreams.items()
+        ],
+    }
+
+
+def _request_body(shape: str) -> bytes:
+    body = {
+        "model": f"{MODEL}-{shape}",
+        "messages": [{"role": "user", "content": "Tell me a long story about request routing. " * 20}],
+        "max_tokens": TOKENS,
+    }
+    if shape != "json":
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body).encode()
+
+
+def _wrk_script(key: str, shape: str) -> str:
+    return (
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(_request_body(shape).decode())}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+        'function done(summary, latency, requests) io.write("BYTES " .. summary.bytes .. "\\n") end\n'
+    )
+
+
+def _wrk(
+    wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int, answer_bytes: int
+) -> float:
+    """Answers relayed in one wrk run, counting the part of a stream cut by its end (fails on any error)."""
+    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "30s", "-s", str(script), url]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    ).stdout
+    match = re.search(r"^BYTES (\d+)$", out, re.MULTILINE)
+    if match is None or "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk failed or saw errors:\n{out}")
+    return int(match.group(1)) / answer_bytes
+
+
+def _baseline_tree(ref: str, work: Path) -> Path:
+    tree = work / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def _dechunk(body: bytes) -> bytes:
+    out: list[bytes] = []
+    at = 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(body[line_end + 2 : line_end + 2 + size])
+        at = line_end + 4 + size
+
+
+def _whole(raw: bytes) -> bool:
+    head, found, body = raw.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+    return raw.endswith(b"\r\n0\r\n\r\n")
+
+
+def check_stream(url: str, key: str, shape: str) -> int:
+    """Validate one relayed answer (every token event, the usage chunk, [DONE]); its size on the wire."""
+    host, port = url.removeprefix("http://").split(":")
+    body = _request_body(shape)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    raw = b""
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        while not _whole(raw):
+            data = sock.recv(65536)
+            if not data:
+                break
+            raw += data
+    headers, _, chunked = raw.partition(b"\r\n\r\n")
+    if not headers.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"{url} answered {raw[:300]!r}")
+    if shape == "json":
+        if json.loads(chunked)["usage"]["completion_tokens"] != TOKENS:
+            raise RuntimeError(f"{url} answered without the usage")
+        return len(raw)
+    events = [e for e in _dechunk(chunked).split(b"\n\n") if e]
+    usage = json.loads(events[-2][6:])
+    if (
+        usage["usage"]["completion_tokens"] != TOKENS
+        or events[-1] != b"data: [DONE]"
+        or len(events) != TOKENS + 2
+    ):
+        raise RuntimeError(f"{url} relayed an unexpected stream ({len(events)} events)")
+    return len(raw)
+
+
+def run(
+    ref: str, rounds: int, duration: float, conns: list[int], shapes: list[str], paced_ms: float
+) -> dict[str, Any]:
+    wrk = which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is not installed (apt-get install wrk)")
+    gw_cpu, load_cpu = pick_cpus()
+    prefix = "bench-chunks-" + uuid.uuid4().hex[:8]
+    key = "sy-bench-chunks-" + uuid.uuid4().hex
+    samples: dict[str, dict[str, list[float]]] = {}
+    ratios: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:
+        work = Path(tmp)
+        group = ProcessGroup(work)
+        try:
+            trees = {"old": _baseline_tree(ref, work), "new": ROOT}
+            upstreams = start_nginx(group, work, load_cpu, paced_ms)
+            asyncio.run(_provision(key, prefix))
+            gateways = {}
+            for name, tree in trees.items():
+                port = free_port()
+                path = work / f"{name}.yaml"
+                path.write_text(yaml.safe_dump(_config(port, upstreams, prefix)))
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "serve",
+                    "--config",
+                    str(path),
+                    "--log-level",
+                    "warning",
+                ]
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                gateways[name] = start_gateway(
+                    group, f"gw-{name}", argv, port, gw_cpu, cwd=str(tree), env=env, timeout=60
+                )
+            for shape in shapes:
+                script = work / f"{shape}.lua"
+                script.write_text(_wrk_script(key, shape))
+                size = {}
+                for name, (url, _) in gateways.items():
+                    size[name] = check_stream(url, key, shape)
+                    _wrk(wrk, url + "/v1/chat/completions", script, 8, 1, load_cpu, size[name])  # warm-up
+                for c in conns:
+                    case = f"{shape} c={c}"
+                    samples[case] = {"old": [], "new": [], "old_rps": [], "new_rps": []}
+                    ratios[case] = []
+                    for r in range(rounds):
+                        order = ("old", "new") if r % 2 == 0 else ("new", "old")
+                        per_chunk = {}
+                        for name in order:
+                            url, child = gateways[name]
+                            before = process_cpu_seconds(child.pid)
+                            answers = _wrk(
+                                wrk, url + "/v1/chat/completions", script, c, duration, load_cpu, size[name]
+                            )
+                            spent = process_cpu_seconds(child.pid) - before
+                            per_chunk[name] = spent / max(1e-9, answers) * 1e6  # per answer
+                            samples[case][name].append(per_chunk[name])
+                            samples[case][f"{name}_rps"].append(answers / duration)
+                        ratios[case].append(per_chunk["new"] / per_chunk["old"])
+        finally:
+            group.close()
+            delete_prefix(REDIS_URL, prefix)
+    return {
+        "baseline": ref,
+        "tokens": TOKENS,
+        "cases": {
+            case: {
+                "old_us_per_answer": statistics.median(s["old"]),
+                "new_us_per_answer": statistics.median(s["new"]),
+                "new_vs_old": statistics.median(ratios[case]),
+                "rounds_new_vs_old": [round(x, 3) for x in ratios[case]],
+                "old_answers_per_s": statistics.median(s["old_rps"]),
+                "new_answers_per_s": statistics.median(s["new_rps"]),
+            }
+            for case, s in samples.items()
+        },
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    tokens = summary["tokens"]
+    lines = [
+        f"{tokens}-token answers, keys mode; gateway CPU µs per answer and per streamed chunk "
+        f"(median of rounds), old = {summary['baseline']}",
+        f"{'case':<14} {'old µs/ans':>11} {'new µs/ans':>11} {'old µs/ch':>10} {'new µs/ch':>10} "
+        f"{'new/old':>8}  rounds",
+    ]
+    for case, c in summary["cases"].items():
+        old, new = c["old_us_per_answer"], c["new_us_per_answer"]
+        chunks = "" if case.startswith("json") else f"{old / tokens:>10.2f} {new / tokens:>10.2f}"
+        lines.append(
+            f"{case:<14} {old:>11.0f} {new:>11.0f} {chunks:>21} {c['new_vs_old']:>8.3f}  "
+            f"{c['rounds_new_vs_old']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--baseline", default="main", help="git ref of the baseline gateway (default main)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of load per phase")
+    parser.add_argument("--connections", default="64,8")
+    parser.add_argument("--shapes", default="burst,paced,json")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens per answer (the peers mock: 64)")
+    parser.add_argument("--paced-ms", type=float, default=1.0, help="pause between events, paced shape")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    conns = [int(c) for c in args.connections.split(",") if c]
+    shapes = [s for s in args.shapes.split(",") if s]
+    if not 1 <= args.rounds <= 50 or not 1 <= args.duration <= 120 or any(not 1 <= c <= 512 for c in conns):
+        parser.error("--rounds 1..50, --duration 1..120, --connections 1..512")
+    if any(s not in ("burst", "paced", "json") for s in shapes):
+        parser.error("--shapes: burst, paced and/or json")
+    if not 1 <= args.tokens <= 8192:
+        parser.error("--tokens 1..8192")
+    globals()["TOKENS"] = args.tokens
+    install_interrupt_handlers()
+    summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms)
+    print(format_table(summary))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
