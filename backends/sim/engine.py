@@ -170,6 +170,7 @@ class BatchEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_end: float | None = None  # simulated end of the step in flight
+        self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
 
     def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run:
         block = self.hardware.limits.block_size
@@ -191,11 +192,21 @@ class BatchEngine:
             reasons=[g.finish_reason for g in generations],
             arrival=arrival,
         )
+        front_end = self.hardware.request_s  # a calibrated server's HTTP and tokenisation time
+        if front_end > 0:
+            group.arrival = now + front_end
+            loop = asyncio.get_running_loop()
+            self._entering[group] = loop.call_later(front_end / self._clock.scale, self._enter, group)
+        else:
+            self._enter(group)
+        return BatchRun(self, group)
+
+    def _enter(self, group: Group) -> None:
+        self._entering.pop(group, None)
         self.scheduler.add(group)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-engine")
         self._wake.set()
-        return BatchRun(self, group)
 
     async def wait(self, group: Group, want: int) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -206,6 +217,12 @@ class BatchEngine:
             group.waiter = None
 
     def abort(self, group: Group) -> None:
+        entering = self._entering.pop(group, None)
+        if entering is not None:  # never reached the scheduler
+            entering.cancel()
+            group.done = True
+            self.scheduler.stats.finished["abort"] += group.n
+            return
         self.scheduler.abort(group)
         self._wake.set()
 
@@ -239,6 +256,9 @@ class BatchEngine:
             last_end = end
 
     async def close(self) -> None:
+        for entering in self._entering.values():
+            entering.cancel()
+        self._entering.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

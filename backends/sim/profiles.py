@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.accelerators import CATALOGUE, Accelerator, Curve, Vendor, find
+from backends.calibrated import CalibratedProfile, StepFit
 
 __all__ = [
     "GIB",
@@ -40,6 +41,7 @@ __all__ = [
     "ModelProfile",
     "ProfileError",
     "build_hardware",
+    "calibrated_hardware",
     "engine_defaults",
     "gpu_profile",
 ]
@@ -158,6 +160,15 @@ class Hardware:
     model: ModelProfile
     gpus: int
     limits: EngineLimits
+    fitted: StepFit | None = None
+    """A calibrated backend's measured step-time model, used instead of the datasheet roofline."""
+    blocks: int | None = None
+    """A calibrated backend's measured KV-cache blocks, instead of what memory leaves after the weights."""
+
+    @property
+    def request_s(self) -> float:
+        """Front-end time before a request reaches the scheduler (calibrated backends only)."""
+        return self.fitted.request_s if self.fitted is not None else 0.0
 
     @property
     def kv_budget_bytes(self) -> float:
@@ -170,6 +181,8 @@ class Hardware:
 
     @property
     def num_blocks(self) -> int:
+        if self.blocks is not None:
+            return self.blocks
         return max(0, int(self.kv_budget_bytes // (self.model.kv_bytes_per_token * self.limits.block_size)))
 
     def describe(self) -> str:
@@ -244,3 +257,32 @@ def build_hardware(
             f"leaving no room for KV cache; use more GPUs (tensor parallelism) or a larger GPU"
         )
     return hardware
+
+
+def calibrated_hardware(profile: CalibratedProfile) -> Hardware:
+    """A backend timed by its measured profile (backends/calibrated.py): the fitted step model and the
+    server's own scheduler limits and KV-cache blocks. The GPU record is the catalogue's when the profile
+    names a catalogued accelerator, else a placeholder (a CPU server) that nothing reads."""
+    accelerator = find(profile.accelerator)
+    gpu = GPUS[accelerator.profile] if accelerator is not None else _placeholder_gpu(profile.accelerator)
+    model = MODELS.get(MODEL_ALIASES.get(profile.model, profile.model)) or ModelProfile(
+        name=profile.model, params_b=0.0, layers=1, hidden=1, kv_heads=1, head_dim=1
+    )
+    limits = profile.limits
+    return Hardware(
+        gpu=gpu,
+        model=model,
+        gpus=1,
+        limits=EngineLimits(
+            block_size=limits.block_size,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+        ),
+        fitted=profile.step,
+        blocks=limits.num_blocks,
+    )
+
+
+def _placeholder_gpu(name: str) -> GpuProfile:
+    reference = GPUS["h100-sxm5"]
+    return dataclasses.replace(reference, name=name)

@@ -156,6 +156,8 @@ class Scheduler:
         seqs = sum(g.n for g in self.running)
         while self.waiting and budget > 0:
             group = self.waiting[0]
+            if group.arrival > now:  # still in a calibrated server's front end (HTTP, tokenisation)
+                break
             if seqs + group.n > self.limits.max_num_seqs:
                 break
             # at least one token is always computed, as vLLM does, so a full hit still runs a step

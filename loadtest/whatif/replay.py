@@ -303,7 +303,7 @@ class Replay:
             hashes=self._blocks.names(flight.request, scheduler.limits.block_size),
             lengths=[flight.steps] * n,
             reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
-            arrival=now,
+            arrival=now + sim.front_end_s,
         )
         group.waiter = flight
         scheduler.add(group)
@@ -317,8 +317,13 @@ class Replay:
         assert scheduler is not None and perf is not None
         plan = scheduler.plan(start)
         duration = perf.step_seconds(plan.work)
-        if duration <= 0:  # nothing can run until something leaves: idle until the next submit
-            sim.stepping = False
+        if duration <= 0:
+            waiting = scheduler.waiting
+            if waiting and waiting[0].arrival > start:  # in a calibrated server's front end until then
+                sim.stepping, sim.plan = True, None
+                self._push(waiting[0].arrival, sim)
+                return
+            sim.stepping = False  # nothing can run until something leaves: idle until the next submit
             return
         sim.stepping = True
         sim.plan = plan

@@ -47,6 +47,11 @@ class SimBackend:
             self.perf = PerfModel(self.hardware)
 
     @property
+    def front_end_s(self) -> float:
+        """A calibrated server's time before its scheduler sees a request (HTTP, tokenisation)."""
+        return self.hardware.request_s if self.hardware is not None else 0.0
+
+    @property
     def kv_capacity_tokens(self) -> int | None:
         return self.hardware.kv_capacity_tokens if self.hardware is not None else None
 
