@@ -193,6 +193,7 @@ class BatchEngine:
             arrival=arrival,
         )
         front_end = self.hardware.request_s  # a calibrated server's HTTP and tokenisation time
+        group.ready = now + front_end + self.hardware.admission_wait(self.scheduler.stats.running)
         if front_end > 0:
             group.arrival = now + front_end
             loop = asyncio.get_running_loop()
@@ -242,6 +243,12 @@ class BatchEngine:
                 start = last_end
             plan = scheduler.plan(start)
             duration = perf.step_seconds(plan.work)
+            waiting = scheduler.waiting
+            if duration <= 0 and waiting and waiting[0].ready > start:  # a calibrated front end's wait
+                ready = waiting[0].ready
+                await clock.sleep_until(ready)
+                last_end = self._step_end = ready
+                continue
             if duration <= 0:  # nothing can run until something leaves
                 last_end = self._step_end = None
                 self._wake.clear()

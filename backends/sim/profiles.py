@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from backends.accelerators import CATALOGUE, Accelerator, Curve, Vendor, find
+from backends.accelerators import CATALOGUE, Accelerator, Curve, Vendor, calibrated, find
 from backends.calibrated import CalibratedProfile, StepFit
 
 __all__ = [
@@ -170,6 +170,10 @@ class Hardware:
         """Front-end time before a request reaches the scheduler (calibrated backends only)."""
         return self.fitted.request_s if self.fitted is not None else 0.0
 
+    def admission_wait(self, running: int) -> float:
+        """A calibrated backend's wait before scheduling a newcomer, with `running` sequences in flight."""
+        return self.fitted.admission_wait(running) if self.fitted is not None else 0.0
+
     @property
     def kv_budget_bytes(self) -> float:
         usable = self.gpu.memory_gib * GIB * self.limits.gpu_memory_utilization * self.gpus
@@ -221,12 +225,19 @@ def _canonical(key: str) -> str:
 def build_hardware(
     gpu: str, model: str, gpus: int = 1, overrides: Mapping[str, float] | None = None
 ) -> Hardware:
-    """Resolve named profiles plus overrides; refuses a model whose weights leave no room for KV cache."""
+    """Resolve named profiles plus overrides; refuses a model whose weights leave no room for KV cache.
+
+    One GPU without overrides: a profile measured on that accelerator for that model (the catalogue's
+    calibrated records, $SWITCHYARD_PROFILES) is used instead of the datasheet's."""
+    model_key = MODEL_ALIASES.get(model, model)
+    if gpus == 1 and not overrides:  # a profile measured on this accelerator for this model wins
+        measured = calibrated(gpu, model) or calibrated(gpu, model_key)
+        if measured is not None:
+            return calibrated_hardware(measured[1])
     accelerator = find(gpu)
     if accelerator is None:
         raise ProfileError(f"unknown GPU profile `{gpu}`; known: {', '.join(GPUS)}")
     gpu_base = GPUS[accelerator.profile]
-    model_key = MODEL_ALIASES.get(model, model)
     if model_key not in MODELS:
         raise ProfileError(f"unknown model profile `{model}`; known: {', '.join(MODELS)}")
     if gpus < 1:

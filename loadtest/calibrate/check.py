@@ -35,7 +35,7 @@ from loadtest.calibrate.measure import (
 )
 
 TOLERANCE = 0.20
-LEVELS: tuple[tuple[int, int], ...] = ((3, 18), (6, 30), (12, 48))
+LEVELS: tuple[tuple[int, int], ...] = ((3, 30), (6, 48), (12, 72))
 """(concurrency, requests) of the held-apart load."""
 WIDTHS = tuple(width for width, _ in LEVELS)
 CLASSES = ("chat", "bulk")

@@ -49,14 +49,31 @@ def predict(coefficients: Sequence[float], features: Sequence[float]) -> float:
     return sum(c * x for c, x in zip(coefficients, features, strict=True))
 
 
+ROBUST_ROUNDS = 8
+"""Reweighting rounds towards least absolute relative error: a level a busy machine slowed pulls the fit
+less than it would pull a plain least-squares one."""
+
+
 def fit(rows: Sequence[Row]) -> tuple[float, ...]:
-    """Non-negative least squares on relative error; raises ValueError with fewer usable rows than 2."""
+    """Non-negative, outlier-resistant fit on relative error; raises ValueError with fewer than 2 rows."""
     usable = [r for r in rows if r.measured_s > 0]
     if len(usable) < 2:
         raise ValueError("too few measured points to fit (need at least two levels that finished)")
+    weights = [1.0] * len(usable)
+    coefficients = _nonnegative(usable, weights)
+    for _ in range(ROBUST_ROUNDS):
+        residuals = [abs(predict(coefficients, r.features) - r.measured_s) / r.measured_s for r in usable]
+        weights = [1.0 / max(residual, 0.02) for residual in residuals]
+        coefficients = _nonnegative(usable, weights)
+    return coefficients
+
+
+def _nonnegative(rows: Sequence[Row], weights: Sequence[float]) -> tuple[float, ...]:
+    """Weighted least squares with every coefficient at least zero (a negative one is fixed at zero and
+    the rest refitted)."""
     free = list(range(len(FEATURES)))
     while True:
-        solution = _solve(usable, free)
+        solution = _solve(rows, weights, free)
         negative = [i for i in free if solution[i] < 0]
         if not negative:
             return tuple(max(0.0, v) for v in solution)
@@ -65,19 +82,19 @@ def fit(rows: Sequence[Row]) -> tuple[float, ...]:
             return tuple(0.0 for _ in FEATURES)
 
 
-def _solve(rows: Sequence[Row], free: list[int]) -> list[float]:
-    """Least squares over the `free` coefficients (the others zero), by the normal equations with a
-    little ridge so a feature the sweep never varied does not make them singular."""
+def _solve(rows: Sequence[Row], weights: Sequence[float], free: list[int]) -> list[float]:
+    """Least squares on relative error over the `free` coefficients (the others zero), by the normal
+    equations with a little ridge so a feature the sweep never varied does not make them singular."""
     n = len(free)
     a = [[0.0] * n for _ in range(n)]
     b = [0.0] * n
-    for row in rows:
+    for row, weight in zip(rows, weights, strict=True):
         w = 1.0 / row.measured_s
         x = [row.features[i] * w for i in free]
         for i in range(n):
-            b[i] += x[i] * row.measured_s * w
+            b[i] += weight * x[i] * row.measured_s * w
             for j in range(n):
-                a[i][j] += x[i] * x[j]
+                a[i][j] += weight * x[i] * x[j]
     for i in range(n):
         a[i][i] += 1e-9 * (a[i][i] or 1.0)
     coefficients = _gauss(a, b)

@@ -136,10 +136,16 @@ class Server:
             raise ServerError(f"POST {self.url}/tokenize answered {r.status_code}: {r.text[:200]}")
         return int(r.json()["count"])
 
-    async def complete(
-        self, prompt: list[int], output_tokens: int, headers: dict[str, str] | None = None
-    ) -> Timed:
-        return await stream_completion(self.client, self.url, self.model, prompt, output_tokens, headers)
+    async def complete(self, prompt: list[int], output_tokens: int) -> Timed:
+        """One timed request; a broken connection is retried (twice) rather than ending the sweep."""
+        for attempt in range(3):
+            try:
+                return await stream_completion(self.client, self.url, self.model, prompt, output_tokens)
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")
 
 
 async def stream_completion(

@@ -24,13 +24,21 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
-from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, predict, prefill_row
+from loadtest.calibrate.fit import (
+    FEATURES,
+    Row,
+    decode_features,
+    decode_row,
+    fit,
+    predict,
+    prefill_row,
+)
 from loadtest.calibrate.measure import Metrics, Server, ServerError, Timed, histogram_mean, run_closed_loop
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -82,7 +90,7 @@ class Options:
     seed: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    repeats: int = 3
+    repeats: int = 5
     """Requests per prefill level."""
 
 
@@ -143,7 +151,7 @@ class Calibration:
             last_wall = 1.0
             while concurrency <= options.max_concurrency and self.fits(2.5 * last_wall):
                 level = await self._level(
-                    "load", concurrency, prompt, output, repeats=max(6, 2 * concurrency)
+                    "load", concurrency, prompt, output, repeats=max(12, 3 * concurrency)
                 )
                 last_wall = level.wall_s
                 if level.tokens_per_s < best * GROWTH and concurrency >= 4:
@@ -262,7 +270,12 @@ class Calibration:
         step = StepFit(
             **dict(zip(FEATURES, coefficients, strict=True)),
             request_s=max(0.0, statistics.median(front)) if front else 0.0,
+            admit_busy_s=_admission(coefficients, self.levels),
         )
+        for level in self.levels:
+            if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0:
+                row = Row((0.0, 0.0, 0.0, 0.0), level.engine_ttft_s)
+                rows.append((level, "ttft", row))
         points = [
             Point(
                 kind=kind,  # type: ignore[arg-type]
@@ -270,7 +283,11 @@ class Calibration:
                 prompt_tokens=level.prompt_tokens,
                 output_tokens=level.output_tokens,
                 measured_s=row.measured_s,
-                predicted_s=predict(coefficients, row.features),
+                predicted_s=(
+                    _loaded_ttft(coefficients, step.admit_busy_s, level)
+                    if kind == "ttft" and level.kind == "load"
+                    else predict(coefficients, row.features)
+                ),
                 requests=max(1, len(level.timed)),
             )
             for level, kind, row in rows
@@ -304,6 +321,28 @@ class Calibration:
             ),
             points=points,
         )
+
+
+def _loaded_ttft(coefficients: Sequence[float], admit_busy_s: float, level: Level) -> float:
+    """A newcomer's TTFT at a load level, as the simulator times it: half a decode step of the others on
+    average before the engine takes it, the busy engine's admission wait, then its prefill step beside
+    the others' decode."""
+    b, p, o = level.concurrency, level.prompt_tokens, level.output_tokens
+    others = b - 1
+    decode = predict(coefficients, decode_features(others, p, o)) if others > 0 else 0.0
+    prefill = predict(coefficients, (1.0, float(b), float(p), others * (p + o / 2)))
+    return decode / 2 + (admit_busy_s if others > 0 else 0.0) + prefill
+
+
+def _admission(coefficients: Sequence[float], levels: Sequence[Level]) -> float:
+    """The busy engine's admission wait that makes the loaded levels' TTFT what vLLM measured (the
+    median over the levels, never below zero)."""
+    waits = [
+        level.engine_ttft_s - _loaded_ttft(coefficients, 0.0, level)
+        for level in levels
+        if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0
+    ]
+    return max(0.0, statistics.median(waits)) if waits else 0.0
 
 
 def _itl(before: Metrics, after: Metrics) -> float:

@@ -305,6 +305,7 @@ class Replay:
             reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
             arrival=now + sim.front_end_s,
         )
+        group.ready = group.arrival + sim.admission_wait(scheduler.stats.running)
         group.waiter = flight
         scheduler.add(group)
         if not sim.stepping:
@@ -319,9 +320,9 @@ class Replay:
         duration = perf.step_seconds(plan.work)
         if duration <= 0:
             waiting = scheduler.waiting
-            if waiting and waiting[0].arrival > start:  # in a calibrated server's front end until then
+            if waiting and waiting[0].ready > start:  # in a calibrated server's front end until then
                 sim.stepping, sim.plan = True, None
-                self._push(waiting[0].arrival, sim)
+                self._push(waiting[0].ready, sim)
                 return
             sim.stepping = False  # nothing can run until something leaves: idle until the next submit
             return

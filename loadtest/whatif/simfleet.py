@@ -51,6 +51,9 @@ class SimBackend:
         """A calibrated server's time before its scheduler sees a request (HTTP, tokenisation)."""
         return self.hardware.request_s if self.hardware is not None else 0.0
 
+    def admission_wait(self, running: int) -> float:
+        return self.hardware.admission_wait(running) if self.hardware is not None else 0.0
+
     @property
     def kv_capacity_tokens(self) -> int | None:
         return self.hardware.kv_capacity_tokens if self.hardware is not None else None
@@ -126,10 +129,10 @@ def gateway_yaml(spec: FleetSpec, policy: str, first_port: int = 8001) -> str:
 
 
 def fleet_from_gateway_config(path: str) -> FleetSpec:
-    """The fleet a gateway config routes to: per pool, its backends timed by the GPU profile its
-    `accelerator` names in the accelerator catalogue (backends/accelerators.py) for the model they serve;
-    raises ConfigError."""
-    from backends.accelerators import find
+    """The fleet a gateway config routes to: per pool, its backends timed by the profile measured on its
+    `accelerator` for the model they serve if the catalogue has one, else by the GPU profile the
+    accelerator names in the catalogue (backends/accelerators.py); raises ConfigError."""
+    from backends.accelerators import calibrated, find
     from backends.sim.fleet_spec import GroupSpec, ProfileSpec
     from backends.yamlfile import ConfigError
     from gateway.settings import load_settings
@@ -139,7 +142,8 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
     model = ""
     for pool in settings.pools:
         accelerator = find(pool.accelerator)
-        if accelerator is None:
+        measured = calibrated(pool.accelerator, pool.backends[0].models[0])
+        if accelerator is None and measured is None:
             raise ConfigError(
                 path, None, f"pool `{pool.name}`: no GPU profile for accelerator `{pool.accelerator}`"
             )
@@ -156,7 +160,9 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
                 model=first.models[0],
                 max_model_len=first.max_model_len,
                 labels=dict(pool.labels),
-                profile=ProfileSpec(gpu=accelerator.profile, model=first.models[0]),
+                profile=ProfileSpec(calibrated=str(measured[0]))
+                if measured is not None
+                else ProfileSpec(gpu=accelerator.profile, model=first.models[0]),
             )
         )
     return FleetSpec(model=model, groups=groups)

@@ -1,0 +1,66 @@
+"""The calibration's fit (loadtest/calibrate/fit.py) and its small parsers."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from loadtest.calibrate.check import percentile
+from loadtest.calibrate.cli import parse_duration
+from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_row
+from loadtest.calibrate.measure import histogram_mean, parse_metrics
+from loadtest.calibrate.sweep import _ladder
+
+TRUE = (0.002, 0.0004, 0.00005, 2e-7)
+
+
+def sweep_rows() -> list[Row]:
+    rows = [prefill_row(p, predict(TRUE, (1.0, 1.0, p, 0.0))) for p in (16, 64, 128, 256, 488)]
+    for prompt in (61, 244):
+        for b in (1, 2, 4, 8, 16, 32):
+            ideal = decode_row(b, prompt, 32, 1.0)
+            rows.append(Row(ideal.features, predict(TRUE, ideal.features)))
+    return rows
+
+
+def test_fit_recovers_the_step_model_it_was_measured_from() -> None:
+    fitted = fit(sweep_rows())
+    for got, want in zip(fitted, TRUE, strict=True):
+        assert got == pytest.approx(want, rel=0.02)
+
+
+def test_one_level_a_busy_machine_slowed_does_not_drag_the_fit() -> None:
+    rows = sweep_rows()
+    rows[8] = Row(rows[8].features, rows[8].measured_s * 3)  # one level three times slower
+    fitted = fit(rows)
+    errors = [abs(predict(fitted, r.features) - r.measured_s) / r.measured_s for r in sweep_rows()]
+    assert sorted(errors)[len(errors) - 2] < 0.05  # all but the slowed level within 5 %
+
+
+def test_fit_keeps_every_coefficient_non_negative_and_needs_two_levels() -> None:
+    rows = [prefill_row(16, 0.010), prefill_row(488, 0.005)]  # longer prompt faster: noise
+    assert all(c >= 0 for c in fit(rows))
+    with pytest.raises(ValueError, match="too few"):
+        fit([prefill_row(16, 0.01)])
+
+
+def test_histogram_mean_is_the_delta_of_sum_over_count() -> None:
+    before = parse_metrics('vllm:x_seconds_sum{a="1"} 1.0\nvllm:x_seconds_count{a="1"} 10\n')
+    after = parse_metrics(
+        'vllm:x_seconds_sum{a="1"} 1.5\nvllm:x_seconds_count{a="1"} 14\n'
+        'vllm:x_seconds_bucket{le="0.1"} 3\nvllm:cache_config_info{block_size="128",num_gpu_blocks="9"} 1\n'
+    )
+    assert histogram_mean(before, after, "vllm:x_seconds") == (pytest.approx(0.125), 4)
+    assert after.info["vllm:cache_config_info"] == {"block_size": "128", "num_gpu_blocks": "9"}
+
+
+def test_durations_ladder_and_percentiles() -> None:
+    assert [parse_duration(t) for t in ("90", "90s", "10m", "1h", "1.5m")] == [90, 90, 600, 3600, 90]
+    for bad in ("0", "ten", "5d", "-1m"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_duration(bad)
+    assert _ladder(488) == [16, 32, 64, 128, 256, 488]
+    assert _ladder(10) == [10]
+    assert percentile([1, 2, 3, 4, 5], 0.5) == 3 and percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)
+    assert percentile([], 0.5) == 0.0
