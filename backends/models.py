@@ -11,6 +11,8 @@ import msgspec
 
 from backends.accelerators import GUESS, Vendor, calibrated, find, guess_note, priors
 from backends.breaker import Breaker
+from backends.calibrated import StepFit
+from backends.drift import ProfileDrift
 from backends.model_size import REFERENCE_PARAMS_B, params_b_from_names
 
 log = logging.getLogger("switchyard.backends")
@@ -74,6 +76,8 @@ class Pool:
     datasheet's."""
     measured_tokens_per_s: float | None = None
     """A calibrated pool's measured saturated throughput per backend."""
+    step: StepFit | None = None
+    """A calibrated pool's measured step-time model (what its drift is measured against)."""
 
     @property
     def saturated_tokens_per_s(self) -> float:
@@ -151,6 +155,8 @@ class Backend:
     """Latency this gateway measured on its recent requests to the backend."""
     breaker: Breaker = field(init=False, repr=False)
     """Its circuit breaker (backends/breaker.py), fed by the request path."""
+    drift: ProfileDrift = field(default_factory=lambda: ProfileDrift())
+    """Measured latency over its pool profile's prediction (backends/drift.py)."""
 
     def __post_init__(self) -> None:
         self.breaker = Breaker(self)
@@ -211,6 +217,7 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
                 model_scale=1.0,
                 calibrated=True,
                 measured_tokens_per_s=facts.tokens_per_second or None,
+                step=measured[1].step,
             )
         floor = pool.backend_price_per_second / pool.saturated_tokens_per_s * 1e6
         pool = replace(pool, cost_floor_per_mtok=floor)
