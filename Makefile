@@ -163,3 +163,17 @@ bench-peers-keys: venv wrk
 	  --name switchyard-keys --port 15001 --model tiny --no-stream --api-key $(PEERS_KEY) \
 	  --cmd 'cd $(CURDIR) && exec $(CURDIR)/$(PY) -m loadtest.bench.peers_keys --port {PORT} --key $(PEERS_KEY)'; \
 	  status=$$?; $(PY) -m loadtest.bench.peers_keys --cleanup; exit $$status
+
+# Measure a live vLLM server and write its profile (docs/calibrate.md): a sweep of concurrency x prompt x
+# output lengths within BUDGET, never more than MAX_CONCURRENCY requests at once. MODEL defaults to the one
+# the server serves; put OUT in $SWITCHYARD_PROFILES for the gateway, the simulator and the planner to use.
+.PHONY: calibrate
+URL ?=
+ACCELERATOR ?= unknown
+OUT ?= profile.yaml
+BUDGET ?= 10m
+MAX_CONCURRENCY ?= 64
+calibrate: venv
+	@test -n "$(URL)" || (echo "usage: make calibrate URL=http://backend:8000 [MODEL=M] [ACCELERATOR=mi300x] [OUT=profile.yaml] [BUDGET=10m]" >&2; exit 2)
+	$(VENV)/bin/switchyard calibrate --url $(URL) $(if $(MODEL),--model $(MODEL)) --accelerator $(ACCELERATOR) \
+	  --out $(OUT) --budget $(BUDGET) --max-concurrency $(MAX_CONCURRENCY) $(ARGS)

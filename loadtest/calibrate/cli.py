@@ -1,6 +1,6 @@
 """`switchyard calibrate`: measure a live vLLM server, fit its profile, write it.
 
-    switchyard calibrate --url http://backend:8000 --model M [--accelerator mi300x] [--out profile.yaml]
+    switchyard calibrate --url http://backend:8000 [--model M] [--accelerator mi300x] [--out profile.yaml]
         [--budget 10m] [--max-concurrency 64] [--seed 1]
 
 What it sends and how long it takes: loadtest/calibrate/sweep.py and docs/calibrate.md.
@@ -37,7 +37,9 @@ def _positive(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the vLLM server's base URL (http://host:8000)")
-    parser.add_argument("--model", required=True, help="the served model name to measure")
+    parser.add_argument(
+        "--model", default=None, help="the served model name to measure (default: the one the server serves)"
+    )
     parser.add_argument(
         "--accelerator",
         default="unknown",
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     options = Options(
         url=args.url,
-        model=args.model,
+        model=args.model or "",
         accelerator=args.accelerator.strip().lower(),
         budget_s=args.budget,
         max_concurrency=args.max_concurrency,

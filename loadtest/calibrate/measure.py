@@ -104,6 +104,16 @@ class Server:
             raise ServerError(f"GET {self.url}/metrics answered {r.status_code}")
         return parse_metrics(r.text)
 
+    async def only_model(self) -> str:
+        """The model the server serves, when it serves exactly one (GET /v1/models)."""
+        r = await self.client.get(self.url + "/v1/models")
+        if r.status_code != 200:
+            raise ServerError(f"GET {self.url}/v1/models answered {r.status_code}")
+        names = [str(entry.get("id")) for entry in r.json().get("data", [])]
+        if len(names) != 1:
+            raise ServerError(f"{self.url} serves {len(names)} models ({', '.join(names)}); pick one with --model")
+        return names[0]
+
     async def max_model_len(self) -> int:
         r = await self.client.get(self.url + "/v1/models")
         if r.status_code != 200:

@@ -122,6 +122,8 @@ class Calibration:
 
     async def _run(self) -> CalibratedProfile:
         server, options = self.server, self.options
+        if not options.model:
+            options.model = server.model = await server.only_model()
         max_model_len = await server.max_model_len()
         await server.learn_vocabulary()
         info = (await server.metrics()).info.get("vllm:cache_config_info", {})

@@ -126,8 +126,8 @@ def test_calibrated_profile_predicts_the_real_server(vllm_env: VllmEnv, tmp_path
         with running_gateway(config, tmp_path / "gateway") as base:
             real = asyncio.run(run_load(base, MODEL, levels, WIDTHS, metrics_url=server.url))
     finally:
-        counted_after = vllm_env.counters(AMD)
         vllm_env.wait_idle()
+        counted_after = vllm_env.counters(AMD)
         vllm_env.served_outside(
             AMD,
             int(counted_after["prompt_tokens"] - counted_before["prompt_tokens"]),
