@@ -111,7 +111,8 @@ class Server:
             raise ServerError(f"GET {self.url}/v1/models answered {r.status_code}")
         names = [str(entry.get("id")) for entry in r.json().get("data", [])]
         if len(names) != 1:
-            raise ServerError(f"{self.url} serves {len(names)} models ({', '.join(names)}); pick one with --model")
+            served = ", ".join(names)
+            raise ServerError(f"{self.url} serves {len(names)} models ({served}); pick one with --model")
         return names[0]
 
     async def max_model_len(self) -> int:
