@@ -35,7 +35,7 @@ from loadtest.calibrate.measure import (
 )
 
 TOLERANCE = 0.20
-LEVELS: tuple[tuple[int, int], ...] = ((3, 30), (6, 48), (12, 72))
+LEVELS: tuple[tuple[int, int], ...] = ((3, 24), (6, 36), (12, 60))
 """(concurrency, requests) of the held-apart load."""
 WIDTHS = tuple(width for width, _ in LEVELS)
 CLASSES = ("chat", "bulk")

@@ -89,7 +89,7 @@ def test_calibrated_profile_predicts_the_real_server(vllm_env: VllmEnv, tmp_path
     profile_path = tmp_path / "tiny.yaml"
     try:
         argv = ["calibrate", "--url", server.url, "--model", MODEL, "--accelerator", "cpu"]
-        code = switchyard([*argv, "--budget", "90s", "--max-concurrency", "16", "--out", str(profile_path)])
+        code = switchyard([*argv, "--budget", "60s", "--max-concurrency", "16", "--out", str(profile_path)])
         assert code == 0
         profile = load_profile(profile_path)
         info = server.metrics()
