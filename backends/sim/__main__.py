@@ -15,6 +15,7 @@ import logging
 import signal
 import sys
 
+from backends.accelerators import calibrated
 from backends.calibrated import load_profile
 from backends.sim.app import start_server
 from backends.sim.faults import Faults
@@ -95,7 +96,8 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
             raise ProfileError(str(exc)) from None
     elif args.gpu is not None:
         profile = args.model_profile or models[0]
-        if args.model_profile is None and MODEL_ALIASES.get(profile, profile) not in MODELS:
+        known = MODEL_ALIASES.get(profile, profile) in MODELS or calibrated(args.gpu, profile) is not None
+        if args.model_profile is None and not known:
             raise ProfileError(f"model `{profile}` has no profile; pass --model-profile")
         hardware = build_hardware(args.gpu, profile, args.gpus, dict(args.profile_override))
     faults = Faults(

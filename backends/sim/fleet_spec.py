@@ -42,7 +42,7 @@ from typing import Annotated
 
 import msgspec
 
-from backends.accelerators import Vendor
+from backends.accelerators import Vendor, calibrated
 from backends.calibrated import load_profile
 from backends.sim.faults import Faults
 from backends.sim.profiles import (
@@ -101,7 +101,7 @@ class GroupSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 raise ProfileError(str(exc)) from None
         assert self.profile.gpu is not None
         model = self.profile.model or self.model or default_model
-        if MODEL_ALIASES.get(model, model) not in MODELS:
+        if MODEL_ALIASES.get(model, model) not in MODELS and calibrated(self.profile.gpu, model) is None:
             raise ProfileError(f"model `{model}` has no profile; name one with `profile.model`")
         return build_hardware(self.profile.gpu, model, self.gpus_per_backend, self.profile.overrides)
 

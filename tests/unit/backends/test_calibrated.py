@@ -164,3 +164,20 @@ def test_routing_priors_batch_cost_and_simulator_read_the_measured_record(measur
 def test_a_fresh_install_has_no_measured_records() -> None:
     assert catalogue.calibrated("h100", "llama-3.1-8b") is None
     assert build_hardware("h100", "llama-3.1-8b").fitted is None
+
+
+def test_a_fleet_group_on_a_measured_accelerator_and_model_runs_the_measured_profile(measured: Path) -> None:
+    from backends.sim.__main__ import options_from_args, parse_args
+    from backends.sim.fleet_spec import parse_fleet_spec
+
+    group = "  - {{pool: {}, vendor: amd, accelerator: mi300x, price_per_gpu_hour: 1, profile: {}}}\n"
+    fleet = parse_fleet_spec(
+        "model: tiny-llama\nmax_model_len: 512\ngroups:\n"
+        + group.format("a", "{gpu: mi300x}")
+        + group.format("b", f"{{calibrated: {measured}}}")
+    )
+    assert [g.hardware("tiny-llama").fitted for g in fleet.groups] == [profile().step, profile().step]
+    options = options_from_args(parse_args(["--model", MODEL, "--max-model-len", "512", "--gpu", "mi300x"]))
+    assert options.hardware is not None and options.hardware.fitted == profile().step
+    with pytest.raises(ConfigError, match="either `gpu` or `calibrated`"):
+        parse_fleet_spec("model: m\ngroups:\n" + group.format("a", "{}"))
