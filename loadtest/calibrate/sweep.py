@@ -6,7 +6,8 @@ The sweep, in order, each level stopping the run early when the time budget woul
    (`vllm:cache_config_info`), token ids to build prompts from (/tokenize);
 2. prefill: one request at a time, prompts from short to the longest the context holds, a short output;
 3. load: closed-loop concurrency 1, 2, 4, ... (never above `max_concurrency`) for a short and a long
-   prompt, until output throughput stops growing (under 10 % more than the level before);
+   prompt, until output throughput stops growing (under 10 % more than the level before); then a long
+   output (a quarter of the context) at concurrency 1, 4 and 16;
 4. prefix reuse: one long prompt sent twice, and the share of its tokens vLLM found cached.
 
 Every level reads vLLM's histograms before and after (`vllm:time_to_first_token_seconds`,
@@ -160,6 +161,11 @@ class Calibration:
                     break
                 best = max(best, level.tokens_per_s)
                 concurrency *= 2
+        longer = max(8, min(256, max_model_len // 4, max_model_len - short - 1))  # output lengths too
+        for concurrency in (1, 4, 16):
+            if concurrency > options.max_concurrency or not self.fits(4.0):
+                break
+            await self._level("load", concurrency, short, longer, repeats=max(4, concurrency))
         if self.fits(2.0):
             await self._prefix(long)
         return self._profile(max_model_len, block_size, num_blocks, version)
