@@ -203,14 +203,16 @@ async def run_closed_loop(
     jobs: list[tuple[list[int], int]],
     concurrency: int,
     send: Send,
+    deadline: float | None = None,
 ) -> list[Timed]:
     """`jobs` (prompt, output tokens) in order, `concurrency` at a time: each worker takes the next job
-    as soon as its previous one ends, so the server holds `concurrency` requests throughout."""
+    as soon as its previous one ends, so the server holds `concurrency` requests throughout. Past
+    `deadline` (time.monotonic()) no new job starts; those in flight finish."""
     queue = list(reversed(jobs))
     results: list[Timed] = []
 
     async def worker() -> None:
-        while queue:
+        while queue and (deadline is None or time.monotonic() < deadline):
             prompt, output = queue.pop()
             results.append(await send(prompt, output))
 

@@ -147,11 +147,11 @@ class Calibration:
                 break
             await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
         short, long = max(16, longest // 8), max(32, longest // 2)
+        last_wall = 1.0
         for prompt in (short, long):
             output = max(8, min(32, max_model_len - prompt - 1))
             best = 0.0
             concurrency = 1
-            last_wall = 1.0
             while concurrency <= options.max_concurrency and self.fits(2.5 * last_wall):
                 level = await self._level(
                     "load", concurrency, prompt, output, repeats=max(12, 3 * concurrency)
@@ -194,19 +194,21 @@ class Calibration:
         stop = asyncio.Event()
         watcher = asyncio.create_task(self._watch(level, stop))
         try:
-            level.timed = await run_closed_loop(jobs, concurrency, server.complete)
+            deadline = self.started + self.options.budget_s
+            level.timed = await run_closed_loop(jobs, concurrency, server.complete, deadline)
         finally:
             level.wall_s = time.perf_counter() - started
             stop.set()
             await watcher
         after = await server.metrics()
-        self.requests += len(jobs)
+        self.requests += len(level.timed)
         level.engine_ttft_s, _ = histogram_mean(before, after, TTFT)
         level.engine_itl_s = _itl(before, after)
-        if record:
+        if record and level.timed:  # a level the budget cut before it began is not a measurement
             self.levels.append(level)
             self.say(
-                f"{kind:7} prompt {prompt:5} out {output:3} x{concurrency:<3}: {len(jobs):3} requests, "
+                f"{kind:7} prompt {prompt:5} out {output:3} x{concurrency:<3}: "
+                f"{len(level.timed):3} requests, "
                 f"TTFT {level.engine_ttft_s * 1000:7.1f} ms (client {level.client_ttft_s * 1000:7.1f}), "
                 f"ITL {level.engine_itl_s * 1000:6.2f} ms (client {level.client_tpot_s * 1000:6.2f}), "
                 f"{level.tokens_per_s:7.0f} tok/s, "

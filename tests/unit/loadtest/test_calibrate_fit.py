@@ -64,3 +64,25 @@ def test_durations_ladder_and_percentiles() -> None:
     assert _ladder(10) == [10]
     assert percentile([1, 2, 3, 4, 5], 0.5) == 3 and percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)
     assert percentile([], 0.5) == 0.0
+
+
+async def test_no_job_starts_past_the_deadline_and_never_more_than_the_concurrency() -> None:
+    import asyncio
+    import time
+
+    from loadtest.calibrate.measure import Timed, run_closed_loop
+
+    in_flight, most = 0, 0
+
+    async def send(prompt: list[int], output: int) -> Timed:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return Timed(len(prompt), output, 0.0, 0.01, 0.001, 0.05)
+
+    jobs = [([1, 2, 3], 4)] * 40
+    done = await run_closed_loop(jobs, 3, send, deadline=time.monotonic() + 0.12)
+    assert most == 3 and 6 <= len(done) <= 9  # three rounds at most began before the deadline
+    assert len(await run_closed_loop(jobs[:5], 8, send)) == 5
