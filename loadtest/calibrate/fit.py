@@ -71,7 +71,7 @@ def fit(rows: Sequence[Row]) -> tuple[float, ...]:
 def _nonnegative(rows: Sequence[Row], weights: Sequence[float]) -> tuple[float, ...]:
     """Weighted least squares with every coefficient at least zero (a negative one is fixed at zero and
     the rest refitted)."""
-    free = list(range(len(FEATURES)))
+    free = [0, *(i for i in range(1, len(FEATURES)) if _varies(rows, i))]
     while True:
         solution = _solve(rows, weights, free)
         negative = [i for i in free if solution[i] < 0]
@@ -80,6 +80,13 @@ def _nonnegative(rows: Sequence[Row], weights: Sequence[float]) -> tuple[float, 
         free.remove(min(negative, key=lambda i: solution[i]))
         if not free:
             return tuple(0.0 for _ in FEATURES)
+
+
+def _varies(rows: Sequence[Row], feature: int) -> bool:
+    """Whether the sweep varied a feature apart from the fixed step (one request at a time only: the
+    per-sequence cost cannot be told from the step's, and is left at zero rather than guessed)."""
+    ratios = [row.features[feature] / row.features[0] for row in rows]
+    return max(ratios) - min(ratios) > 1e-9 * max(1.0, max(abs(r) for r in ratios))
 
 
 def _solve(rows: Sequence[Row], weights: Sequence[float], free: list[int]) -> list[float]:

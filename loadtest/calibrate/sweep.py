@@ -45,6 +45,9 @@ from loadtest.calibrate.measure import Metrics, Server, ServerError, Timed, hist
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 GROWTH = 1.10
+PHASES = (0.2, 0.3, 0.2, 0.2)
+"""The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
+rest: prefix reuse); a phase that ends early leaves its time to the next."""
 """A load level must beat the one before by this factor in output tokens/s for the sweep to go on."""
 CPU_LIMITS = (128, 2048)
 """vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
@@ -103,6 +106,7 @@ class Calibration:
         self.levels: list[Level] = []
         self.started = 0.0
         self.requests = 0
+        self.phase_end = 0.0
         self._progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
 
     def elapsed(self) -> float:
@@ -111,8 +115,9 @@ class Calibration:
     def say(self, text: str) -> None:
         self._progress(f"[{self.elapsed():5.1f}s/{self.options.budget_s:.0f}s] {text}")
 
-    def fits(self, estimate_s: float) -> bool:
-        return self.elapsed() + estimate_s <= self.options.budget_s
+    def in_phase(self, estimate_s: float) -> bool:
+        """Whether a level of about `estimate_s` starts within the current phase's share of the budget."""
+        return time.monotonic() + estimate_s <= self.phase_end
 
     async def run(self) -> CalibratedProfile:
         self.started = time.monotonic()
@@ -141,32 +146,35 @@ class Calibration:
             f"{num_blocks} KV blocks of {block_size} tokens, vLLM {version or '?'}"
         )
         longest = max(8, max_model_len - 16 - 8)
+        budget = options.budget_s
         await self._level("prefill", 1, 16, 8, repeats=2, record=False)  # warm-up, not fitted
-        for prompt in _ladder(longest):
-            if not self.fits(2.0):
+        self.phase_end = self.started + PHASES[0] * budget
+        for prompt in _extremes_first(_ladder(longest)):
+            if not self.in_phase(1.0):
                 break
             await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
         short, long = max(16, longest // 8), max(32, longest // 2)
-        last_wall = 1.0
-        for prompt in (short, long):
+        for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
+            self.phase_end = self.phase_end + phase * budget
             output = max(8, min(32, max_model_len - prompt - 1))
             best = 0.0
-            concurrency = 1
-            while concurrency <= options.max_concurrency and self.fits(2.5 * last_wall):
+            for concurrency in _concurrencies(options.max_concurrency):
+                if not self.in_phase(0.5):
+                    break
                 level = await self._level(
                     "load", concurrency, prompt, output, repeats=max(12, 3 * concurrency)
                 )
-                last_wall = level.wall_s
                 if level.tokens_per_s < best * GROWTH and concurrency >= 4:
                     break
                 best = max(best, level.tokens_per_s)
-                concurrency *= 2
+        self.phase_end = self.phase_end + PHASES[3] * budget
         longer = max(8, min(256, max_model_len // 4, max_model_len - short - 1))  # output lengths too
         for concurrency in (1, 4, 16):
-            if concurrency > options.max_concurrency or not self.fits(4.0):
+            if concurrency > options.max_concurrency or not self.in_phase(0.5):
                 break
             await self._level("load", concurrency, short, longer, repeats=max(4, concurrency))
-        if self.fits(2.0):
+        self.phase_end = self.started + budget
+        if self.in_phase(1.0):
             await self._prefix(long)
         return self._profile(max_model_len, block_size, num_blocks, version)
 
@@ -194,7 +202,7 @@ class Calibration:
         stop = asyncio.Event()
         watcher = asyncio.create_task(self._watch(level, stop))
         try:
-            deadline = self.started + self.options.budget_s
+            deadline = min(self.phase_end, self.started + self.options.budget_s)
             level.timed = await run_closed_loop(jobs, concurrency, server.complete, deadline)
         finally:
             level.wall_s = time.perf_counter() - started
@@ -361,6 +369,21 @@ def _itl(before: Metrics, after: Metrics) -> float:
         if count > 0:
             return mean
     return 0.0
+
+
+def _extremes_first(sizes: list[int]) -> list[int]:
+    """The shortest and the longest first, so a tight budget still measures the whole range."""
+    return [*sizes[:1], *sizes[-1:], *sizes[1:-1]] if len(sizes) > 2 else sizes
+
+
+def _concurrencies(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit`, and `limit` itself."""
+    levels = [1]
+    while levels[-1] * 2 <= limit:
+        levels.append(levels[-1] * 2)
+    if levels[-1] != limit:
+        levels.append(limit)
+    return levels
 
 
 def _ladder(longest: int) -> list[int]:

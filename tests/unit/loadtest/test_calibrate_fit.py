@@ -86,3 +86,10 @@ async def test_no_job_starts_past_the_deadline_and_never_more_than_the_concurren
     done = await run_closed_loop(jobs, 3, send, deadline=time.monotonic() + 0.12)
     assert most == 3 and 6 <= len(done) <= 9  # three rounds at most began before the deadline
     assert len(await run_closed_loop(jobs[:5], 8, send)) == 5
+
+
+def test_a_sweep_of_one_request_at_a_time_leaves_the_per_sequence_cost_at_zero() -> None:
+    rows = [r for r in sweep_rows() if r.features[1] == 1.0]  # the budget allowed nothing concurrent
+    fitted = fit(rows)
+    assert fitted[1] == 0.0 and fitted[0] > 0
+    assert all(abs(predict(fitted, r.features) - r.measured_s) / r.measured_s < 0.05 for r in rows)
