@@ -1,23 +1,26 @@
 """Calibrated from a real backend: measure one vLLM server, fit its profile, prove the simulator predicts it.
 
-Against the session's first real server (conftest.py): `switchyard calibrate` sweeps it and writes a
+This module starts its own real vLLM CPU server of the tiny model, with the engine core in its own process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=1`, vLLM's normal mode: the session's servers run it in the HTTP
+process, whose front end then streams tokens in bursts). `switchyard calibrate` sweeps it and writes a
 profile; then a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6
 and 12, which the sweep never used) runs through a gateway with its access log on, and the same requests
 run on a simulator started from the profile. Per level the servers' own mean TTFT and inter-token latency
 must agree within 20 %, and the what-if replay of the gateway's access log on the profile must agree with
 the run's SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU)
 must fail the same comparison, so the test can fail.
-
-Everything sent to the server directly or through this test's own gateway is counted as served outside
-the session's gateway, so test_e2e's ledger check still balances.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from backends.calibrated import load_profile
+from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
 from gateway.cli import main as switchyard
 from loadtest.calibrate.agreement import (
@@ -40,8 +43,8 @@ from loadtest.calibrate.check import (
     simulated_run,
     vocabulary_of,
 )
-from tests.support import metric, running_gateway
-from tests.vllm.conftest import AMD, MAX_MODEL_LEN, MODEL, VllmEnv
+from tests.support import free_port, metric, running_gateway, sim_metrics
+from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
 POOL = "calibrated"
 WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
@@ -83,56 +86,62 @@ def _slos_from(log: Path) -> dict[str, ClassSlo]:
     return {cls: ClassSlo(percentile(ttfts[cls], 0.8), percentile(tpots[cls], 0.8)) for cls in ttfts}
 
 
-def test_calibrated_profile_predicts_the_real_server(vllm_env: VllmEnv, tmp_path: Path) -> None:
-    server = vllm_env.servers[AMD]
-    counted_before = vllm_env.counters(AMD)
-    profile_path = tmp_path / "tiny.yaml"
-    try:
-        argv = ["calibrate", "--url", server.url, "--model", MODEL, "--accelerator", "cpu"]
-        code = switchyard([*argv, "--budget", "60s", "--max-concurrency", "16", "--out", str(profile_path)])
-        assert code == 0
-        profile = load_profile(profile_path)
-        info = server.metrics()
-        assert profile.limits.max_model_len == MAX_MODEL_LEN
-        assert metric(info, "vllm:cache_config_info", block_size=str(profile.limits.block_size)) == 1
-        assert metric(info, "vllm:cache_config_info", num_gpu_blocks=str(profile.limits.num_blocks)) == 1
-        assert profile.step.per_prefill_token_s > 0 and profile.points
-
-        vocabulary, max_model_len = asyncio.run(vocabulary_of(server.url, MODEL))
-        levels = held_apart_jobs(vocabulary, max_model_len, SEED)
-        log = tmp_path / "access.jsonl"
-        policy = _policy(tmp_path / "policy.yaml")
-        config = {
-            "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": 0.2, "timeout": 1.0}},
-            "policy": {"file": str(policy)},
-            "telemetry": {"access_log": {"destination": str(log)}},
-            "pools": [
-                {
-                    "name": POOL,
-                    "vendor": "amd",
-                    "accelerator": "mi300x",
-                    "price_per_gpu_hour": 1.0,
-                    "backends": [
-                        {
-                            "name": "real-0",
-                            "url": server.url,
-                            "models": [MODEL],
-                            "max_model_len": MAX_MODEL_LEN,
-                        }
-                    ],
-                }
-            ],
-        }
-        with running_gateway(config, tmp_path / "gateway") as base:
-            real = asyncio.run(run_load(base, MODEL, levels, WIDTHS, metrics_url=server.url))
-    finally:
-        vllm_env.wait_idle()
-        counted_after = vllm_env.counters(AMD)
-        vllm_env.served_outside(
-            AMD,
-            int(counted_after["prompt_tokens"] - counted_before["prompt_tokens"]),
-            int(counted_after["completion_tokens"] - counted_before["completion_tokens"]),
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("calibrate-vllm") / "vllm.log"
+    launch = build_launch(
+        LaunchSpec(
+            vendor="cpu",
+            model=_model(),
+            served_model_name=[MODEL],
+            python=_python(),
+            port=free_port(),
+            max_model_len=MAX_MODEL_LEN,
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
         )
+    )
+    process = start(launch, log)
+    try:
+        wait_ready(launch.url, process, log, READY_TIMEOUT)
+        yield launch.url
+    finally:
+        stop(process)
+
+
+def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
+    profile_path = tmp_path / "tiny.yaml"
+    argv = ["calibrate", "--url", real_server, "--model", MODEL, "--accelerator", "cpu"]
+    code = switchyard([*argv, "--budget", "60s", "--max-concurrency", "16", "--out", str(profile_path)])
+    assert code == 0
+    profile = load_profile(profile_path)
+    info = sim_metrics(real_server)
+    assert profile.limits.max_model_len == MAX_MODEL_LEN
+    assert metric(info, "vllm:cache_config_info", block_size=str(profile.limits.block_size)) == 1
+    assert metric(info, "vllm:cache_config_info", num_gpu_blocks=str(profile.limits.num_blocks)) == 1
+    assert profile.step.per_prefill_token_s > 0 and profile.points
+
+    vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
+    levels = held_apart_jobs(vocabulary, max_model_len, SEED)
+    log = tmp_path / "access.jsonl"
+    policy = _policy(tmp_path / "policy.yaml")
+    config = {
+        "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": 0.2, "timeout": 1.0}},
+        "policy": {"file": str(policy)},
+        "telemetry": {"access_log": {"destination": str(log)}},
+        "pools": [
+            {
+                "name": POOL,
+                "vendor": "amd",
+                "accelerator": "mi300x",
+                "price_per_gpu_hour": 1.0,
+                "backends": [
+                    {"name": "real-0", "url": real_server, "models": [MODEL], "max_model_len": MAX_MODEL_LEN}
+                ],
+            }
+        ],
+    }
+    with running_gateway(config, tmp_path / "gateway") as base:
+        real = asyncio.run(run_load(base, MODEL, levels, WIDTHS, metrics_url=real_server))
 
     calibrated = compare(
         real, simulated_run(calibrated_timing(profile_path), MODEL, levels, max_model_len, tmp_path), WIDTHS
