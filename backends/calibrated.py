@@ -5,7 +5,8 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
 
     step seconds    = step_s + per_seq_s * sequences + per_prefill_token_s * prefill tokens
                       + per_context_token_s * decode context tokens
-    before its first step, every request spends request_s in the server's front end (HTTP, tokenisation),
+    before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
+    the server's front end (HTTP, tokenisation),
     then, when the engine is busy, waits admit_busy_s before it is scheduled
 
 so the simulator's scheduler (backends/sim/scheduler.py) replays queueing, chunked prefill and KV-cache
@@ -39,9 +40,16 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     per_prefill_token_s: _NonNeg
     per_context_token_s: _NonNeg
     request_s: _NonNeg = 0.0
+    request_per_seq_s: _NonNeg = 0.0
+    """The front end's extra time per sequence already running (its HTTP streams compete with new
+    requests)."""
     admit_busy_s: _NonNeg = 0.0
     """A newcomer's wait between reaching a busy engine (any sequence running) and being scheduled,
     counted in its TTFT: the server's front end competing with the streams it serves."""
+
+    def front_end(self, running: int) -> float:
+        """Seconds from a request's arrival until the engine sees it, with `running` sequences in flight."""
+        return self.request_s + self.request_per_seq_s * max(0, running)
 
     def admission_wait(self, running: int) -> float:
         return self.admit_busy_s if running > 0 else 0.0

@@ -70,7 +70,7 @@ def predict(
     context = prompt_tokens + output_tokens / 2
     decode = step.step_seconds(others, 0, others * context) if others else 0.0
     ttft = (
-        step.request_s
+        step.front_end(others)
         + decode / 2
         + step.admission_wait(others)
         + step.step_seconds(1 + others, prompt_tokens, others * context)

@@ -192,8 +192,9 @@ class BatchEngine:
             reasons=[g.finish_reason for g in generations],
             arrival=arrival,
         )
-        front_end = self.hardware.request_s  # a calibrated server's HTTP and tokenisation time
-        group.ready = now + front_end + self.hardware.admission_wait(self.scheduler.stats.running)
+        running = self.scheduler.stats.running
+        front_end = self.hardware.front_end(running)  # a calibrated server's HTTP and tokenisation time
+        group.ready = now + front_end + self.hardware.admission_wait(running)
         if front_end > 0:
             group.arrival = now + front_end
             loop = asyncio.get_running_loop()

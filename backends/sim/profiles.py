@@ -165,10 +165,10 @@ class Hardware:
     blocks: int | None = None
     """A calibrated backend's measured KV-cache blocks, instead of what memory leaves after the weights."""
 
-    @property
-    def request_s(self) -> float:
-        """Front-end time before a request reaches the scheduler (calibrated backends only)."""
-        return self.fitted.request_s if self.fitted is not None else 0.0
+    def front_end(self, running: int) -> float:
+        """Front-end time before a request reaches the scheduler, with `running` sequences in flight
+        (calibrated backends only)."""
+        return self.fitted.front_end(running) if self.fitted is not None else 0.0
 
     def admission_wait(self, running: int) -> float:
         """A calibrated backend's wait before scheduling a newcomer, with `running` sequences in flight."""

@@ -282,12 +282,11 @@ class Calibration:
                 )
                 rows.append((level, "tpot", row))
         coefficients = fit([row for _, _, row in rows])
-        front = [
-            lv.client_ttft_s - lv.engine_ttft_s for lv in self.levels if lv.kind == "prefill" and lv.timed
-        ]
+        request_s, request_per_seq_s = _front_end(self.levels)
         step = StepFit(
             **dict(zip(FEATURES, coefficients, strict=True)),
-            request_s=max(0.0, statistics.median(front)) if front else 0.0,
+            request_s=request_s,
+            request_per_seq_s=request_per_seq_s,
             admit_busy_s=_admission(coefficients, self.levels),
         )
         for level in self.levels:
@@ -350,6 +349,23 @@ def _loaded_ttft(coefficients: Sequence[float], admit_busy_s: float, level: Leve
     decode = predict(coefficients, decode_features(others, p, o)) if others > 0 else 0.0
     prefill = predict(coefficients, (1.0, float(b), float(p), others * (p + o / 2)))
     return decode / 2 + (admit_busy_s if others > 0 else 0.0) + prefill
+
+
+def _front_end(levels: Sequence[Level]) -> tuple[float, float]:
+    """The front end's time before the engine sees a request: what the client's TTFT adds to vLLM's
+    (median client TTFT minus vLLM's mean, per level) as a line in the other sequences running, fitted
+    robustly (Theil-Sen: the median of the slopes between levels), never below zero."""
+    points = [
+        (lv.concurrency - 1, lv.client_ttft_s - lv.engine_ttft_s)
+        for lv in levels
+        if lv.kind in ("prefill", "load") and lv.timed and lv.engine_ttft_s > 0
+    ]
+    if not points:
+        return 0.0, 0.0
+    slopes = [(y2 - y1) / (x2 - x1) for x1, y1 in points for x2, y2 in points if x2 > x1]
+    slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
+    intercept = max(0.0, statistics.median(y - slope * x for x, y in points))
+    return intercept, slope
 
 
 def _admission(coefficients: Sequence[float], levels: Sequence[Level]) -> float:

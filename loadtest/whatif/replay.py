@@ -303,7 +303,7 @@ class Replay:
             hashes=self._blocks.names(flight.request, scheduler.limits.block_size),
             lengths=[flight.steps] * n,
             reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
-            arrival=now + sim.front_end_s,
+            arrival=now + sim.front_end(scheduler.stats.running),
         )
         group.ready = group.arrival + sim.admission_wait(scheduler.stats.running)
         group.waiter = flight

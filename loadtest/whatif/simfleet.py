@@ -46,10 +46,9 @@ class SimBackend:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
             self.perf = PerfModel(self.hardware)
 
-    @property
-    def front_end_s(self) -> float:
+    def front_end(self, running: int) -> float:
         """A calibrated server's time before its scheduler sees a request (HTTP, tokenisation)."""
-        return self.hardware.request_s if self.hardware is not None else 0.0
+        return self.hardware.front_end(running) if self.hardware is not None else 0.0
 
     def admission_wait(self, running: int) -> float:
         return self.hardware.admission_wait(running) if self.hardware is not None else 0.0

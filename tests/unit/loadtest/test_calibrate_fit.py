@@ -93,3 +93,19 @@ def test_a_sweep_of_one_request_at_a_time_leaves_the_per_sequence_cost_at_zero()
     fitted = fit(rows)
     assert fitted[1] == 0.0 and fitted[0] > 0
     assert all(abs(predict(fitted, r.features) - r.measured_s) / r.measured_s < 0.05 for r in rows)
+
+
+def test_front_end_time_grows_with_the_streams_running_and_resists_one_noisy_level() -> None:
+    from loadtest.calibrate.measure import Timed
+    from loadtest.calibrate.sweep import Level, _front_end
+
+    def level(concurrency: int, client_ttft: float, engine_ttft: float) -> Level:
+        lv = Level("load", concurrency, 64, 32, engine_ttft_s=engine_ttft)
+        lv.timed = [Timed(64, 32, 0.0, client_ttft, 0.003, 0.1)]
+        return lv
+
+    levels = [level(b, 0.010 + 0.002 * (b - 1) + 0.02, 0.02) for b in (1, 2, 4, 8, 16)]
+    levels.append(level(3, 0.5, 0.02))  # a busy machine's level
+    intercept, slope = _front_end(levels)
+    assert intercept == pytest.approx(0.010, rel=0.05) and slope == pytest.approx(0.002, rel=0.05)
+    assert _front_end([]) == (0.0, 0.0)
