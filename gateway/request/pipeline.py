@@ -11,8 +11,6 @@ relay ends.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import time_ns
@@ -21,10 +19,6 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from backends.catalog import Catalog
-from backends.drift import BOUND as DRIFT_BOUND
-from backends.drift import METRICS
-from backends.drift import WINDOW_S as DRIFT_WINDOW_S
-from backends.drift import predict as predict_latency
 from backends.models import Backend
 from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
@@ -33,6 +27,7 @@ from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
+from gateway.request.drift import compare_with_profile
 from gateway.request.forward import RelayedStream, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import ParsedRequest, parse
@@ -42,8 +37,6 @@ from gateway.tenants.reservation import charged_cost
 from policies.engine import PolicyEngine
 from policies.framework import Decision, Router
 from policies.profile import RequestProfile
-
-log = logging.getLogger("switchyard.drift")
 
 if TYPE_CHECKING:
     from gateway.tenants.admission import Tenants
@@ -368,28 +361,9 @@ def observe(backend: Backend, record: UsageRecord, clock_scale: float = 1.0) -> 
         ttft = record.ttft_s * clock_scale
         tpot = (duration - ttft) / (tokens - 1) if tokens > 1 else None
         backend.observed.add(ttft, tpot)
-        _drift(backend, record.prompt_tokens, tokens, ttft, tpot)
+        compare_with_profile(backend, record.prompt_tokens, tokens, ttft, tpot)
     elif tokens >= 16:
         backend.observed.add(None, duration / tokens)
-
-
-def _drift(backend: Backend, prompt_tokens: int, tokens: int, ttft: float, tpot: float | None) -> None:
-    """Compare the answer with the pool profile's prediction; log once when it has stayed off."""
-    pool = backend.pool
-    predicted = predict_latency(
-        pool.step, pool.prior_ttft_s, pool.prior_tpot_s, backend.load.running, prompt_tokens, tokens
-    )
-    now = time.monotonic()
-    for metric, measured, expected in zip(METRICS, (ttft, tpot), predicted, strict=True):
-        if measured is None or expected is None:
-            continue
-        if backend.drift.observe(metric, measured, expected, now):
-            ratio = backend.drift.metrics[metric].ratio or 0.0
-            log.warning(
-                "backend %s: measured %s has been %.2fx its profile's prediction for %.0f minutes "
-                "(more than %.0f%% off); recalibrate it (switchyard calibrate, docs/calibrate.md)",
-                backend.name, metric.upper(), ratio, DRIFT_WINDOW_S / 60, DRIFT_BOUND * 100,
-            )  # fmt: skip
 
 
 def _cost_of(ledger: Ledger, ctx: RequestContext) -> Callable[[Usage], float]:

@@ -25,8 +25,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -34,13 +34,21 @@ from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Sour
 from loadtest.calibrate.fit import (
     FEATURES,
     Row,
-    decode_features,
     decode_row,
     fit,
     predict,
     prefill_row,
 )
-from loadtest.calibrate.measure import Metrics, Server, ServerError, Timed, histogram_mean, run_closed_loop
+from loadtest.calibrate.levels import (
+    Level,
+    admission,
+    concurrencies,
+    extremes_first,
+    front_end,
+    ladder,
+    loaded_ttft,
+)
+from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
@@ -53,35 +61,6 @@ CPU_LIMITS = (128, 2048)
 """vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
 GPU_LIMITS = (1024, 8192)
 """vLLM's defaults on a GPU with 70 GiB or more that is not an A100 (profiles.engine_defaults)."""
-
-
-@dataclass(slots=True)
-class Level:
-    kind: Literal["prefill", "load", "prefix"]
-    concurrency: int
-    prompt_tokens: int
-    output_tokens: int
-    timed: list[Timed] = field(default_factory=list)
-    engine_ttft_s: float = 0.0
-    engine_itl_s: float = 0.0
-    wall_s: float = 0.0
-    max_running: float = 0.0
-    max_waiting: float = 0.0
-    prefix_hits: float = 0.0
-    prefix_queries: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return sum(t.output_tokens for t in self.timed) / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def client_tpot_s(self) -> float:
-        tpots = [t.tpot_s for t in self.timed if t.tpot_s is not None]
-        return statistics.fmean(tpots) if tpots else 0.0
-
-    @property
-    def client_ttft_s(self) -> float:
-        return statistics.median(t.ttft_s for t in self.timed) if self.timed else 0.0
 
 
 @dataclass(slots=True)
@@ -149,7 +128,7 @@ class Calibration:
         budget = options.budget_s
         await self._level("prefill", 1, 16, 8, repeats=2, record=False)  # warm-up, not fitted
         self.phase_end = self.started + PHASES[0] * budget
-        for prompt in _extremes_first(_ladder(longest)):
+        for prompt in extremes_first(ladder(longest)):
             if not self.in_phase(1.0):
                 break
             await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
@@ -158,7 +137,7 @@ class Calibration:
             self.phase_end = self.phase_end + phase * budget
             output = max(8, min(32, max_model_len - prompt - 1))
             best = 0.0
-            for concurrency in _concurrencies(options.max_concurrency):
+            for concurrency in concurrencies(options.max_concurrency):
                 if not self.in_phase(0.5):
                     break
                 level = await self._level(
@@ -282,12 +261,12 @@ class Calibration:
                 )
                 rows.append((level, "tpot", row))
         coefficients = fit([row for _, _, row in rows])
-        request_s, request_per_seq_s = _front_end(self.levels)
+        request_s, request_per_seq_s = front_end(self.levels)
         step = StepFit(
             **dict(zip(FEATURES, coefficients, strict=True)),
             request_s=request_s,
             request_per_seq_s=request_per_seq_s,
-            admit_busy_s=_admission(coefficients, self.levels),
+            admit_busy_s=admission(coefficients, self.levels),
         )
         for level in self.levels:
             if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0:
@@ -301,7 +280,7 @@ class Calibration:
                 output_tokens=level.output_tokens,
                 measured_s=row.measured_s,
                 predicted_s=(
-                    _loaded_ttft(coefficients, step.admit_busy_s, level)
+                    loaded_ttft(coefficients, step.admit_busy_s, level)
                     if kind == "ttft" and level.kind == "load"
                     else predict(coefficients, row.features)
                 ),
@@ -340,77 +319,12 @@ class Calibration:
         )
 
 
-def _loaded_ttft(coefficients: Sequence[float], admit_busy_s: float, level: Level) -> float:
-    """A newcomer's TTFT at a load level, as the simulator times it: half a decode step of the others on
-    average before the engine takes it, the busy engine's admission wait, then its prefill step beside
-    the others' decode."""
-    b, p, o = level.concurrency, level.prompt_tokens, level.output_tokens
-    others = b - 1
-    decode = predict(coefficients, decode_features(others, p, o)) if others > 0 else 0.0
-    prefill = predict(coefficients, (1.0, float(b), float(p), others * (p + o / 2)))
-    return decode / 2 + (admit_busy_s if others > 0 else 0.0) + prefill
-
-
-def _front_end(levels: Sequence[Level]) -> tuple[float, float]:
-    """The front end's time before the engine sees a request: what the client's TTFT adds to vLLM's
-    (median client TTFT minus vLLM's mean, per level) as a line in the other sequences running, fitted
-    robustly (Theil-Sen: the median of the slopes between levels), never below zero."""
-    points = [
-        (lv.concurrency - 1, lv.client_ttft_s - lv.engine_ttft_s)
-        for lv in levels
-        if lv.kind in ("prefill", "load") and lv.timed and lv.engine_ttft_s > 0
-    ]
-    if not points:
-        return 0.0, 0.0
-    slopes = [(y2 - y1) / (x2 - x1) for x1, y1 in points for x2, y2 in points if x2 > x1]
-    slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
-    intercept = max(0.0, statistics.median(y - slope * x for x, y in points))
-    return intercept, slope
-
-
-def _admission(coefficients: Sequence[float], levels: Sequence[Level]) -> float:
-    """The busy engine's admission wait that makes the loaded levels' TTFT what vLLM measured (the
-    median over the levels, never below zero)."""
-    waits = [
-        level.engine_ttft_s - _loaded_ttft(coefficients, 0.0, level)
-        for level in levels
-        if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0
-    ]
-    return max(0.0, statistics.median(waits)) if waits else 0.0
-
-
 def _itl(before: Metrics, after: Metrics) -> float:
     for name in ITL:
         mean, count = histogram_mean(before, after, name)
         if count > 0:
             return mean
     return 0.0
-
-
-def _extremes_first(sizes: list[int]) -> list[int]:
-    """The shortest and the longest first, so a tight budget still measures the whole range."""
-    return [*sizes[:1], *sizes[-1:], *sizes[1:-1]] if len(sizes) > 2 else sizes
-
-
-def _concurrencies(limit: int) -> list[int]:
-    """1, 2, 4, ... up to `limit`, and `limit` itself."""
-    levels = [1]
-    while levels[-1] * 2 <= limit:
-        levels.append(levels[-1] * 2)
-    if levels[-1] != limit:
-        levels.append(limit)
-    return levels
-
-
-def _ladder(longest: int) -> list[int]:
-    """Prompt sizes from short to `longest`: 16, then doubling, then `longest` itself."""
-    sizes: list[int] = []
-    size = 16
-    while size < longest:
-        sizes.append(size)
-        size *= 2
-    sizes.append(longest)
-    return sizes
 
 
 def calibrate(options: Options, progress: Callable[[str], None] | None = None) -> CalibratedProfile:

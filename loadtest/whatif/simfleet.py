@@ -18,7 +18,7 @@ from backends.sim.fleet_spec import FleetSpec
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import PerfModel
 from backends.sim.profiles import Hardware
-from backends.sim.scheduler import Scheduler
+from backends.sim.scheduler import Group, Scheduler
 
 
 @dataclass(eq=False, slots=True)
@@ -46,12 +46,23 @@ class SimBackend:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
             self.perf = PerfModel(self.hardware)
 
-    def front_end(self, running: int) -> float:
-        """A calibrated server's time before its scheduler sees a request (HTTP, tokenisation)."""
-        return self.hardware.front_end(running) if self.hardware is not None else 0.0
+    def enter(
+        self, prompt_tokens: int, hashes: list[int], lengths: list[int], reasons: list[str], now: float
+    ) -> Group:
+        """A request sent to this backend at `now`, queued for its scheduler: a calibrated server's front
+        end (HTTP, tokenisation) and a busy engine's admission wait delay it (backends/calibrated.py)."""
+        assert self.scheduler is not None and self.hardware is not None
+        running = self.scheduler.stats.running
+        arrival = now + self.hardware.front_end(running)
+        group = Group(prompt_tokens, hashes, lengths, reasons, arrival=arrival)
+        group.ready = arrival + self.hardware.admission_wait(running)
+        self.scheduler.add(group)
+        return group
 
-    def admission_wait(self, running: int) -> float:
-        return self.hardware.admission_wait(running) if self.hardware is not None else 0.0
+    def leaves_front_end(self, now: float) -> float | None:
+        """When the head of the queue leaves a calibrated server's front end, if after `now`."""
+        waiting = self.scheduler.waiting if self.scheduler is not None else None
+        return waiting[0].ready if waiting and waiting[0].ready > now else None
 
     @property
     def kv_capacity_tokens(self) -> int | None:

@@ -7,6 +7,7 @@ import logging
 import msgspec
 import pytest
 
+import gateway.request.drift as drift_module
 import gateway.request.pipeline as pipeline
 from backends.calibrated import StepFit
 from backends.drift import BOUND, WINDOW_S, DriftMetric, ProfileDrift, predict
@@ -83,7 +84,7 @@ def test_gateway_exports_the_ratio_and_logs_a_backend_off_for_five_minutes(
     backend = backends()[0]
     prior = backend.pool.prior_ttft_s
     clock = [0.0]
-    monkeypatch.setattr(pipeline.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(drift_module.time, "monotonic", lambda: clock[0])
     with caplog.at_level(logging.WARNING, logger="switchyard.drift"):
         for minute in range(6):
             clock[0] = minute * 60.0

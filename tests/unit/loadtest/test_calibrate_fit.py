@@ -1,4 +1,4 @@
-"""The calibration's fit (loadtest/calibrate/fit.py) and its small parsers."""
+"""The calibration's fit (loadtest/calibrate/fit.py, levels.py) and its small parsers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from loadtest.calibrate.check import percentile
 from loadtest.calibrate.cli import parse_duration
 from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_row
+from loadtest.calibrate.levels import ladder
 from loadtest.calibrate.measure import histogram_mean, parse_metrics
-from loadtest.calibrate.sweep import _ladder
 
 TRUE = (0.002, 0.0004, 0.00005, 2e-7)
 
@@ -60,8 +60,8 @@ def test_durations_ladder_and_percentiles() -> None:
     for bad in ("0", "ten", "5d", "-1m"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_duration(bad)
-    assert _ladder(488) == [16, 32, 64, 128, 256, 488]
-    assert _ladder(10) == [10]
+    assert ladder(488) == [16, 32, 64, 128, 256, 488]
+    assert ladder(10) == [10]
     assert percentile([1, 2, 3, 4, 5], 0.5) == 3 and percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)
     assert percentile([], 0.5) == 0.0
 
@@ -96,8 +96,8 @@ def test_a_sweep_of_one_request_at_a_time_leaves_the_per_sequence_cost_at_zero()
 
 
 def test_front_end_time_grows_with_the_streams_running_and_resists_one_noisy_level() -> None:
+    from loadtest.calibrate.levels import Level, front_end
     from loadtest.calibrate.measure import Timed
-    from loadtest.calibrate.sweep import Level, _front_end
 
     def level(concurrency: int, client_ttft: float, engine_ttft: float) -> Level:
         lv = Level("load", concurrency, 64, 32, engine_ttft_s=engine_ttft)
@@ -106,6 +106,6 @@ def test_front_end_time_grows_with_the_streams_running_and_resists_one_noisy_lev
 
     levels = [level(b, 0.010 + 0.002 * (b - 1) + 0.02, 0.02) for b in (1, 2, 4, 8, 16)]
     levels.append(level(3, 0.5, 0.02))  # a busy machine's level
-    intercept, slope = _front_end(levels)
+    intercept, slope = front_end(levels)
     assert intercept == pytest.approx(0.010, rel=0.05) and slope == pytest.approx(0.002, rel=0.05)
-    assert _front_end([]) == (0.0, 0.0)
+    assert front_end([]) == (0.0, 0.0)
