@@ -6,7 +6,8 @@ The sweep, in order, each level stopping the run early when the time budget woul
    (`vllm:cache_config_info`), token ids to build prompts from (/tokenize);
 2. prefill: one request at a time, prompts from short to the longest the context holds, a short output;
 3. load: closed-loop concurrency 1, 2, 4, ... (never above `max_concurrency`) for a short and a long
-   prompt, until output throughput stops growing (under 10 % more than the level before); then a long
+   prompt, until output throughput stops growing (two levels in a row under 10 % more than the best);
+   then a long
    output (a quarter of the context) at concurrency 1, 4 and 16;
 4. prefix reuse: one long prompt sent twice, and the share of its tokens vLLM found cached.
 
@@ -73,7 +74,7 @@ class Options:
     seed: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    repeats: int = 5
+    repeats: int = 8
     """Requests per prefill level."""
 
 
@@ -136,14 +137,17 @@ class Calibration:
         for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
             self.phase_end = self.phase_end + phase * budget
             output = max(8, min(32, max_model_len - prompt - 1))
-            best = 0.0
+            best, flat = 0.0, 0
             for concurrency in concurrencies(options.max_concurrency):
                 if not self.in_phase(0.5):
                     break
                 level = await self._level(
-                    "load", concurrency, prompt, output, repeats=max(12, 3 * concurrency)
+                    "load", concurrency, prompt, output, repeats=max(16, 4 * concurrency)
                 )
-                if level.tokens_per_s < best * GROWTH and concurrency >= 4:
+                # two levels in a row that do not beat the best by 10 %: throughput stopped growing (one
+                # alone may be a busy moment of the machine)
+                flat = flat + 1 if level.tokens_per_s < best * GROWTH else 0
+                if flat >= 2 and concurrency >= 4:
                     break
                 best = max(best, level.tokens_per_s)
         self.phase_end = self.phase_end + PHASES[3] * budget
