@@ -145,6 +145,13 @@ test-vllm: venv vllm-model
 	SWITCHYARD_VLLM=1 SWITCHYARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python SWITCHYARD_VLLM_MODEL=$(VLLM_MODEL) \
 	  $(PY) -m pytest tests/vllm -p no:cacheprovider --timeout 600 $(PYTEST_ARGS)
 
+# The proof that a calibrated profile predicts its real vLLM server within 20 % (tests/calibrate): it times a
+# real server, so it needs a machine nothing else loads (a GPU runner, or a quiet CPU one); CI does not run it.
+.PHONY: test-calibrate
+test-calibrate: venv vllm-model
+	SWITCHYARD_CALIBRATE=1 SWITCHYARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python SWITCHYARD_VLLM_MODEL=$(VLLM_MODEL) \
+	  $(PY) -m pytest tests/calibrate -p no:cacheprovider --timeout 900 -s $(PYTEST_ARGS)
+
 # Several replicas for real (gateway/cluster.py): Redis, three gateway replicas, HAProxy health-checking
 # /ready, and the simulated fleet, all local processes; Ctrl-C stops everything. HAProxy is installed from
 # Debian's packages when missing.
@@ -169,3 +176,17 @@ bench-peers-keys: venv wrk
 	  --name switchyard-keys --port 15001 --model tiny --no-stream --api-key $(PEERS_KEY) \
 	  --cmd 'cd $(CURDIR) && exec $(CURDIR)/$(PY) -m loadtest.bench.peers_keys --port {PORT} --key $(PEERS_KEY)'; \
 	  status=$$?; $(PY) -m loadtest.bench.peers_keys --cleanup; exit $$status
+
+# Measure a live vLLM server and write its profile (docs/calibrate.md): a sweep of concurrency x prompt x
+# output lengths within BUDGET, never more than MAX_CONCURRENCY requests at once. MODEL defaults to the one
+# the server serves; put OUT in $SWITCHYARD_PROFILES for the gateway, the simulator and the planner to use.
+.PHONY: calibrate
+URL ?=
+ACCELERATOR ?= unknown
+OUT ?= profile.yaml
+BUDGET ?= 10m
+MAX_CONCURRENCY ?= 64
+calibrate: venv
+	@test -n "$(URL)" || (echo "usage: make calibrate URL=http://backend:8000 [MODEL=M] [ACCELERATOR=mi300x] [OUT=profile.yaml] [BUDGET=10m]" >&2; exit 2)
+	$(VENV)/bin/switchyard calibrate --url $(URL) $(if $(MODEL),--model $(MODEL)) --accelerator $(ACCELERATOR) \
+	  --out $(OUT) --budget $(BUDGET) --max-concurrency $(MAX_CONCURRENCY) $(ARGS)

@@ -21,7 +21,10 @@ An accelerator the catalogue does not know gets `GUESS` and is reported (a warni
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from backends.accelerator_types import (
     VENDORS,
@@ -34,6 +37,7 @@ from backends.accelerator_types import (
     Tier,
     Vendor,
 )
+from backends.calibrated import CalibratedProfile, load_profile
 
 __all__ = [
     "CATALOGUE",
@@ -51,12 +55,15 @@ __all__ = [
     "Runtime",
     "Tier",
     "Vendor",
+    "calibrated",
     "canonical",
     "find",
     "guess_note",
+    "load_calibrated",
     "names_for",
     "prefill_tokens_per_step",
     "priors",
+    "priors_for",
 ]
 
 # CUDA's mature kernels (FlashAttention 3, CUDA graphs) reach high efficiency with little work; ROCm's need
@@ -240,7 +247,11 @@ def priors(name: str) -> Priors:
     return record.priors if record is not None else GUESS.priors
 
 
-def prefill_tokens_per_step(name: str) -> float:
+def prefill_tokens_per_step(name: str, models: Iterable[str] = ()) -> float:
+    for model in models:
+        measured = calibrated(name, model)
+        if measured is not None:
+            return measured[1].prefill_tokens_per_step
     record = find(name)
     return record.prefill_tokens_per_step if record is not None else GUESS.prefill_tokens_per_step
 
@@ -260,3 +271,43 @@ def guess_note(name: str) -> str | None:
         f"TPOT {p.tpot_s * 1000:g} ms, {GUESS.prefill_tokens_per_step:g} prefill tokens per decode step, and "
         f"no saturation.max_slowdown mark; known: {', '.join(CATALOGUE)}"
     )
+
+
+# Measured profiles: `switchyard calibrate` writes one per accelerator and model (backends/calibrated.py).
+# A folder of them named by SWITCHYARD_PROFILES is read once; each record found there replaces the
+# datasheet priors above for its accelerator and model, in routing, the batch scheduler, the simulator,
+# `whatif` and `plan`. A fresh install has none, and the datasheet records are what it uses.
+
+PROFILES_ENV = "SWITCHYARD_PROFILES"
+_calibrated: dict[tuple[str, str], tuple[Path, CalibratedProfile]] | None = None
+
+
+def load_calibrated(
+    folder: str | Path | None = None,
+) -> dict[tuple[str, str], tuple[Path, CalibratedProfile]]:
+    """The measured records of `folder` (default: $SWITCHYARD_PROFILES; none when unset), by (accelerator,
+    model); raises ConfigError naming a file that is not a profile."""
+    global _calibrated
+    where = folder if folder is not None else os.environ.get(PROFILES_ENV)
+    records: dict[tuple[str, str], tuple[Path, CalibratedProfile]] = {}
+    if where:
+        for path in sorted(Path(where).glob("*.yaml")):
+            profile = load_profile(path)
+            records[(canonical(profile.accelerator), profile.model)] = (path, profile)
+    _calibrated = records
+    return records
+
+
+def calibrated(accelerator: str, model: str) -> tuple[Path, CalibratedProfile] | None:
+    """The measured record of this accelerator serving this model, with its file; None when none is."""
+    records = _calibrated if _calibrated is not None else load_calibrated()
+    return records.get((canonical(accelerator), model))
+
+
+def priors_for(accelerator: str, models: Iterable[str]) -> Priors:
+    """The measured priors of the first of `models` calibrated on `accelerator`, else the datasheet's."""
+    for model in models:
+        record = calibrated(accelerator, model)
+        if record is not None:
+            return record[1].priors()
+    return priors(accelerator)

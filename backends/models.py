@@ -9,8 +9,10 @@ from typing import Annotated
 
 import msgspec
 
-from backends.accelerators import GUESS, Vendor, find, guess_note, priors
+from backends.accelerators import GUESS, Vendor, calibrated, find, guess_note, priors
 from backends.breaker import Breaker
+from backends.calibrated import StepFit
+from backends.drift import ProfileDrift
 from backends.model_size import REFERENCE_PARAMS_B, params_b_from_names
 
 log = logging.getLogger("switchyard.backends")
@@ -69,11 +71,20 @@ class Pool:
     accelerator_guess: str | None = None
     """What is guessed for an accelerator the catalogue (backends/accelerators.py) does not know; None
     for a known one."""
+    calibrated: bool = False
+    """Its priors are a profile measured on one of its backends (`switchyard calibrate`), not the
+    datasheet's."""
+    measured_tokens_per_s: float | None = None
+    """A calibrated pool's measured saturated throughput per backend."""
+    step: StepFit | None = None
+    """A calibrated pool's measured step-time model (what its drift is measured against)."""
 
     @property
     def saturated_tokens_per_s(self) -> float:
         """Output tokens per second one backend of this pool serves at a saturated batch, from its
         accelerator's facts for its model's size: its cost floor and the gateway's prefill-speed prior."""
+        if self.measured_tokens_per_s:
+            return self.measured_tokens_per_s
         return priors(self.accelerator).tokens_per_second * self.gpus_per_backend / self.model_scale
 
     @property
@@ -144,6 +155,8 @@ class Backend:
     """Latency this gateway measured on its recent requests to the backend."""
     breaker: Breaker = field(init=False, repr=False)
     """Its circuit breaker (backends/breaker.py), fed by the request path."""
+    drift: ProfileDrift = field(default_factory=lambda: ProfileDrift())
+    """Measured latency over its pool profile's prediction (backends/drift.py)."""
 
     def __post_init__(self) -> None:
         self.breaker = Breaker(self)
@@ -170,6 +183,8 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
                 pool_config.name, pool_config.accelerator, record.vendor, pool_config.vendor,
             )  # fmt: skip
         gpus = pool_config.gpus_per_backend
+        models = [name for cfg in pool_config.backends for name in cfg.models]
+        measured = next((m for m in (calibrated(kind, n) for n in models) if m is not None), None)
         params_b = pool_config.model_params_b or params_b_from_names(
             name for cfg in pool_config.backends for name in cfg.models
         )
@@ -192,6 +207,18 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
             model_scale=scale,
             accelerator_guess=guess,
         )
+        if measured is not None:  # measured on this accelerator for this model: no scaling, no guess
+            facts = measured[1].priors()
+            pool = replace(
+                pool,
+                prior_ttft_s=facts.ttft_s,
+                prior_tpot_s=facts.tpot_s,
+                light_load_tpot_s=facts.tpot_s,
+                model_scale=1.0,
+                calibrated=True,
+                measured_tokens_per_s=facts.tokens_per_second or None,
+                step=measured[1].step,
+            )
         floor = pool.backend_price_per_second / pool.saturated_tokens_per_s * 1e6
         pool = replace(pool, cost_floor_per_mtok=floor)
         for index, cfg in enumerate(pool_config.backends):

@@ -178,6 +178,11 @@ def _plan(argv: list[str]) -> int:
     return _run_tooling("loadtest.whatif.plan_cli", "plan", argv)
 
 
+def _calibrate(argv: list[str]) -> int:
+    """`switchyard calibrate ...`: measure a live vLLM server and write its profile."""
+    return _run_tooling("loadtest.calibrate.cli", "calibrate", argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchyard", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -253,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("rest", nargs=argparse.REMAINDER)
     plan.set_defaults(run=lambda args: _plan(args.rest))
+    calibrate = commands.add_parser(
+        "calibrate", help="measure a live vLLM server and write its profile", add_help=False
+    )
+    calibrate.add_argument("rest", nargs=argparse.REMAINDER)
+    calibrate.set_defaults(run=lambda args: _calibrate(args.rest))
 
     sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
     sim_commands = sim.add_subparsers(dest="sim_command", required=True)
@@ -277,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(command="whatif", run=lambda _: _whatif(argv[1:]))
     elif argv[:1] == ["plan"]:
         args = argparse.Namespace(command="plan", run=lambda _: _plan(argv[1:]))
+    elif argv[:1] == ["calibrate"]:
+        args = argparse.Namespace(command="calibrate", run=lambda _: _calibrate(argv[1:]))
     else:
         parser = build_parser()
         args, unknown = parser.parse_known_args(argv)

@@ -158,7 +158,8 @@ def find_capacity(
     report = {
         "scenario": scenario.name,
         "fleet": [
-            f"{g.count}x {g.profile.gpu if g.profile else g.accelerator}" for g in scenario.fleet.groups
+            f"{g.count}x {(g.profile.gpu or g.accelerator) if g.profile else g.accelerator}"
+            for g in scenario.fleet.groups
         ],
         "requests_per_point": len(plan(scenario)),
         "duration_s": scenario.spec.duration_s,

@@ -188,6 +188,7 @@ def scenario_header(scenario: Scenario, requests: int) -> dict[str, Any]:
                 "gpus_per_backend": g.gpus_per_backend,
                 "price_per_gpu_hour": g.price_per_gpu_hour,
                 "gpu": g.profile.gpu if g.profile else None,
+                "calibrated": g.profile.calibrated if g.profile else None,
                 "model": (g.profile.model if g.profile else None) or g.model or scenario.fleet.model,
             }
             for g in scenario.fleet.groups

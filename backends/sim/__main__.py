@@ -2,7 +2,9 @@
 
 Without `--gpu` every request gets the fixed `--ttft-ms`/`--tpot-ms`; with `--gpu` (and a model
 profile, by default the first `--model` if it names one) the continuous-batching performance model
-times them. Fault flags set the faults at start; `POST /sim/faults` changes them at run time.
+times them; with `--calibrated profile.yaml` the profile `switchyard calibrate` measured on a real server
+does (backends/calibrated.py). Fault flags set the faults at start; `POST /sim/faults` changes them at
+run time.
 """
 
 from __future__ import annotations
@@ -13,10 +15,20 @@ import logging
 import signal
 import sys
 
+from backends.accelerators import calibrated
+from backends.calibrated import load_profile
 from backends.sim.app import start_server
 from backends.sim.faults import Faults
 from backends.sim.options import SimOptions
-from backends.sim.profiles import GPUS, MODEL_ALIASES, MODELS, ProfileError, build_hardware
+from backends.sim.profiles import (
+    GPUS,
+    MODEL_ALIASES,
+    MODELS,
+    ProfileError,
+    build_hardware,
+    calibrated_hardware,
+)
+from backends.yamlfile import ConfigError
 
 
 def _override(text: str) -> tuple[str, float]:
@@ -49,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-tokens", type=int, default=400_000, help="fixed timing: notional KV size")
     model = parser.add_argument_group("performance model")
     model.add_argument("--gpu", default=None, help=f"GPU profile ({', '.join(GPUS)}) or accelerator name")
+    model.add_argument(
+        "--calibrated", default=None, metavar="PROFILE.yaml",
+        help="time requests with a profile measured by `switchyard calibrate` (instead of --gpu)",
+    )  # fmt: skip
     model.add_argument("--model-profile", default=None, help="model profile (default: the served model)")
     model.add_argument("--gpus", type=int, default=1, help="GPUs per backend (tensor parallel)")
     model.add_argument(
@@ -71,9 +87,17 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
     """Build the server options; raises ProfileError or ValueError on a profile that cannot run."""
     models = tuple(args.models or ["sim-model"])
     hardware = None
-    if args.gpu is not None:
+    if args.calibrated is not None and args.gpu is not None:
+        raise ProfileError("--calibrated and --gpu are alternatives; give one")
+    if args.calibrated is not None:
+        try:
+            hardware = calibrated_hardware(load_profile(args.calibrated))
+        except ConfigError as exc:
+            raise ProfileError(str(exc)) from None
+    elif args.gpu is not None:
         profile = args.model_profile or models[0]
-        if args.model_profile is None and MODEL_ALIASES.get(profile, profile) not in MODELS:
+        known = MODEL_ALIASES.get(profile, profile) in MODELS or calibrated(args.gpu, profile) is not None
+        if args.model_profile is None and not known:
             raise ProfileError(f"model `{profile}` has no profile; pass --model-profile")
         hardware = build_hardware(args.gpu, profile, args.gpus, dict(args.profile_override))
     faults = Faults(

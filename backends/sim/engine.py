@@ -170,6 +170,7 @@ class BatchEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_end: float | None = None  # simulated end of the step in flight
+        self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
 
     def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run:
         block = self.hardware.limits.block_size
@@ -191,11 +192,23 @@ class BatchEngine:
             reasons=[g.finish_reason for g in generations],
             arrival=arrival,
         )
+        running = self.scheduler.stats.running
+        front_end = self.hardware.front_end(running)  # a calibrated server's HTTP and tokenisation time
+        group.ready = now + front_end + self.hardware.admission_wait(running)
+        if front_end > 0:
+            group.arrival = now + front_end
+            loop = asyncio.get_running_loop()
+            self._entering[group] = loop.call_later(front_end / self._clock.scale, self._enter, group)
+        else:
+            self._enter(group)
+        return BatchRun(self, group)
+
+    def _enter(self, group: Group) -> None:
+        self._entering.pop(group, None)
         self.scheduler.add(group)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-engine")
         self._wake.set()
-        return BatchRun(self, group)
 
     async def wait(self, group: Group, want: int) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -206,6 +219,12 @@ class BatchEngine:
             group.waiter = None
 
     def abort(self, group: Group) -> None:
+        entering = self._entering.pop(group, None)
+        if entering is not None:  # never reached the scheduler
+            entering.cancel()
+            group.done = True
+            self.scheduler.stats.finished["abort"] += group.n
+            return
         self.scheduler.abort(group)
         self._wake.set()
 
@@ -225,6 +244,12 @@ class BatchEngine:
                 start = last_end
             plan = scheduler.plan(start)
             duration = perf.step_seconds(plan.work)
+            waiting = scheduler.waiting
+            if duration <= 0 and waiting and waiting[0].ready > start:  # a calibrated front end's wait
+                ready = waiting[0].ready
+                await clock.sleep_until(ready)
+                last_end = self._step_end = ready
+                continue
             if duration <= 0:  # nothing can run until something leaves
                 last_end = self._step_end = None
                 self._wake.clear()
@@ -239,6 +264,9 @@ class BatchEngine:
             last_end = end
 
     async def close(self) -> None:
+        for entering in self._entering.values():
+            entering.cancel()
+        self._entering.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -70,7 +70,9 @@ class SimBackend:
         args += ["--ttft-ms", str(self.ttft_ms), "--tpot-ms", str(self.tpot_ms)]
         if self.fail_status is not None:
             args += ["--fail-status", str(self.fail_status)]
-        if self.profile is not None:
+        if self.profile is not None and self.profile.calibrated is not None:
+            args += ["--calibrated", self.profile.calibrated]
+        elif self.profile is not None and self.profile.gpu is not None:
             args += ["--gpu", self.profile.gpu, "--gpus", str(self.gpus)]
             args += ["--model-profile", self.profile.model or self.model]
             for key, value in self.profile.overrides.items():

@@ -24,6 +24,7 @@ Format (YAML; unknown keys are errors, reported with file and line):
           overrides:             #   any profile figure by name, e.g.
             hbm_bandwidth_tbps: 3.0
             max_num_seqs: 128
+        # or  profile: {calibrated: tiny.yaml}  a profile `switchyard calibrate` measured (instead of gpu)
         faults:                  # optional: faults injected from the start (backends/sim/faults.py)
           error_rate: 0.1
           error_status: 429
@@ -41,9 +42,17 @@ from typing import Annotated
 
 import msgspec
 
-from backends.accelerators import Vendor
+from backends.accelerators import Vendor, calibrated
+from backends.calibrated import load_profile
 from backends.sim.faults import Faults
-from backends.sim.profiles import MODEL_ALIASES, MODELS, Hardware, ProfileError, build_hardware
+from backends.sim.profiles import (
+    MODEL_ALIASES,
+    MODELS,
+    Hardware,
+    ProfileError,
+    build_hardware,
+    calibrated_hardware,
+)
 from backends.yamlfile import ConfigError, decode, parse_yaml
 
 DEMO_FLEET: Path = Path(__file__).parent / "fleets" / "demo.yaml"
@@ -55,9 +64,11 @@ _Scale = Annotated[float, msgspec.Meta(gt=0)]
 
 
 class ProfileSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    gpu: _Text
+    gpu: _Text | None = None
     model: _Text | None = None
     overrides: dict[str, float] = {}
+    calibrated: _Text | None = None
+    """A profile file `switchyard calibrate` wrote: the measured step model instead of `gpu`."""
 
 
 class GroupSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -81,8 +92,16 @@ class GroupSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """The group's performance-model hardware, or None for fixed timing; raises ProfileError."""
         if self.profile is None:
             return None
+        if (self.profile.calibrated is None) == (self.profile.gpu is None):
+            raise ProfileError("a profile names either `gpu` or `calibrated` (a measured profile file)")
+        if self.profile.calibrated is not None:
+            try:
+                return calibrated_hardware(load_profile(self.profile.calibrated))
+            except ConfigError as exc:
+                raise ProfileError(str(exc)) from None
+        assert self.profile.gpu is not None
         model = self.profile.model or self.model or default_model
-        if MODEL_ALIASES.get(model, model) not in MODELS:
+        if MODEL_ALIASES.get(model, model) not in MODELS and calibrated(self.profile.gpu, model) is None:
             raise ProfileError(f"model `{model}` has no profile; name one with `profile.model`")
         return build_hardware(self.profile.gpu, model, self.gpus_per_backend, self.profile.overrides)
 

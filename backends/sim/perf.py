@@ -17,6 +17,9 @@ running sequence, as vLLM's continuous batching does. Its duration is
 Prefill is compute-bound (its FLOPs add on top); decode is bandwidth-bound (every step streams the
 weights and the batch's KV cache once) until a large batch makes its FLOPs the bound (the roofline
 `max`). `tp` is `tp_efficiency` with more than one GPU, else 1.
+
+A calibrated backend (`Hardware.fitted`, backends/calibrated.py) is priced by its measured linear model
+instead: overhead + per sequence + per prefill token + per decode context token.
 """
 
 from __future__ import annotations
@@ -51,11 +54,14 @@ class PerfModel:
         self._kv_bytes = model.kv_bytes_per_token
         self._flops_per_token = model.flops_per_token
         self._attention = model.attention_flops_per_context_token
+        self._fitted = hardware.fitted
 
     def step_seconds(self, work: StepWork) -> float:
         seqs = work.prefill_seqs + work.decode_seqs
         if seqs == 0:
             return 0.0
+        if self._fitted is not None:
+            return self._fitted.step_seconds(seqs, work.prefill_tokens, work.decode_context)
         flops = self._flops * self._flops_eff(work.prefill_tokens + work.decode_seqs)
         bandwidth = self._bandwidth * self._bw_eff(seqs)
         attention = self._attention_flops

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from backends.accelerators import CATALOGUE, Accelerator, Curve, Vendor, find
+from backends.accelerators import CATALOGUE, Accelerator, Curve, Vendor, calibrated, find
+from backends.calibrated import CalibratedProfile, StepFit
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -44,6 +45,7 @@ __all__ = [
     "ModelProfile",
     "ProfileError",
     "build_hardware",
+    "calibrated_hardware",
     "engine_defaults",
     "gpu_profile",
 ]
@@ -162,6 +164,19 @@ class Hardware:
     model: ModelProfile
     gpus: int
     limits: EngineLimits
+    fitted: StepFit | None = None
+    """A calibrated backend's measured step-time model, used instead of the datasheet roofline."""
+    blocks: int | None = None
+    """A calibrated backend's measured KV-cache blocks, instead of what memory leaves after the weights."""
+
+    def front_end(self, running: int) -> float:
+        """Front-end time before a request reaches the scheduler, with `running` sequences in flight
+        (calibrated backends only)."""
+        return self.fitted.front_end(running) if self.fitted is not None else 0.0
+
+    def admission_wait(self, running: int) -> float:
+        """A calibrated backend's wait before scheduling a newcomer, with `running` sequences in flight."""
+        return self.fitted.admission_wait(running) if self.fitted is not None else 0.0
 
     @property
     def kv_budget_bytes(self) -> float:
@@ -174,6 +189,8 @@ class Hardware:
 
     @property
     def num_blocks(self) -> int:
+        if self.blocks is not None:
+            return self.blocks
         return max(0, int(self.kv_budget_bytes // (self.model.kv_bytes_per_token * self.limits.block_size)))
 
     def describe(self) -> str:
@@ -215,12 +232,19 @@ def _canonical(key: str) -> str:
 def build_hardware(
     gpu: str, model: str, gpus: int = 1, overrides: Mapping[str, float] | None = None
 ) -> Hardware:
-    """Resolve named profiles plus overrides; refuses a model whose weights leave no room for KV cache."""
+    """Resolve named profiles plus overrides; refuses a model whose weights leave no room for KV cache.
+
+    One GPU without overrides: a profile measured on that accelerator for that model (the catalogue's
+    calibrated records, $SWITCHYARD_PROFILES) is used instead of the datasheet's."""
+    model_key = MODEL_ALIASES.get(model, model)
+    if gpus == 1 and not overrides:  # a profile measured on this accelerator for this model wins
+        measured = calibrated(gpu, model) or calibrated(gpu, model_key)
+        if measured is not None:
+            return calibrated_hardware(measured[1])
     accelerator = find(gpu)
     if accelerator is None:
         raise ProfileError(f"unknown GPU profile `{gpu}`; known: {', '.join(GPUS)}")
     gpu_base = GPUS[accelerator.profile]
-    model_key = MODEL_ALIASES.get(model, model)
     if model_key not in MODELS:
         raise ProfileError(f"unknown model profile `{model}`; known: {', '.join(MODELS)}")
     if gpus < 1:
@@ -247,3 +271,32 @@ def build_hardware(
             f"leaving no room for KV cache; use more GPUs (tensor parallelism) or a larger GPU"
         )
     return hardware
+
+
+def calibrated_hardware(profile: CalibratedProfile) -> Hardware:
+    """A backend timed by its measured profile (backends/calibrated.py): the fitted step model and the
+    server's own scheduler limits and KV-cache blocks. The GPU record is the catalogue's when the profile
+    names a catalogued accelerator, else a placeholder (a CPU server) that nothing reads."""
+    accelerator = find(profile.accelerator)
+    gpu = GPUS[accelerator.profile] if accelerator is not None else _placeholder_gpu(profile.accelerator)
+    model = MODELS.get(MODEL_ALIASES.get(profile.model, profile.model)) or ModelProfile(
+        name=profile.model, params_b=0.0, layers=1, hidden=1, kv_heads=1, head_dim=1
+    )
+    limits = profile.limits
+    return Hardware(
+        gpu=gpu,
+        model=model,
+        gpus=1,
+        limits=EngineLimits(
+            block_size=limits.block_size,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+        ),
+        fitted=profile.step,
+        blocks=limits.num_blocks,
+    )
+
+
+def _placeholder_gpu(name: str) -> GpuProfile:
+    reference = GPUS["h100-sxm5"]
+    return dataclasses.replace(reference, name=name)

@@ -41,6 +41,7 @@ class Group:
     first_token_at: float = -1.0
     last_token_at: float = 0.0
     admitted: bool = False
+    ready: float = 0.0  # not admitted before this (a calibrated server's front end under load)
     done: bool = False
     holding: Holding = field(default_factory=Holding)
     waiter: Any = None  # the engine's future for whoever waits on this group
@@ -156,6 +157,8 @@ class Scheduler:
         seqs = sum(g.n for g in self.running)
         while self.waiting and budget > 0:
             group = self.waiting[0]
+            if group.ready > now:  # still in a calibrated server's front end (HTTP, tokenisation)
+                break
             if seqs + group.n > self.limits.max_num_seqs:
                 break
             # at least one token is always computed, as vLLM does, so a full hit still runs a step

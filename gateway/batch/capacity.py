@@ -84,7 +84,7 @@ class FleetRoom:
                 classes[BATCH_CLASS] = left
             else:
                 del classes[BATCH_CLASS]
-        cost = line_cost(backend.pool.accelerator, self.shape)
+        cost = line_cost(backend.pool.accelerator, self.shape, backend.models)
         settled = self._settled.get(backend)
         return BatchLoad(lines, unseen, settled, online, cost, classes, self.shape.prompt_tokens)
 

@@ -20,6 +20,7 @@ make a real step longer, so the true fraction is smaller than this estimate, nev
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from backends.accelerators import prefill_tokens_per_step
@@ -43,9 +44,10 @@ class LineShape:
         self.output_tokens += w * (max(output_tokens, 1) - self.output_tokens)
 
 
-def line_cost(accelerator: str, shape: LineShape) -> float:
-    """The fraction of one online decode step a batch line adds, averaged over its life."""
-    tokens_per_step = prefill_tokens_per_step(accelerator)
+def line_cost(accelerator: str, shape: LineShape, models: Iterable[str] = ()) -> float:
+    """The fraction of one online decode step a batch line adds, averaged over its life (`models`: the
+    backend's, whose measured profile, if the catalogue has one, gives its prefill speed)."""
+    tokens_per_step = prefill_tokens_per_step(accelerator, models)
     output = max(shape.output_tokens, 1.0)
     prefill = shape.prompt_tokens / (tokens_per_step * output)
     decode = (shape.prompt_tokens + output) * KV_READ_PER_TOKEN

@@ -25,6 +25,7 @@ from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import FailureListener, RequestContext, Tracer
+from gateway.request.drift import compare_with_profile
 from gateway.request.forward import Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import ParsedRequest, parse, prompt_param
@@ -363,6 +364,7 @@ def observe(backend: Backend, record: UsageRecord, clock_scale: float = 1.0) -> 
         ttft = record.ttft_s * clock_scale
         tpot = (duration - ttft) / (tokens - 1) if tokens > 1 else None
         backend.observed.add(ttft, tpot)
+        compare_with_profile(backend, record.prompt_tokens, tokens, ttft, tpot)
     elif tokens >= 16:
         backend.observed.add(None, duration / tokens)
 

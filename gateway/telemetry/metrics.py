@@ -229,6 +229,16 @@ class Metrics:
             for state in _BREAKER_STATES:
                 value = 1 if b.breaker.state == state else 0
                 add(f'switchyard_backend_breaker_state{{{_backend_labels(b)},state="{state}"}} {value}')
+        head(
+            "switchyard_profile_error_ratio",
+            "gauge",
+            "Measured TTFT or TPOT over its pool profile's prediction (averaged; 1 is exact).",
+        )
+        for b in self._backends:
+            for metric, drift in b.drift.metrics.items():
+                if drift.ratio is not None:
+                    labels = f'{_backend_labels(b)},metric="{metric}"'
+                    add(f"switchyard_profile_error_ratio{{{labels}}} {_num(drift.ratio)}")
         head("switchyard_backend_breaker_opened_total", "counter", "Times the circuit breaker opened.")
         for b in self._backends:
             add(f"switchyard_backend_breaker_opened_total{{{_backend_labels(b)}}} {b.breaker.opened}")

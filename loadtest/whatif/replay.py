@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.models import Backend
-from backends.sim.scheduler import Group
 from loadtest.client import Outcome
 from loadtest.whatif.accesslog import Recorded
 from loadtest.whatif.coasting import coast
@@ -298,15 +297,10 @@ class Replay:
         assert scheduler is not None
         line = flight.request.line
         n = max(1, line.n)
-        group = Group(
-            prompt_tokens=line.prompt_tokens,
-            hashes=self._blocks.names(flight.request, scheduler.limits.block_size),
-            lengths=[flight.steps] * n,
-            reasons=["length" if flight.steps == line.max_tokens else "stop"] * n,
-            arrival=now,
-        )
+        reasons = ["length" if flight.steps == line.max_tokens else "stop"] * n
+        hashes = self._blocks.names(flight.request, scheduler.limits.block_size)
+        group = sim.enter(line.prompt_tokens, hashes, [flight.steps] * n, reasons, now)
         group.waiter = flight
-        scheduler.add(group)
         if not sim.stepping:
             self._start_step(sim, now)
 
@@ -317,8 +311,11 @@ class Replay:
         assert scheduler is not None and perf is not None
         plan = scheduler.plan(start)
         duration = perf.step_seconds(plan.work)
-        if duration <= 0:  # nothing can run until something leaves: idle until the next submit
-            sim.stepping = False
+        if duration <= 0:  # idle until the next submit, or until a request leaves a calibrated front end
+            ready = sim.leaves_front_end(start)
+            sim.stepping, sim.plan = ready is not None, None
+            if ready is not None:
+                self._push(ready, sim)
             return
         sim.stepping = True
         sim.plan = plan

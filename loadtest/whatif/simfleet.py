@@ -18,7 +18,7 @@ from backends.sim.fleet_spec import FleetSpec
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import PerfModel
 from backends.sim.profiles import Hardware
-from backends.sim.scheduler import Scheduler
+from backends.sim.scheduler import Group, Scheduler
 
 
 @dataclass(eq=False, slots=True)
@@ -45,6 +45,24 @@ class SimBackend:
         if self.hardware is not None:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
             self.perf = PerfModel(self.hardware)
+
+    def enter(
+        self, prompt_tokens: int, hashes: list[int], lengths: list[int], reasons: list[str], now: float
+    ) -> Group:
+        """A request sent to this backend at `now`, queued for its scheduler: a calibrated server's front
+        end (HTTP, tokenisation) and a busy engine's admission wait delay it (backends/calibrated.py)."""
+        assert self.scheduler is not None and self.hardware is not None
+        running = self.scheduler.stats.running
+        arrival = now + self.hardware.front_end(running)
+        group = Group(prompt_tokens, hashes, lengths, reasons, arrival=arrival)
+        group.ready = arrival + self.hardware.admission_wait(running)
+        self.scheduler.add(group)
+        return group
+
+    def leaves_front_end(self, now: float) -> float | None:
+        """When the head of the queue leaves a calibrated server's front end, if after `now`."""
+        waiting = self.scheduler.waiting if self.scheduler is not None else None
+        return waiting[0].ready if waiting and waiting[0].ready > now else None
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -121,11 +139,11 @@ def gateway_yaml(spec: FleetSpec, policy: str, first_port: int = 8001) -> str:
 
 
 def fleet_from_gateway_config(path: str) -> FleetSpec:
-    """The fleet a gateway config routes to: per pool, its backends timed by the GPU profile its
-    `accelerator` names in the accelerator catalogue (backends/accelerators.py) for the model they serve;
-    raises ConfigError."""
-    from backends.accelerators import find
-    from backends.sim.fleet_spec import GroupSpec, ProfileSpec
+    """The fleet a gateway config routes to: per pool, its backends timed by the profile measured on its
+    `accelerator` for the model they serve if the catalogue has one, else by the GPU profile the
+    accelerator names in the catalogue (backends/accelerators.py); raises ConfigError."""
+    from backends.accelerators import calibrated, find
+    from backends.sim.fleet_spec import GroupSpec
     from backends.yamlfile import ConfigError
     from gateway.settings import load_settings
 
@@ -134,7 +152,8 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
     model = ""
     for pool in settings.pools:
         accelerator = find(pool.accelerator)
-        if accelerator is None:
+        measured = calibrated(pool.accelerator, pool.backends[0].models[0])
+        if accelerator is None and measured is None:
             raise ConfigError(
                 path, None, f"pool `{pool.name}`: no GPU profile for accelerator `{pool.accelerator}`"
             )
@@ -151,7 +170,17 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
                 model=first.models[0],
                 max_model_len=first.max_model_len,
                 labels=dict(pool.labels),
-                profile=ProfileSpec(gpu=accelerator.profile, model=first.models[0]),
+                profile=_profile(measured, accelerator, first.models[0]),
             )
         )
     return FleetSpec(model=model, groups=groups)
+
+
+def _profile(measured: Any, accelerator: Any, model: str) -> Any:
+    """A measured profile where the catalogue has one, else the accelerator's GPU profile."""
+    from backends.sim.fleet_spec import ProfileSpec
+
+    if measured is not None:
+        return ProfileSpec(calibrated=str(measured[0]))
+    assert accelerator is not None  # fleet_from_gateway_config refused a pool with neither
+    return ProfileSpec(gpu=accelerator.profile, model=model)

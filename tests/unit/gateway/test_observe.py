@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from backends.models import Observed
+from backends.drift import ProfileDrift
+from backends.models import EngineLoad, Observed
 from gateway.ledger.records import UsageRecord
 from gateway.request.pipeline import observe
+from tests.unit.backends.test_drift import pool
 
 
 class _Backend:
     def __init__(self) -> None:
+        self.name = "b"
         self.observed = Observed()
+        self.pool = pool()
+        self.load = EngineLoad()
+        self.drift = ProfileDrift()
 
 
 def _record(completion: int, duration: float, n: int = 1, stream: bool = False, ttft: float | None = None):

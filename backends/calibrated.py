@@ -1,0 +1,179 @@
+"""A backend profile measured on a live vLLM server (`switchyard calibrate`): one per accelerator and model.
+
+The profile is a linear step-time model of vLLM's continuous batching plus the scheduler limits the server
+runs with, fitted by least squares on what the server itself reported (loadtest/calibrate/):
+
+    step seconds    = step_s + per_seq_s * sequences + per_prefill_token_s * prefill tokens
+                      + per_context_token_s * decode context tokens
+    before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
+    the server's front end (HTTP, tokenisation),
+    then, when the engine is busy, waits admit_busy_s before it is scheduled
+
+so the simulator's scheduler (backends/sim/scheduler.py) replays queueing, chunked prefill and KV-cache
+pressure on it as it does on the datasheet profiles. The record also keeps what was measured (`points`,
+each with the fit's prediction) and the fit's error on them, so an operator sees how far to trust it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+import yaml
+
+from backends.accelerator_types import Priors
+from backends.yamlfile import ConfigError, decode, parse_yaml
+
+_NonNeg = Annotated[float, msgspec.Meta(ge=0)]
+_Count = Annotated[int, msgspec.Meta(ge=1)]
+
+PRIOR_PROMPT_TOKENS = 128
+"""The short prompt a profile's TTFT prior is for (the datasheet priors' `ttft_s` is "a short prompt")."""
+
+
+class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fitted step-time model; every figure in seconds."""
+
+    step_s: _NonNeg
+    per_seq_s: _NonNeg
+    per_prefill_token_s: _NonNeg
+    per_context_token_s: _NonNeg
+    request_s: _NonNeg = 0.0
+    request_per_seq_s: _NonNeg = 0.0
+    """The front end's extra time per sequence already running (its HTTP streams compete with new
+    requests)."""
+    admit_busy_s: _NonNeg = 0.0
+    """A newcomer's wait between reaching a busy engine (any sequence running) and being scheduled,
+    counted in its TTFT: the server's front end competing with the streams it serves."""
+
+    def front_end(self, running: int) -> float:
+        """Seconds from a request's arrival until the engine sees it, with `running` sequences in flight."""
+        return self.request_s + self.request_per_seq_s * max(0, running)
+
+    def admission_wait(self, running: int) -> float:
+        return self.admit_busy_s if running > 0 else 0.0
+
+    def step_seconds(self, seqs: int, prefill_tokens: float, decode_context: float) -> float:
+        if seqs <= 0:
+            return 0.0
+        return (
+            self.step_s
+            + self.per_seq_s * seqs
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_context_token_s * decode_context
+        )
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The server's scheduler and KV-cache geometry (`vllm:cache_config_info`, `/v1/models`)."""
+
+    block_size: _Count
+    num_blocks: _Count
+    max_num_seqs: _Count
+    max_num_batched_tokens: _Count
+    max_model_len: _Count
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_size * self.num_blocks
+
+
+class Point(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One measured sweep level and what the fitted model predicts for it."""
+
+    kind: Literal["ttft", "tpot"]
+    concurrency: _Count
+    prompt_tokens: _Count
+    output_tokens: _Count
+    measured_s: _NonNeg
+    predicted_s: _NonNeg
+    requests: _Count
+
+    @property
+    def error(self) -> float:
+        return abs(self.predicted_s - self.measured_s) / self.measured_s if self.measured_s > 0 else 0.0
+
+
+class FitError(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Mean and worst relative error of the fit on its own points, by kind."""
+
+    ttft_mean: _NonNeg
+    ttft_max: _NonNeg
+    tpot_mean: _NonNeg
+    tpot_max: _NonNeg
+
+
+class Source(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    url: str
+    measured_at: str
+    """UTC, ISO 8601."""
+    seconds: _NonNeg
+    requests: int
+    vllm_version: str = ""
+
+
+class CalibratedProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    accelerator: Annotated[str, msgspec.Meta(min_length=1)]
+    model: Annotated[str, msgspec.Meta(min_length=1)]
+    step: StepFit
+    limits: Limits
+    fit_error: FitError
+    saturated_tokens_per_second: _NonNeg
+    """The most output tokens a second the sweep saw (where throughput stopped growing, or the last level)."""
+    prefix_cache_hit_rate: _NonNeg = 0.0
+    """Of a repeated prompt's tokens, the fraction vLLM found in its prefix cache."""
+    source: Source | None = None
+    points: list[Point] = []
+
+    def ttft_seconds(self, prompt_tokens: int) -> float:
+        """At no load: the front end, then one step prefilling the whole prompt."""
+        return self.step.request_s + self.step.step_seconds(1, prompt_tokens, 0)
+
+    def tpot_seconds(self, sequences: int, context: int) -> float:
+        """One decode step of `sequences` sequences of `context` tokens each."""
+        return self.step.step_seconds(sequences, 0, sequences * context)
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        per_token = self.step.per_prefill_token_s
+        return 1.0 / per_token if per_token > 0 else float("inf")
+
+    @property
+    def prefill_tokens_per_step(self) -> float:
+        """Prompt tokens prefilled in the time of one single-sequence decode step (the batch scheduler's
+        exchange rate, as the catalogue's `prefill_tokens_per_step`)."""
+        per_token = self.step.per_prefill_token_s
+        decode = self.tpot_seconds(1, PRIOR_PROMPT_TOKENS)
+        return decode / per_token if per_token > 0 else float("inf")
+
+    def priors(self) -> Priors:
+        return Priors(
+            tokens_per_second=self.saturated_tokens_per_second,
+            ttft_s=self.ttft_seconds(PRIOR_PROMPT_TOKENS),
+            tpot_s=self.tpot_seconds(1, PRIOR_PROMPT_TOKENS),
+        )
+
+
+def dump_profile(profile: CalibratedProfile) -> str:
+    data = msgspec.to_builtins(profile)
+    header = (
+        f"# {profile.accelerator} / {profile.model}: measured by `switchyard calibrate` (docs/calibrate.md)\n"
+    )
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def parse_profile(text: str, source: str = "<profile>") -> CalibratedProfile:
+    data, lines = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ConfigError(source, 1, "a calibrated profile is a mapping (written by `switchyard calibrate`)")
+    return decode(data, lines, CalibratedProfile, source)
+
+
+def load_profile(path: str | Path) -> CalibratedProfile:
+    """Read and validate a profile file; raises ConfigError naming the file and line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), None, f"cannot read profile: {exc.strerror}") from None
+    return parse_profile(text, str(path))

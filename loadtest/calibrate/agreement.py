@@ -1,0 +1,90 @@
+"""Does the what-if replay of a real run agree with the run? SLO attainment per class, both ways.
+
+The real run went through a gateway with its access log on; each line says the request's class, its TTFT
+as the gateway saw it and its whole duration. The replay (loadtest/whatif/replay.py) sends the same
+arrivals through the same policy to a simulated copy of the backend timed by its calibrated profile. A
+request attains its class's SLO when its TTFT and its time per output token are both within bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
+from loadtest.whatif.accesslog import read_log
+from loadtest.whatif.replay import Replay
+from loadtest.whatif.simfleet import build_fleet
+from policies.config import load_policy
+from policies.engine import PolicyEngine
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSlo:
+    ttft_s: float
+    tpot_s: float
+
+
+def attained(ttft_s: float | None, tpot_s: float | None, slo: ClassSlo) -> bool:
+    if ttft_s is None or ttft_s > slo.ttft_s:
+        return False
+    return tpot_s is None or tpot_s <= slo.tpot_s
+
+
+def _shares(results: Iterable[tuple[str, bool]]) -> dict[str, float]:
+    counts: dict[str, list[int]] = {}
+    for cls, ok in results:
+        tally = counts.setdefault(cls, [0, 0])
+        tally[0] += ok
+        tally[1] += 1
+    return {cls: hits / total for cls, (hits, total) in sorted(counts.items())}
+
+
+def logged_attainment(log: Path, slos: dict[str, ClassSlo]) -> dict[str, float]:
+    """Per class, the share of the logged requests that met their SLO (the real run's attainment)."""
+    results = []
+    for request in read_log(log).requests:
+        line = request.line
+        slo = slos.get(line.request_class)
+        if slo is None:
+            continue
+        ttft, duration, tokens = line.ttft_s, line.duration_s, line.completion_tokens
+        tpot = (duration - ttft) / (tokens - 1) if ttft is not None and duration and tokens > 1 else None
+        results.append((line.request_class, line.status == 200 and attained(ttft, tpot, slo)))
+    return _shares(results)
+
+
+def calibrated_fleet(profile: Path, model: str, max_model_len: int, pool: str) -> FleetSpec:
+    """One backend timed by a calibrated profile, in a pool named as the real gateway's."""
+    return FleetSpec(
+        model=model,
+        max_model_len=max_model_len,
+        groups=[
+            GroupSpec(
+                pool=pool,
+                vendor="amd",
+                accelerator="mi300x",
+                price_per_gpu_hour=1.0,
+                profile=ProfileSpec(calibrated=str(profile)),
+            )
+        ],
+    )
+
+
+def replayed_attainment(
+    log: Path, fleet: FleetSpec, policy: Path, slos: dict[str, ClassSlo], scrape_interval_s: float = 0.2
+) -> dict[str, float]:
+    """Per class, the share of the log's requests the replay on `fleet` says would meet their SLO."""
+    trace = read_log(log)
+    sims = build_fleet(fleet)
+    engine = PolicyEngine(load_policy(policy), [s.backend for s in sims])
+    result = Replay(sims, engine, trace.requests, scrape_interval_s).run()
+    results = []
+    for request, outcome in zip(trace.requests, result.outcomes, strict=True):
+        cls = request.line.request_class
+        slo = slos.get(cls)
+        if slo is None:
+            continue
+        results.append((cls, outcome.ok and attained(outcome.ttft, outcome.tpot, slo)))
+    return _shares(results)

@@ -1,0 +1,296 @@
+"""Does a fitted profile predict its server? A held-apart load on the real server and on the simulator.
+
+    python -m loadtest.calibrate.check --url http://127.0.0.1:8000 --model M --profile profile.yaml
+
+The load is not the calibration's: another seed, prompt lengths drawn over the whole context, outputs of
+mixed lengths, and concurrency levels the sweep did not use (3, 6, 12). The same requests (token-id
+prompts, fixed outputs) go to the real server and to a simulator (`python -m backends.sim --calibrated`)
+started from the profile, one level after the other; per level the TTFT p50 and p90 and the time per
+output token p50 must agree within `TOLERANCE`. Exit status 0 when every level agrees, 1 when one does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from loadtest.calibrate.measure import (
+    Metrics,
+    Server,
+    Timed,
+    histogram_mean,
+    run_closed_loop,
+    stream_completion,
+)
+
+TOLERANCE = 0.20
+LEVELS: tuple[tuple[int, int], ...] = ((3, 24), (6, 36), (12, 60))
+"""(concurrency, requests) of the held-apart load."""
+WIDTHS = tuple(width for width, _ in LEVELS)
+CLASSES = ("chat", "bulk")
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    prompt: list[int]
+    output_tokens: int
+    request_class: str
+
+
+def held_apart_jobs(
+    vocabulary: Sequence[int], max_model_len: int, seed: int, levels: Sequence[tuple[int, int]] = LEVELS
+) -> list[list[Job]]:
+    """Per level, its requests: prompts uniform over 24 tokens .. most of the context, outputs 16..64."""
+    rng = random.Random(seed)
+    out: list[list[Job]] = []
+    for _, count in levels:
+        jobs = []
+        for _ in range(count):
+            output = rng.randint(16, 64)
+            prompt = rng.randint(24, max(25, max_model_len - output - 8))
+            jobs.append(Job([rng.choice(vocabulary) for _ in range(prompt)], output, rng.choice(CLASSES)))
+        out.append(jobs)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    ttft_p50: float
+    ttft_p90: float
+    tpot_p50: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = q * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarise(timed: Sequence[Timed]) -> Summary:
+    ttfts = [t.ttft_s for t in timed]
+    tpots = [t.tpot_s for t in timed if t.tpot_s is not None]
+    return Summary(percentile(ttfts, 0.5), percentile(ttfts, 0.9), percentile(tpots, 0.5))
+
+
+@dataclass(slots=True)
+class LevelRun:
+    """One level on one server: what the client timed, and the server's own mean TTFT and inter-token
+    latency over the level (its /metrics histograms' sum and count deltas)."""
+
+    timed: list[Timed]
+    engine_ttft_s: float
+    engine_itl_s: float
+
+
+async def run_load(
+    url: str,
+    model: str,
+    levels: Sequence[list[Job]],
+    concurrency: Sequence[int],
+    metrics_url: str | None = None,
+) -> list[LevelRun]:
+    """Each level closed-loop at its concurrency, one after the other, each job with its class header.
+    `url` may be a gateway in front of the server; `metrics_url` is the server itself (default `url`)."""
+    results: list[LevelRun] = []
+    scraped = Server(metrics_url or url, model)
+    limits = httpx.Limits(max_connections=None)
+    try:
+        async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
+            for jobs, width in zip(levels, concurrency, strict=True):
+                by_prompt = {id(job.prompt): job for job in jobs}
+
+                async def send(
+                    prompt: list[int], output_tokens: int, by: dict[int, Job] = by_prompt
+                ) -> Timed:
+                    extra = {"x-switchyard-class": by[id(prompt)].request_class}
+                    return await stream_completion(client, url, model, prompt, output_tokens, extra)
+
+                before = await scraped.metrics()
+                timed = await run_closed_loop([(j.prompt, j.output_tokens) for j in jobs], width, send)
+                after = await _settled(scraped, before, len(jobs))
+                ttft, _ = histogram_mean(before, after, TTFT)
+                itl, _ = histogram_mean(before, after, ITL)
+                results.append(LevelRun(timed, ttft, itl))
+    finally:
+        await scraped.close()
+    return results
+
+
+async def _settled(server: Server, before: Metrics, requests: int) -> Metrics:
+    """The scrape after a level, once the server has counted every request of it (its histograms are
+    updated when a request ends, a moment after the client saw the last token)."""
+    after = await server.metrics()
+    for _ in range(50):
+        if after.get(TTFT + "_count") - before.get(TTFT + "_count") >= requests:
+            break
+        await asyncio.sleep(0.05)
+        after = await server.metrics()
+    return after
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    level: str
+    metric: str
+    real_s: float
+    sim_s: float
+    asserted: bool = False
+
+    @property
+    def error(self) -> float:
+        return abs(self.sim_s - self.real_s) / self.real_s if self.real_s > 0 else 0.0
+
+
+def compare(real: Sequence[LevelRun], sim: Sequence[LevelRun], concurrency: Sequence[int]) -> list[Row]:
+    """Per level: the servers' own mean TTFT and inter-token latency (asserted), and the client's TTFT
+    p50 and p90 and time per output token p50 (shown: on a CPU build the server's front end shares one
+    process with the engine, and the client sees its tokens in bursts)."""
+    rows = []
+    for width, r, s in zip(concurrency, real, sim, strict=True):
+        a, b = summarise(r.timed), summarise(s.timed)
+        level = f"x{width}"
+        rows += [
+            Row(level, "TTFT mean", r.engine_ttft_s, s.engine_ttft_s, asserted=True),
+            Row(level, "ITL mean", r.engine_itl_s, s.engine_itl_s, asserted=True),
+            Row(level, "client TTFT p50", a.ttft_p50, b.ttft_p50),
+            Row(level, "client TTFT p90", a.ttft_p90, b.ttft_p90),
+            Row(level, "client TPOT p50", a.tpot_p50, b.tpot_p50),
+        ]
+    return rows
+
+
+def format_rows(rows: Sequence[Row], tolerance: float = TOLERANCE) -> str:
+    lines = [f"{'level':6} {'metric':16} {'real ms':>9} {'sim ms':>9} {'error':>7}"]
+    for row in rows:
+        mark = "" if not row.asserted else "  ok" if row.error <= tolerance else "  FAIL"
+        lines.append(
+            f"{row.level:6} {row.metric:16} {row.real_s * 1000:9.2f} {row.sim_s * 1000:9.2f} "
+            f"{row.error:7.1%}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def failures(rows: Sequence[Row], tolerance: float = TOLERANCE) -> list[Row]:
+    return [row for row in rows if row.asserted and row.error > tolerance]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_simulator(
+    timing: Sequence[str], model: str, max_model_len: int, log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m backends.sim <timing>` on a free port (`timing`: `--calibrated profile.yaml`, or a
+    datasheet profile's `--gpu mi300x --model-profile llama-3.1-8b`); returns it and its URL once healthy."""
+    port = free_port()
+    command = [sys.executable, "-m", "backends.sim", "--port", str(port), "--model", model]
+    command += ["--max-model-len", str(max_model_len), "--name", "simulated", *timing]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the simulator exited: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            stop_process(process)
+            raise RuntimeError("the simulator did not start within 20 s")
+        time.sleep(0.1)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def vocabulary_of(url: str, model: str) -> tuple[list[int], int]:
+    server = Server(url, model)
+    try:
+        await server.learn_vocabulary()
+        return server.vocabulary, await server.max_model_len()
+    finally:
+        await server.close()
+
+
+def calibrated_timing(profile: Path) -> list[str]:
+    return ["--calibrated", str(profile)]
+
+
+def real_run(url: str, model: str, seed: int) -> tuple[list[LevelRun], list[list[Job]], int]:
+    """The held-apart load on the real server at `url`."""
+    vocabulary, max_model_len = asyncio.run(vocabulary_of(url, model))
+    levels = held_apart_jobs(vocabulary, max_model_len, seed)
+    return asyncio.run(run_load(url, model, levels, WIDTHS)), levels, max_model_len
+
+
+def simulated_run(
+    timing: Sequence[str], model: str, levels: list[list[Job]], max_model_len: int, workdir: Path
+) -> list[LevelRun]:
+    """The same requests on a simulator started with `timing`."""
+    process, sim_url = start_simulator(timing, model, max_model_len, workdir / "simulator.log")
+    try:
+        return asyncio.run(run_load(sim_url, model, levels, WIDTHS))
+    finally:
+        stop_process(process)
+
+
+def check(url: str, model: str, timing: Sequence[str], seed: int, workdir: Path) -> list[Row]:
+    real, levels, max_model_len = real_run(url, model, seed)
+    return compare(real, simulated_run(timing, model, levels, max_model_len, workdir), WIDTHS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.calibrate.check", description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--profile", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=7, help="the held-apart load's seed (default 7)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp"))
+    args = parser.parse_args(argv)
+    rows = check(args.url, args.model, calibrated_timing(args.profile), args.seed, args.workdir)
+    print(format_rows(rows))
+    failed = failures(rows)
+    asserted = [row for row in rows if row.asserted]
+    print(f"\n{len(asserted) - len(failed)} of {len(asserted)} within {TOLERANCE:.0%}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""Talking to a live vLLM server: streamed completions of exact token counts, and its /metrics.
+
+Prompts are token ids (the completions API takes them), drawn from ids the server's own `/tokenize`
+returned, so a prompt has exactly the size asked for on the server and on the simulator alike. Each
+request asks for a fixed output (`ignore_eos`), streams, and is timed by the client: time to the first
+token, and the mean gap between tokens after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+SEED_TEXT = (
+    "The gateway routes each request to a pool of servers; every server batches the requests it holds and "
+    "decodes one token for each of them per step, reading the weights and the cache once per step. "
+    "Prefill runs the prompt through the model in chunks, which costs compute rather than bandwidth."
+)
+LABEL_RE = re.compile(r'(\w+)="([^"]*)"')
+
+
+class ServerError(RuntimeError):
+    """The server refused or broke a request the calibration needs (the message says which)."""
+
+
+@dataclass(slots=True)
+class Timed:
+    """One request as the client saw it."""
+
+    prompt_tokens: int
+    output_tokens: int
+    sent_at: float
+    ttft_s: float
+    tpot_s: float | None
+    """Mean gap between tokens after the first; None for a one-token output."""
+    e2e_s: float
+
+
+class Send(Protocol):
+    async def __call__(self, prompt: list[int], output_tokens: int) -> Timed: ...
+
+
+@dataclass(slots=True)
+class Metrics:
+    """One scrape of /metrics: every series summed over its labels, plus the info series' labels."""
+
+    values: dict[str, float]
+    info: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def get(self, name: str) -> float:
+        return self.values.get(name, 0.0)
+
+
+def parse_metrics(text: str) -> Metrics:
+    values: dict[str, float] = {}
+    info: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, raw = line.rpartition(" ")
+        name = series.split("{", 1)[0]
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if name.endswith("_info"):
+            info[name] = dict(LABEL_RE.findall(series))
+        if name.endswith("_bucket"):
+            continue
+        values[name] = values.get(name, 0.0) + value
+    return Metrics(values, info)
+
+
+def histogram_mean(before: Metrics, after: Metrics, name: str) -> tuple[float, int]:
+    """The mean of what a histogram observed between two scrapes, and how many observations."""
+    count = after.get(name + "_count") - before.get(name + "_count")
+    total = after.get(name + "_sum") - before.get(name + "_sum")
+    return (total / count if count > 0 else 0.0), int(count)
+
+
+class Server:
+    """An OpenAI-compatible vLLM server under measurement."""
+
+    def __init__(self, url: str, model: str, timeout: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.client = httpx.AsyncClient(
+            timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=None)
+        )
+        self.vocabulary: list[int] = []
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def metrics(self) -> Metrics:
+        r = await self.client.get(self.url + "/metrics")
+        if r.status_code != 200:
+            raise ServerError(f"GET {self.url}/metrics answered {r.status_code}")
+        return parse_metrics(r.text)
+
+    async def only_model(self) -> str:
+        """The model the server serves, when it serves exactly one (GET /v1/models)."""
+        r = await self.client.get(self.url + "/v1/models")
+        if r.status_code != 200:
+            raise ServerError(f"GET {self.url}/v1/models answered {r.status_code}")
+        names = [str(entry.get("id")) for entry in r.json().get("data", [])]
+        if len(names) != 1:
+            served = ", ".join(names)
+            raise ServerError(f"{self.url} serves {len(names)} models ({served}); pick one with --model")
+        return names[0]
+
+    async def max_model_len(self) -> int:
+        r = await self.client.get(self.url + "/v1/models")
+        if r.status_code != 200:
+            raise ServerError(f"GET {self.url}/v1/models answered {r.status_code}")
+        for entry in r.json().get("data", []):
+            if entry.get("id") == self.model and isinstance(entry.get("max_model_len"), int):
+                return int(entry["max_model_len"])
+        raise ServerError(f"{self.url} does not serve model `{self.model}` (GET /v1/models)")
+
+    async def learn_vocabulary(self) -> None:
+        """Token ids to build prompts from: what /tokenize makes of a plain paragraph."""
+        r = await self.client.post(
+            self.url + "/tokenize",
+            json={"model": self.model, "prompt": SEED_TEXT, "add_special_tokens": False},
+        )
+        if r.status_code != 200:
+            raise ServerError(f"POST {self.url}/tokenize answered {r.status_code}: {r.text[:200]}")
+        ids = sorted(set(r.json().get("tokens", [])))
+        if len(ids) < 8:
+            raise ServerError(f"{self.url}/tokenize gave too few tokens to build prompts from")
+        self.vocabulary = ids
+
+    def prompt(self, tokens: int, rng: random.Random) -> list[int]:
+        return [rng.choice(self.vocabulary) for _ in range(tokens)]
+
+    async def count(self, prompt: list[int]) -> int:
+        """What the server counts for a prompt (its exact size)."""
+        r = await self.client.post(self.url + "/tokenize", json={"model": self.model, "prompt": prompt})
+        if r.status_code != 200:
+            raise ServerError(f"POST {self.url}/tokenize answered {r.status_code}: {r.text[:200]}")
+        return int(r.json()["count"])
+
+    async def complete(self, prompt: list[int], output_tokens: int) -> Timed:
+        """One timed request; a broken connection is retried (twice) rather than ending the sweep."""
+        for attempt in range(3):
+            try:
+                return await stream_completion(self.client, self.url, self.model, prompt, output_tokens)
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.2)
+        raise AssertionError("unreachable")
+
+
+async def stream_completion(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    prompt: list[int],
+    output_tokens: int,
+    headers: dict[str, str] | None = None,
+) -> Timed:
+    """One streamed completion of exactly `output_tokens` tokens, timed by the client."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_tokens,
+        "min_tokens": output_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    sent = time.perf_counter()
+    first: float | None = None
+    last = sent
+    chunks = 0
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            text = (await r.aread()).decode(errors="replace")[:300]
+            raise ServerError(f"POST {url}/v1/completions answered {r.status_code}: {text}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            last = now
+            chunks += 1
+    if first is None:
+        raise ServerError(f"POST {url}/v1/completions streamed no token")
+    tpot = (last - first) / (output_tokens - 1) if output_tokens > 1 else None
+    return Timed(len(prompt), output_tokens, sent, first - sent, tpot, last - sent)
+
+
+async def run_closed_loop(
+    jobs: list[tuple[list[int], int]],
+    concurrency: int,
+    send: Send,
+    deadline: float | None = None,
+) -> list[Timed]:
+    """`jobs` (prompt, output tokens) in order, `concurrency` at a time: each worker takes the next job
+    as soon as its previous one ends, so the server holds `concurrency` requests throughout. Past
+    `deadline` (time.monotonic()) no new job starts; those in flight finish."""
+    queue = list(reversed(jobs))
+    results: list[Timed] = []
+
+    async def worker() -> None:
+        while queue and (deadline is None or time.monotonic() < deadline):
+            prompt, output = queue.pop()
+            results.append(await send(prompt, output))
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(jobs)))))
+    return results

@@ -1,0 +1,335 @@
+"""`switchyard calibrate`'s measurement: sweep a live vLLM server and fit its profile.
+
+The sweep, in order, each level stopping the run early when the time budget would not hold it:
+
+1. what the server says about itself: `max_model_len` (/v1/models), KV-cache block size and blocks
+   (`vllm:cache_config_info`), token ids to build prompts from (/tokenize);
+2. prefill: one request at a time, prompts from short to the longest the context holds, a short output;
+3. load: closed-loop concurrency 1, 2, 4, ... (never above `max_concurrency`) for a short and a long
+   prompt, until output throughput stops growing (two levels in a row under 10 % more than the best);
+   then a long
+   output (a quarter of the context) at concurrency 1, 4 and 16;
+4. prefix reuse: one long prompt sent twice, and the share of its tokens vLLM found cached.
+
+Every level reads vLLM's histograms before and after (`vllm:time_to_first_token_seconds`,
+`vllm:inter_token_latency_seconds`: the server's own clocks, which a busy client machine does not skew)
+and polls the running and waiting gauges while it runs (a queue that forms below the concurrency sent
+reveals `max_num_seqs`). The client's clocks give the front end's share of TTFT (HTTP and tokenisation
+before the engine sees the request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
+from loadtest.calibrate.fit import (
+    FEATURES,
+    Row,
+    decode_row,
+    fit,
+    predict,
+    prefill_row,
+)
+from loadtest.calibrate.levels import (
+    Level,
+    admission,
+    concurrencies,
+    extremes_first,
+    front_end,
+    ladder,
+    loaded_ttft,
+)
+from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
+
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+GROWTH = 1.10
+PHASES = (0.2, 0.3, 0.2, 0.2)
+"""The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
+rest: prefix reuse); a phase that ends early leaves its time to the next."""
+"""A load level must beat the one before by this factor in output tokens/s for the sweep to go on."""
+CPU_LIMITS = (128, 2048)
+"""vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
+GPU_LIMITS = (1024, 8192)
+"""vLLM's defaults on a GPU with 70 GiB or more that is not an A100 (profiles.engine_defaults)."""
+
+
+@dataclass(slots=True)
+class Options:
+    url: str
+    model: str
+    accelerator: str = "unknown"
+    budget_s: float = 600.0
+    max_concurrency: int = 64
+    seed: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    repeats: int = 8
+    """Requests per prefill level."""
+
+
+class Calibration:
+    def __init__(self, options: Options, progress: Callable[[str], None] | None = None) -> None:
+        self.options = options
+        self.server = Server(options.url, options.model)
+        self.rng = random.Random(options.seed)
+        self.levels: list[Level] = []
+        self.started = 0.0
+        self.requests = 0
+        self.phase_end = 0.0
+        self._progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def say(self, text: str) -> None:
+        self._progress(f"[{self.elapsed():5.1f}s/{self.options.budget_s:.0f}s] {text}")
+
+    def in_phase(self, estimate_s: float) -> bool:
+        """Whether a level of about `estimate_s` starts within the current phase's share of the budget."""
+        return time.monotonic() + estimate_s <= self.phase_end
+
+    async def run(self) -> CalibratedProfile:
+        self.started = time.monotonic()
+        try:
+            return await self._run()
+        finally:
+            await self.server.close()
+
+    async def _run(self) -> CalibratedProfile:
+        server, options = self.server, self.options
+        if not options.model:
+            options.model = server.model = await server.only_model()
+        max_model_len = await server.max_model_len()
+        await server.learn_vocabulary()
+        info = (await server.metrics()).info.get("vllm:cache_config_info", {})
+        try:
+            block_size, num_blocks = int(info["block_size"]), int(info["num_gpu_blocks"])
+        except (KeyError, ValueError):
+            raise ServerError(
+                f"{server.url}/metrics has no vllm:cache_config_info with block_size and num_gpu_blocks "
+                "(is it a vLLM server?)"
+            ) from None
+        version = await self._version()
+        self.say(
+            f"{server.url} serves {options.model}: max_model_len {max_model_len}, "
+            f"{num_blocks} KV blocks of {block_size} tokens, vLLM {version or '?'}"
+        )
+        longest = max(8, max_model_len - 16 - 8)
+        budget = options.budget_s
+        await self._level("prefill", 1, 16, 8, repeats=2, record=False)  # warm-up, not fitted
+        self.phase_end = self.started + PHASES[0] * budget
+        for prompt in extremes_first(ladder(longest)):
+            if not self.in_phase(1.0):
+                break
+            await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
+        short, long = max(16, longest // 8), max(32, longest // 2)
+        for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
+            self.phase_end = self.phase_end + phase * budget
+            output = max(8, min(32, max_model_len - prompt - 1))
+            best, flat = 0.0, 0
+            for concurrency in concurrencies(options.max_concurrency):
+                if not self.in_phase(0.5):
+                    break
+                level = await self._level(
+                    "load", concurrency, prompt, output, repeats=max(16, 4 * concurrency)
+                )
+                # two levels in a row that do not beat the best by 10 %: throughput stopped growing (one
+                # alone may be a busy moment of the machine)
+                flat = flat + 1 if level.tokens_per_s < best * GROWTH else 0
+                if flat >= 2 and concurrency >= 4:
+                    break
+                best = max(best, level.tokens_per_s)
+        self.phase_end = self.phase_end + PHASES[3] * budget
+        longer = max(8, min(256, max_model_len // 4, max_model_len - short - 1))  # output lengths too
+        for concurrency in (1, 4, 16):
+            if concurrency > options.max_concurrency or not self.in_phase(0.5):
+                break
+            await self._level("load", concurrency, short, longer, repeats=max(4, concurrency))
+        self.phase_end = self.started + budget
+        if self.in_phase(1.0):
+            await self._prefix(long)
+        return self._profile(max_model_len, block_size, num_blocks, version)
+
+    async def _version(self) -> str:
+        with contextlib.suppress(Exception):
+            r = await self.server.client.get(self.server.url + "/version")
+            if r.status_code == 200:
+                return str(r.json().get("version", ""))
+        return ""
+
+    async def _level(
+        self,
+        kind: Literal["prefill", "load"],
+        concurrency: int,
+        prompt: int,
+        output: int,
+        repeats: int,
+        record: bool = True,
+    ) -> Level:
+        server = self.server
+        level = Level(kind, concurrency, prompt, output)
+        jobs = [(server.prompt(prompt, self.rng), output) for _ in range(repeats)]
+        before = await server.metrics()
+        started = time.perf_counter()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(level, stop))
+        try:
+            deadline = min(self.phase_end, self.started + self.options.budget_s)
+            level.timed = await run_closed_loop(jobs, concurrency, server.complete, deadline)
+        finally:
+            level.wall_s = time.perf_counter() - started
+            stop.set()
+            await watcher
+        after = await server.metrics()
+        self.requests += len(level.timed)
+        level.engine_ttft_s, _ = histogram_mean(before, after, TTFT)
+        level.engine_itl_s = _itl(before, after)
+        if record and level.timed:  # a level the budget cut before it began is not a measurement
+            self.levels.append(level)
+            self.say(
+                f"{kind:7} prompt {prompt:5} out {output:3} x{concurrency:<3}: "
+                f"{len(level.timed):3} requests, "
+                f"TTFT {level.engine_ttft_s * 1000:7.1f} ms (client {level.client_ttft_s * 1000:7.1f}), "
+                f"ITL {level.engine_itl_s * 1000:6.2f} ms (client {level.client_tpot_s * 1000:6.2f}), "
+                f"{level.tokens_per_s:7.0f} tok/s, "
+                f"running <= {level.max_running:.0f}, waiting <= {level.max_waiting:.0f}"
+            )
+        return level
+
+    async def _watch(self, level: Level, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                m = await self.server.metrics()
+                level.max_running = max(level.max_running, m.get("vllm:num_requests_running"))
+                level.max_waiting = max(level.max_waiting, m.get("vllm:num_requests_waiting"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+
+    async def _prefix(self, prompt_tokens: int) -> None:
+        server = self.server
+        prompt = server.prompt(prompt_tokens, self.rng)
+        await server.complete(prompt, 4)
+        before = await server.metrics()
+        await server.complete(prompt, 4)
+        after = await server.metrics()
+        self.requests += 2
+        level = Level("prefix", 1, prompt_tokens, 4)
+        level.prefix_hits = after.get("vllm:prefix_cache_hits_total") - before.get(
+            "vllm:prefix_cache_hits_total"
+        )
+        level.prefix_queries = after.get("vllm:prefix_cache_queries_total") - before.get(
+            "vllm:prefix_cache_queries_total"
+        )
+        self.levels.append(level)
+        rate = level.prefix_hits / level.prefix_queries if level.prefix_queries else 0.0
+        self.say(f"prefix  prompt {prompt_tokens:5} sent twice: {rate:.0%} of the repeat found in the cache")
+
+    def _limits(self, max_model_len: int, block_size: int, num_blocks: int) -> Limits:
+        options = self.options
+        defaults = CPU_LIMITS if options.accelerator == "cpu" else GPU_LIMITS
+        max_num_seqs = options.max_num_seqs
+        if max_num_seqs is None:
+            queued = [lv for lv in self.levels if lv.kind == "load" and lv.max_waiting > 0]
+            # a queue that formed while fewer than the sent requests ran: the server's max_num_seqs
+            seen = [int(lv.max_running) for lv in queued if 0 < lv.max_running < lv.concurrency]
+            max_num_seqs = min(seen) if seen else defaults[0]
+        return Limits(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=options.max_num_batched_tokens or max(defaults[1], max_model_len),
+            max_model_len=max_model_len,
+        )
+
+    def _profile(
+        self, max_model_len: int, block_size: int, num_blocks: int, version: str
+    ) -> CalibratedProfile:
+        rows: list[tuple[Level, str, Row]] = []
+        for level in self.levels:
+            if level.kind == "prefill" and level.engine_ttft_s > 0:
+                rows.append((level, "ttft", prefill_row(level.prompt_tokens, level.engine_ttft_s)))
+            if level.kind in ("prefill", "load") and level.engine_itl_s > 0:
+                row = decode_row(
+                    level.concurrency, level.prompt_tokens, level.output_tokens, level.engine_itl_s
+                )
+                rows.append((level, "tpot", row))
+        coefficients = fit([row for _, _, row in rows])
+        request_s, request_per_seq_s = front_end(self.levels)
+        step = StepFit(
+            **dict(zip(FEATURES, coefficients, strict=True)),
+            request_s=request_s,
+            request_per_seq_s=request_per_seq_s,
+            admit_busy_s=admission(coefficients, self.levels),
+        )
+        for level in self.levels:
+            if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0:
+                row = Row((0.0, 0.0, 0.0, 0.0), level.engine_ttft_s)
+                rows.append((level, "ttft", row))
+        points = [
+            Point(
+                kind=kind,  # type: ignore[arg-type]
+                concurrency=level.concurrency,
+                prompt_tokens=level.prompt_tokens,
+                output_tokens=level.output_tokens,
+                measured_s=row.measured_s,
+                predicted_s=(
+                    loaded_ttft(coefficients, step.admit_busy_s, level)
+                    if kind == "ttft" and level.kind == "load"
+                    else predict(coefficients, row.features)
+                ),
+                requests=max(1, len(level.timed)),
+            )
+            for level, kind, row in rows
+        ]
+        errors = {kind: [p.error for p in points if p.kind == kind] or [0.0] for kind in ("ttft", "tpot")}
+        prefix = [lv for lv in self.levels if lv.kind == "prefix"]
+        hit_rate = (
+            prefix[0].prefix_hits / prefix[0].prefix_queries if prefix and prefix[0].prefix_queries else 0.0
+        )
+        return CalibratedProfile(
+            accelerator=self.options.accelerator,
+            model=self.options.model,
+            step=step,
+            limits=self._limits(max_model_len, block_size, num_blocks),
+            fit_error=FitError(
+                ttft_mean=statistics.fmean(errors["ttft"]),
+                ttft_max=max(errors["ttft"]),
+                tpot_mean=statistics.fmean(errors["tpot"]),
+                tpot_max=max(errors["tpot"]),
+            ),
+            saturated_tokens_per_second=max(
+                (lv.tokens_per_s for lv in self.levels if lv.kind == "load"), default=0.0
+            ),
+            prefix_cache_hit_rate=hit_rate,
+            source=Source(
+                url=self.options.url,
+                measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                seconds=round(self.elapsed(), 1),
+                requests=self.requests,
+                vllm_version=version,
+            ),
+            points=points,
+        )
+
+
+def _itl(before: Metrics, after: Metrics) -> float:
+    for name in ITL:
+        mean, count = histogram_mean(before, after, name)
+        if count > 0:
+            return mean
+    return 0.0
+
+
+def calibrate(options: Options, progress: Callable[[str], None] | None = None) -> CalibratedProfile:
+    return asyncio.run(Calibration(options, progress).run())

@@ -1,0 +1,120 @@
+"""The calibration's fit (loadtest/calibrate/fit.py, levels.py) and its small parsers."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from loadtest.calibrate.agreement import ClassSlo, attained
+from loadtest.calibrate.check import percentile
+from loadtest.calibrate.cli import parse_duration
+from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_row
+from loadtest.calibrate.levels import ladder
+from loadtest.calibrate.measure import histogram_mean, parse_metrics
+
+TRUE = (0.002, 0.0004, 0.00005, 2e-7)
+
+
+def sweep_rows() -> list[Row]:
+    rows = [prefill_row(p, predict(TRUE, (1.0, 1.0, p, 0.0))) for p in (16, 64, 128, 256, 488)]
+    for prompt in (61, 244):
+        for b in (1, 2, 4, 8, 16, 32):
+            ideal = decode_row(b, prompt, 32, 1.0)
+            rows.append(Row(ideal.features, predict(TRUE, ideal.features)))
+    return rows
+
+
+def test_fit_recovers_the_step_model_it_was_measured_from() -> None:
+    fitted = fit(sweep_rows())
+    for got, want in zip(fitted, TRUE, strict=True):
+        assert got == pytest.approx(want, rel=0.02)
+
+
+def test_one_level_a_busy_machine_slowed_does_not_drag_the_fit() -> None:
+    rows = sweep_rows()
+    rows[8] = Row(rows[8].features, rows[8].measured_s * 3)  # one level three times slower
+    fitted = fit(rows)
+    errors = [abs(predict(fitted, r.features) - r.measured_s) / r.measured_s for r in sweep_rows()]
+    assert sorted(errors)[len(errors) - 2] < 0.05  # all but the slowed level within 5 %
+
+
+def test_fit_keeps_every_coefficient_non_negative_and_needs_two_levels() -> None:
+    rows = [prefill_row(16, 0.010), prefill_row(488, 0.005)]  # longer prompt faster: noise
+    assert all(c >= 0 for c in fit(rows))
+    with pytest.raises(ValueError, match="too few"):
+        fit([prefill_row(16, 0.01)])
+
+
+def test_histogram_mean_is_the_delta_of_sum_over_count() -> None:
+    before = parse_metrics('vllm:x_seconds_sum{a="1"} 1.0\nvllm:x_seconds_count{a="1"} 10\n')
+    after = parse_metrics(
+        'vllm:x_seconds_sum{a="1"} 1.5\nvllm:x_seconds_count{a="1"} 14\n'
+        'vllm:x_seconds_bucket{le="0.1"} 3\nvllm:cache_config_info{block_size="128",num_gpu_blocks="9"} 1\n'
+    )
+    assert histogram_mean(before, after, "vllm:x_seconds") == (pytest.approx(0.125), 4)
+    assert after.info["vllm:cache_config_info"] == {"block_size": "128", "num_gpu_blocks": "9"}
+
+
+def test_durations_ladder_and_percentiles() -> None:
+    assert [parse_duration(t) for t in ("90", "90s", "10m", "1h", "1.5m")] == [90, 90, 600, 3600, 90]
+    for bad in ("0", "ten", "5d", "-1m"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_duration(bad)
+    assert ladder(488) == [16, 32, 64, 128, 256, 488]
+    assert ladder(10) == [10]
+    assert percentile([1, 2, 3, 4, 5], 0.5) == 3 and percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)
+    assert percentile([], 0.5) == 0.0
+
+
+async def test_no_job_starts_past_the_deadline_and_never_more_than_the_concurrency() -> None:
+    import asyncio
+    import time
+
+    from loadtest.calibrate.measure import Timed, run_closed_loop
+
+    in_flight, most = 0, 0
+
+    async def send(prompt: list[int], output: int) -> Timed:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return Timed(len(prompt), output, 0.0, 0.01, 0.001, 0.05)
+
+    jobs = [([1, 2, 3], 4)] * 40
+    done = await run_closed_loop(jobs, 3, send, deadline=time.monotonic() + 0.12)
+    assert most == 3 and 6 <= len(done) <= 9  # three rounds at most began before the deadline
+    assert len(await run_closed_loop(jobs[:5], 8, send)) == 5
+
+
+def test_a_sweep_of_one_request_at_a_time_leaves_the_per_sequence_cost_at_zero() -> None:
+    rows = [r for r in sweep_rows() if r.features[1] == 1.0]  # the budget allowed nothing concurrent
+    fitted = fit(rows)
+    assert fitted[1] == 0.0 and fitted[0] > 0
+    assert all(abs(predict(fitted, r.features) - r.measured_s) / r.measured_s < 0.05 for r in rows)
+
+
+def test_front_end_time_grows_with_the_streams_running_and_resists_one_noisy_level() -> None:
+    from loadtest.calibrate.levels import Level, front_end
+    from loadtest.calibrate.measure import Timed
+
+    def level(concurrency: int, client_ttft: float, engine_ttft: float) -> Level:
+        lv = Level("load", concurrency, 64, 32, engine_ttft_s=engine_ttft)
+        lv.timed = [Timed(64, 32, 0.0, client_ttft, 0.003, 0.1)]
+        return lv
+
+    levels = [level(b, 0.010 + 0.002 * (b - 1) + 0.02, 0.02) for b in (1, 2, 4, 8, 16)]
+    levels.append(level(3, 0.5, 0.02))  # a busy machine's level
+    intercept, slope = front_end(levels)
+    assert intercept == pytest.approx(0.010, rel=0.05) and slope == pytest.approx(0.002, rel=0.05)
+    assert front_end([]) == (0.0, 0.0)
+
+
+def test_attained_needs_both_bounds() -> None:
+    slo = ClassSlo(ttft_s=0.1, tpot_s=0.01)
+    assert attained(0.05, 0.005, slo)
+    assert not attained(0.2, 0.005, slo)
+    assert not attained(0.05, 0.02, slo)
+    assert not attained(None, 0.005, slo)

@@ -1,0 +1,85 @@
+"""The what-if replay on a backend timed by a measured profile: its front end and busy-engine wait count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit, dump_profile
+from loadtest.calibrate.agreement import ClassSlo, calibrated_fleet, replayed_attainment
+from loadtest.stack import policy_file
+from loadtest.whatif.accesslog import read_log
+from loadtest.whatif.replay import Replay
+from loadtest.whatif.simfleet import build_fleet
+from policies.config import load_policy
+from policies.engine import PolicyEngine
+
+MODEL = "tiny-llama"
+
+
+def _profile(path: Path, request_s: float, admit_busy_s: float) -> Path:
+    profile = CalibratedProfile(
+        accelerator="mi300x",
+        model=MODEL,
+        step=StepFit(
+            step_s=0.002,
+            per_seq_s=0.0,
+            per_prefill_token_s=0.0001,
+            per_context_token_s=0.0,
+            request_s=request_s,
+            admit_busy_s=admit_busy_s,
+        ),
+        limits=Limits(
+            block_size=16, num_blocks=1024, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=512
+        ),
+        fit_error=FitError(ttft_mean=0, ttft_max=0, tpot_mean=0, tpot_max=0),
+        saturated_tokens_per_second=1000.0,
+    )
+    path.write_text(dump_profile(profile))
+    return path
+
+
+def _log(path: Path, arrivals: list[float]) -> Path:
+    lines = [
+        {
+            "ts": 1000.0 + at + 0.5,
+            "duration_s": 0.5,
+            "request_id": f"r{i}",
+            "endpoint": "completions",
+            "status": 200,
+            "model": MODEL,
+            "stream": True,
+            "backend": "calibrated-0",
+            "class": "chat",
+            "prompt_tokens": 100,
+            "completion_tokens": 10,
+            "prompt_estimate": 100,
+            "max_tokens": 10,
+        }
+        for i, at in enumerate(arrivals)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _ttfts(log: Path, profile: Path) -> list[float]:
+    fleet = build_fleet(calibrated_fleet(profile, MODEL, 512, "calibrated"))
+    engine = PolicyEngine(load_policy(policy_file("balanced")), [s.backend for s in fleet])
+    result = Replay(fleet, engine, read_log(log).requests, 0.2).run()
+    return [o.ttft or 0.0 for o in result.outcomes]
+
+
+def test_replayed_ttft_counts_the_front_end_and_the_busy_engines_wait(tmp_path: Path) -> None:
+    log = _log(tmp_path / "a.jsonl", [0.0, 10.0, 10.015])  # one alone, then one while another runs
+    bare = _ttfts(log, _profile(tmp_path / "bare.yaml", 0.0, 0.0))
+    measured = _ttfts(log, _profile(tmp_path / "front.yaml", 0.01, 0.02))
+    prefill = 0.002 + 100 * 0.0001
+    assert bare[0] == pytest.approx(prefill)
+    assert measured[0] == pytest.approx(0.01 + prefill)  # the front end, then its prefill step
+    assert measured[2] >= 0.01 + 0.02 + prefill - 1e-9  # arrived while the engine was busy: it waited
+    slos = {"chat": ClassSlo(ttft_s=0.03, tpot_s=1.0)}
+    shares = replayed_attainment(log, calibrated_fleet(tmp_path / "front.yaml", MODEL, 512, "calibrated"),
+                                 policy_file("balanced"), slos)  # fmt: skip
+    assert shares["chat"] == pytest.approx(2 / 3)
