@@ -155,7 +155,7 @@ def test_max_tokens_beyond_any_window_is_refused_by_the_gateway(client: OpenAI) 
 def test_vllms_own_400_comes_back_in_openai_shape(client: OpenAI, vllm_env: VllmEnv) -> None:
     """A prompt the gateway under-counts (it estimates 4 characters per token; 600 CJK characters are 150 by
     that estimate and well over 512 real tokens for this byte-level tokenizer) passes the gateway's check;
-    vLLM refuses it, and its 400 reaches the client in OpenAI's shape."""
+    vLLM refuses it, and its 400 reaches the client in OpenAI's shape, its message kept."""
     before = {name: vllm_env.counters(name) for name in SERVERS}
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.with_raw_response.create(
@@ -167,7 +167,9 @@ def test_vllms_own_400_comes_back_in_openai_shape(client: OpenAI, vllm_env: Vllm
     body = error.response.json()
     assert set(body) == {"error"} and set(body["error"]) >= {"message", "type", "param", "code"}
     print(f"\nvLLM's 400 through the gateway: {body}")
-    assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400, body  # vLLM's own
+    # vLLM's own words, in OpenAI's types and string codes (vLLM sends `BadRequestError` and `400`)
+    assert body["error"]["type"] == "invalid_request_error", body
+    assert body["error"]["code"] == "context_length_exceeded", body
     assert str(MAX_MODEL_LEN) in body["error"]["message"], body  # it names the server's max_model_len
     assert {name: vllm_env.counters(name) for name in SERVERS} == before
     # Had a backend with a longer window been a candidate, the gateway would have sent the prompt there:
