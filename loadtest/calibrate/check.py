@@ -33,6 +33,7 @@ from loadtest.calibrate.measure import (
     run_closed_loop,
     stream_completion,
 )
+from loadtest.stats import percentile
 
 TOLERANCE = 0.20
 LEVELS: tuple[tuple[int, int], ...] = ((3, 24), (6, 36), (12, 60))
@@ -74,20 +75,10 @@ class Summary:
     tpot_p50: float
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    rank = q * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def summarise(timed: Sequence[Timed]) -> Summary:
     ttfts = [t.ttft_s for t in timed]
     tpots = [t.tpot_s for t in timed if t.tpot_s is not None]
-    return Summary(percentile(ttfts, 0.5), percentile(ttfts, 0.9), percentile(tpots, 0.5))
+    return Summary(percentile(ttfts, 50) or 0.0, percentile(ttfts, 90) or 0.0, percentile(tpots, 50) or 0.0)
 
 
 @dataclass(slots=True)

@@ -7,11 +7,11 @@ import argparse
 import pytest
 
 from loadtest.calibrate.agreement import ClassSlo, attained
-from loadtest.calibrate.check import percentile
+from loadtest.calibrate.check import Summary, summarise
 from loadtest.calibrate.cli import parse_duration
 from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_row
 from loadtest.calibrate.levels import ladder
-from loadtest.calibrate.measure import histogram_mean, parse_metrics
+from loadtest.calibrate.measure import Timed, histogram_mean, parse_metrics
 
 TRUE = (0.002, 0.0004, 0.00005, 2e-7)
 
@@ -63,8 +63,10 @@ def test_durations_ladder_and_percentiles() -> None:
             parse_duration(bad)
     assert ladder(488) == [16, 32, 64, 128, 256, 488]
     assert ladder(10) == [10]
-    assert percentile([1, 2, 3, 4, 5], 0.5) == 3 and percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)
-    assert percentile([], 0.5) == 0.0
+    timed = [Timed(8, 8, 0.0, float(v), float(v), float(v)) for v in (1, 2, 3, 4, 5)]
+    summary = summarise(timed)
+    assert summary.ttft_p50 == 3 and summary.ttft_p90 == pytest.approx(4.6) and summary.tpot_p50 == 3
+    assert summarise([]) == Summary(0.0, 0.0, 0.0)
 
 
 async def test_no_job_starts_past_the_deadline_and_never_more_than_the_concurrency() -> None:
