@@ -86,22 +86,44 @@ async def send_anthropic_error(send: Any, error: GatewayError, request_id: str) 
     await send_body(send, error.status, headers, anthropic_error_json(error), _JSON)
 
 
+DISCONNECT_HOOK = "switchyard_on_disconnect"
+"""The attribute of uvicorn's request cycle (`receive.__self__`) that the gateway's server protocol sets to
+None when the request starts and calls, if set, when the connection is lost (gateway/client_cap.py)."""
+
+
 class DisconnectWatch:
     """Cancels the request's task when the client goes away, so the backend request is cancelled too.
 
     Started once the body is read and kept until the reply is sent: ASGI servers swallow writes to a
-    closed connection, and only `receive()` says the client left (uvicorn answers it at once with
-    `http.disconnect` when the connection closes, and also once the response is complete, hence `stop`
-    before the last write). One small task per request, parked on one future while the request waits.
+    closed connection. Under the gateway's own server protocol the lost connection calls the watch
+    directly (`DISCONNECT_HOOK`), which costs nothing per request. Under another server only `receive()`
+    says the client left (uvicorn answers it at once with `http.disconnect` when the connection closes,
+    and also once the response is complete, hence `stop` before the last write): then one small task per
+    request, parked on one future while the request waits.
     """
 
-    __slots__ = ("_receive", "_task", "_watcher", "gone")
+    __slots__ = ("_cycle", "_receive", "_task", "_watcher", "gone")
 
     def __init__(self, receive: Any) -> None:
         self._task = asyncio.current_task()
         self._receive = receive
         self.gone = False
-        self._watcher = self._arm()
+        cycle = getattr(receive, "__self__", None)
+        if cycle is not None and hasattr(cycle, DISCONNECT_HOOK):
+            self._cycle: Any = cycle
+            self._watcher: asyncio.Task[Any] | None = None
+            if cycle.disconnected:  # gone while the body was being read
+                self._lost()
+            else:
+                setattr(cycle, DISCONNECT_HOOK, self._lost)
+        else:
+            self._cycle = None
+            self._watcher = self._arm()
+
+    def _lost(self) -> None:
+        if self._task is not None:
+            self.gone = True
+            self._task.cancel()
 
     def _arm(self) -> asyncio.Task[Any]:
         watcher = asyncio.get_running_loop().create_task(self._receive())
@@ -114,13 +136,15 @@ class DisconnectWatch:
         if watcher.result()["type"] != "http.disconnect":
             self._watcher = self._arm()
             return
-        if self._task is not None:
-            self.gone = True
-            self._task.cancel()
+        self._lost()
 
     def stop(self) -> None:
         self._task = None  # a disconnect already received but not yet handled cancels nothing now
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        elif self._cycle is not None:
+            setattr(self._cycle, DISCONNECT_HOOK, None)
+            self._cycle = None
 
     def swallow(self) -> bool:
         """In an `except CancelledError`: True (and the task uncancelled) when the cancel was ours."""

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.asgi_io import DISCONNECT_HOOK
 from gateway.client_address import TrustedProxies
 from gateway.proxy_protocol import ProxyHeaderError, read_header
 
@@ -163,7 +164,16 @@ class ClientCapProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:
+            lost = getattr(cycle, DISCONNECT_HOOK, None)
+            if lost is not None:
+                lost()  # the request's DisconnectWatch (gateway/asgi_io.py): cancel it
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        setattr(cycle, DISCONNECT_HOOK, None)  # this protocol tells the request when its client is gone
+        super()._start_asgi_task(cycle, app)
 
     def eof_received(self) -> None:
         if self._refusal and not self._answered:
