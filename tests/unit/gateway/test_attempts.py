@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from backends.breaker import CLOSED, OPEN
 from backends.models import Backend, Pool
 from gateway.errors import GatewayError
+from gateway.request.attempts import _Within
 from gateway.request.backend_connection import ConnectFailed
 from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
@@ -160,3 +162,38 @@ async def test_the_backend_gets_its_auth_and_the_passed_on_headers() -> None:
     assert path == "/v1/chat/completions"
     assert b"Authorization: Bearer sk-a\r\n" in headers and b"x-request-id: req-1\r\n" in headers
     assert body == ctx.parsed.body
+
+
+async def test_an_attempts_time_limit_raises_timeout_error_out_of_the_block() -> None:
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError), _Within(loop, 0.01):
+        await asyncio.sleep(1)
+    with _Within(loop, 0.05):  # done in time: nothing raised, and no cancel left behind
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.1)
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+
+
+async def test_a_cancel_from_elsewhere_within_an_attempts_time_limit_stays_a_cancel() -> None:
+    async def attempt() -> None:
+        with _Within(asyncio.get_running_loop(), 0.02):
+            await asyncio.sleep(1)
+
+    task = asyncio.create_task(attempt())
+    await asyncio.sleep(0.005)
+    task.cancel()  # the client left (DisconnectWatch), before the time limit
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async def both() -> None:
+        within = _Within(asyncio.get_running_loop(), 10)
+        with within:
+            within._expire()  # the time limit passes, and the client leaves, before the attempt resumes
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()
+            await asyncio.sleep(1)
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(both())
