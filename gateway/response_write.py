@@ -22,7 +22,9 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 _CONTENT_LENGTH = b"content-length"
-_SPECIAL = (b"transfer-encoding", b"connection")
+_TRANSFER_ENCODING = b"transfer-encoding"
+_CONNECTION = b"connection"
+"""Headers uvicorn acts on: their answers go through its `send`."""
 
 
 async def send_head_and_body(
@@ -61,7 +63,7 @@ def _head(
     names = b"".join([name for name, _ in every])
     if HEADER_RE.search(names) or HEADER_VALUE_RE.search(b"".join([value for _, value in every])):
         return None  # uvicorn refuses it, with its own error
-    if not names.islower() or any(special in names for special in _SPECIAL):
+    if not names.islower() or _TRANSFER_ENCODING in names or _CONNECTION in names:
         return None
     length: int | None = None
     content = [STATUS_LINE[status]]

@@ -187,7 +187,7 @@ def run(
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     gw_cpu, load_cpu = pick_cpus()
     prefix = "bench-chunks-" + uuid.uuid4().hex[:8]
-    key = "sy-bench-chunks-" + uuid.uuid4().hex
+    key = "sy-bench-chunks-" + uuid.uuid4().hex[:30]  # 43 characters after `sy-`, as real keys
     samples: dict[str, dict[str, list[float]]] = {}
     ratios: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:

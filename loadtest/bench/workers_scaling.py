@@ -61,7 +61,7 @@ def run(workers: int, rounds: int, duration: float, conns: list[int]) -> dict[st
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     gw_cpu, load_cpu = pick_cpus()
     prefix = "bench-workers-" + uuid.uuid4().hex[:8]
-    key = "sy-bench-workers-" + uuid.uuid4().hex
+    key = "sy-bench-workers-" + uuid.uuid4().hex[:29]  # 43 characters after `sy-`, as real keys
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         work = Path(tmp)
