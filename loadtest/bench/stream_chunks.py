@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from loadtest.bench import stream_upstream
 from loadtest.bench._util import (
     delete_prefix,
     pick_cpus,
@@ -301,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.tokens <= 8192:
         parser.error("--tokens 1..8192")
     globals()["TOKENS"] = args.tokens
+    stream_upstream.TOKENS = args.tokens  # the answers nginx serves
     install_interrupt_handlers()
     summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms)
     print(format_table(summary))
