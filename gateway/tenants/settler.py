@@ -1,8 +1,9 @@
 """Settling admitted requests in Redis in batches, off the request path.
 
-A request's end adds (counter, delta) pairs; a background task sends everything pending in one
-`limits.SETTLE` call a few milliseconds later. While Redis is away the pairs wait (bounded) and are sent
-when it returns, so parallel slots and spend are never lost, only late.
+A request's end adds (counter, delta) pairs; while requests are being admitted, each admission batch
+carries them to Redis (`take`, `limits.ADMIT` applies them first); otherwise a background task sends
+everything pending in one `limits.SETTLE` call a few milliseconds later. While Redis is away the pairs
+wait (bounded) and are sent when it returns, so parallel slots and spend are never lost, only late.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from gateway.tenants.limits import SETTLE
@@ -37,6 +39,8 @@ class Settler:
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
         self.flushes = 0
+        self._taken_at = float("-inf")
+        """When an admission batch last took the pending settlements (time.monotonic)."""
 
     def add(self, counter: str, delta: int) -> None:
         if delta == 0:
@@ -97,6 +101,7 @@ class Settler:
     def take(self) -> dict[str, int]:
         """Everything pending, handed to a caller that sends it to Redis (`AdmitBatcher`); `restore`
         gives it back if that call fails."""
+        self._taken_at = time.monotonic()
         deltas = self._spread()
         if not deltas:
             return {}
@@ -121,6 +126,8 @@ class Settler:
         while True:
             await self._wake.wait()
             await asyncio.sleep(backoff)
+            if backoff == BATCH_DELAY_S and time.monotonic() - self._taken_at < BATCH_DELAY_S:
+                continue  # admissions are carrying the settlements (`take`): the next batch takes these
             self._wake.clear()
             if await self.flush():
                 backoff = BATCH_DELAY_S
