@@ -13,15 +13,14 @@ from gateway.tenants.limits import ScopeCounters, Verdict
 
 def verdict_of(reply: bytes | str) -> Verdict:
     """`limits.ADMIT`'s answer, `admitted|scope|limit|reset ms|window|counts...`."""
-    raw = reply if isinstance(reply, bytes) else reply.encode()
-    admitted, scope, limit, reset_ms, window, *counts = raw.split(b"|")
+    parts = (reply if isinstance(reply, bytes) else reply.encode()).split(b"|")
     return Verdict(
-        admitted == b"1",
-        int(scope),
-        limit.decode(),
-        int(reset_ms) / 1000.0,
-        int(window),
-        list(map(int, counts)),
+        parts[0] == b"1",
+        int(parts[1]),
+        parts[2].decode() if parts[2] else "",
+        int(parts[3]) / 1000.0,
+        int(parts[4]),
+        [int(count) for count in parts[5:]],
     )
 
 
@@ -30,16 +29,16 @@ class HeaderPlan:
     """Which counts of an admitted verdict the `x-ratelimit-*` headers read, worked out once per key
     (`Tenants._prepare`) rather than per request: (index in `Verdict.counts`, limit, the limit as text)."""
 
-    requests: tuple[tuple[int, int, str], ...]
-    tokens: tuple[tuple[int, int, str], ...]
+    requests: tuple[tuple[int, int, bytes], ...]
+    tokens: tuple[tuple[int, int, bytes], ...]
 
     @classmethod
     def of(cls, scopes: list[ScopeCounters]) -> HeaderPlan:
         requests = tuple(
-            (3 * i, s.limits.rpm, str(s.limits.rpm)) for i, s in enumerate(scopes) if s.limits.rpm
+            (3 * i, s.limits.rpm, b"%d" % s.limits.rpm) for i, s in enumerate(scopes) if s.limits.rpm
         )
         tokens = tuple(
-            (3 * i + 1, s.limits.tpm, str(s.limits.tpm)) for i, s in enumerate(scopes) if s.limits.tpm
+            (3 * i + 1, s.limits.tpm, b"%d" % s.limits.tpm) for i, s in enumerate(scopes) if s.limits.tpm
         )
         return cls(requests, tokens)
 
@@ -51,12 +50,12 @@ class HeaderPlan:
         reset = b"%.3fs" % verdict.reset_s
         if self.requests:
             left, text = _tightest(self.requests, counts)
-            out.append((b"x-ratelimit-limit-requests", text.encode()))
+            out.append((b"x-ratelimit-limit-requests", text))
             out.append((b"x-ratelimit-remaining-requests", b"%d" % left))
             out.append((b"x-ratelimit-reset-requests", reset))
         if self.tokens:
             left, text = _tightest(self.tokens, counts)
-            out.append((b"x-ratelimit-limit-tokens", text.encode()))
+            out.append((b"x-ratelimit-limit-tokens", text))
             out.append((b"x-ratelimit-remaining-tokens", b"%d" % left))
             out.append((b"x-ratelimit-reset-tokens", reset))
         return out
@@ -70,8 +69,8 @@ def decoded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
 
 
-def _tightest(entries: tuple[tuple[int, int, str], ...], counts: list[int]) -> tuple[int, str]:
-    best_left, best_text = -1, ""
+def _tightest(entries: tuple[tuple[int, int, bytes], ...], counts: list[int]) -> tuple[int, bytes]:
+    best_left, best_text = -1, b""
     for index, limit, text in entries:
         left = limit - counts[index]
         if left < 0:
