@@ -280,6 +280,12 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def set_tokens(tokens: int) -> None:
+    """Tokens per answer: what nginx serves (`stream_upstream`) and what the checks expect (here)."""
+    global TOKENS
+    TOKENS = stream_upstream.TOKENS = tokens
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -301,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--shapes: burst, paced and/or json")
     if not 1 <= args.tokens <= 8192:
         parser.error("--tokens 1..8192")
-    globals()["TOKENS"] = args.tokens
-    stream_upstream.TOKENS = args.tokens  # the answers nginx serves
+    set_tokens(args.tokens)
     install_interrupt_handlers()
     summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms)
     print(format_table(summary))

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers 2..16, --rounds 1..50, --duration 1..120")
     if any(not 1 <= c <= 512 for c in conns) or not 1 <= args.tokens <= 8192:
         parser.error("--connections 1..512 each, --tokens 1..8192")
-    stream_chunks.TOKENS = args.tokens
+    stream_chunks.set_tokens(args.tokens)
     install_interrupt_handlers()
     summary = run(args.workers, args.rounds, args.duration, conns)
     print(format_table(summary))
