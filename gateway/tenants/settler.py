@@ -125,9 +125,10 @@ class Settler:
         backoff = BATCH_DELAY_S
         while True:
             await self._wake.wait()
+            slept_at = time.monotonic()
             await asyncio.sleep(backoff)
-            if backoff == BATCH_DELAY_S and time.monotonic() - self._taken_at < BATCH_DELAY_S:
-                continue  # admissions are carrying the settlements (`take`): the next batch takes these
+            if backoff == BATCH_DELAY_S and self._taken_at >= slept_at:
+                continue  # an admission batch carried settlements meanwhile (`take`): the next takes these
             self._wake.clear()
             if await self.flush():
                 backoff = BATCH_DELAY_S
