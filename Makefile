@@ -152,7 +152,7 @@ test-calibrate: venv vllm-model
 	SWITCHYARD_CALIBRATE=1 SWITCHYARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python SWITCHYARD_VLLM_MODEL=$(VLLM_MODEL) \
 	  $(PY) -m pytest tests/calibrate -p no:cacheprovider --timeout 900 -s $(PYTEST_ARGS)
 
-# Several replicas for real (gateway/cluster.py): Redis, three gateway replicas, HAProxy health-checking
+# Several replicas for real (gateway/cli/cluster.py): Redis, three gateway replicas, HAProxy health-checking
 # /ready, and the simulated fleet, all local processes; Ctrl-C stops everything. HAProxy is installed from
 # Debian's packages when missing.
 .PHONY: cluster test-cluster haproxy

@@ -14,30 +14,30 @@ from litestar.handlers import ASGIRouteHandler, BaseRouteHandler
 from litestar.plugins import InitPluginProtocol
 
 from backends.catalog import Catalog
-from gateway.admin_costs import costs_handler
-from gateway.admin_policy import policy_handlers
+from gateway.admin.costs import costs_handler
+from gateway.admin.keys import admin_guard, key_handlers
+from gateway.admin.login_throttle import LoginThrottle
+from gateway.admin.ops import backend_handlers, metrics_handler, ops_handlers
+from gateway.admin.policy import policy_handlers
+from gateway.admin.port import ON_ADMIN_PORT, AdminPortSplit
 from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
+from gateway.config.settings import Settings, load_settings
 from gateway.console import console_handlers
-from gateway.credentials import one_credential
-from gateway.errors import GatewayError, body_too_large, unsupported_endpoint
-from gateway.fastpath import FastPath
+from gateway.http.credentials import one_credential
+from gateway.http.fastpath import FastPath
+from gateway.http.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.ledger.factory import build_ledger
 from gateway.ledger.records import Ledger
 from gateway.lifespan import lifespan
-from gateway.ops import backend_handlers, metrics_handler, ops_handlers
-from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
+from gateway.openai.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.request.forward import Upstream
 from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
 from gateway.responses.api import build_responses, response_handlers, responses_lifespan
-from gateway.routes import new_request_id, openai_handlers, valid_request_id
-from gateway.settings import Settings, load_settings
 from gateway.telemetry import AccessLog, Metrics, Telemetry, Tracing, build_tracing
-from gateway.tenants.admin import admin_guard, key_handlers
-from gateway.tenants.admin_port import ON_ADMIN_PORT, AdminPortSplit
 from gateway.tenants.admission import Tenants
 from gateway.tenants.factory import build_tenants, tenants_lifespan
-from gateway.tenants.login_throttle import LoginThrottle
+from gateway.upstream.client import KEEPALIVE_SECONDS, BackendClient
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
 

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from backends.models import Backend
-from gateway.redis_client import REDIS_ERRORS, as_text, redis_client, subscriber
+from gateway.redis.client import REDIS_ERRORS, as_text, redis_client, subscriber
 from gateway.request.pipeline import Pipeline
 
 log = logging.getLogger("switchyard.fleet")

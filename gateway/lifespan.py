@@ -17,10 +17,10 @@ from litestar import Litestar
 
 from backends.health import HealthChecker
 from backends.scraper import MetricsScraper
+from gateway.admin.policy_reload import PolicyWatcher
+from gateway.config.settings import Settings
 from gateway.fleet_sync import start_fleet_sync
-from gateway.policy_reload import PolicyWatcher
 from gateway.request.pipeline import Pipeline
-from gateway.settings import Settings
 
 log = logging.getLogger("switchyard")
 

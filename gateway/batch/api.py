@@ -27,8 +27,8 @@ from gateway.batch.objects import (
 from gateway.batch.quota import over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_cancelling
-from gateway.credentials import authorization as authorization_of
-from gateway.errors import GatewayError, invalid_request
+from gateway.http.credentials import authorization as authorization_of
+from gateway.openai.errors import GatewayError, invalid_request
 from gateway.request.classify import key_id
 
 _MAX_LIST = 100

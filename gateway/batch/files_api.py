@@ -27,7 +27,7 @@ from gateway.batch.objects import FileObject, StoredFile, list_page, new_id, now
 from gateway.batch.quota import file_in_use, file_too_large, over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.state import UnknownCursor
-from gateway.errors import GatewayError, invalid_request
+from gateway.openai.errors import GatewayError, invalid_request
 
 MAX_LIST = 10_000
 """OpenAI's largest (and default) `limit` for `GET /v1/files`."""

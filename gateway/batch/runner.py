@@ -30,8 +30,8 @@ from gateway.batch.lines import run_line
 from gateway.batch.objects import ErrorData, StoredBatch
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_failed, to_finalizing, to_in_progress, to_stopped
-from gateway.errors import GatewayError
-from gateway.redis_client import REDIS_ERRORS
+from gateway.openai.errors import GatewayError
+from gateway.redis.client import REDIS_ERRORS
 from gateway.tenants.errors import KEY_UNUSABLE
 
 log = logging.getLogger("switchyard.batch")

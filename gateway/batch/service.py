@@ -10,12 +10,12 @@ from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.memory_state import MemoryBatchState
 from gateway.batch.objects import StoredBatch
 from gateway.batch.redis_state import RedisBatchState
-from gateway.batch.s3_files import S3FileStore, credentials_from_env
+from gateway.batch.s3.files import S3FileStore, credentials_from_env
 from gateway.batch.state import BatchState
-from gateway.batch_options import BatchOptions
-from gateway.redis_client import redis_client
+from gateway.config.batches import BatchOptions
+from gateway.config.settings import Settings
+from gateway.redis.client import redis_client
 from gateway.request.pipeline import Pipeline
-from gateway.settings import Settings
 from gateway.tenants.admission import Tenant
 
 

@@ -18,6 +18,7 @@ from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect
 
+from gateway.admin.login_throttle import LoginThrottle, client_address, retry_after
 from gateway.console import data, pages
 from gateway.console.keys_page import keys_fragment, keys_page
 from gateway.console.routing_page import explained_fragment, routing_page
@@ -29,12 +30,11 @@ from gateway.console.session import (
     cleared_cookie_header,
     same_origin,
 )
-from gateway.errors import GatewayError
-from gateway.redis_client import REDIS_ERRORS
+from gateway.openai.errors import GatewayError
+from gateway.redis.client import REDIS_ERRORS
 from gateway.request.parse import UPSTREAM_PATHS
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
-from gateway.tenants.login_throttle import LoginThrottle, client_address, retry_after
 
 log = logging.getLogger("switchyard.console")
 STATIC = Path(__file__).parent / "static"

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.errors import GatewayError, invalid_request
+from gateway.config.request_bounds import RequestLimits
+from gateway.openai.errors import GatewayError, invalid_request
 from gateway.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,7 +27,6 @@ from gateway.openai.requests import (
     messages_decoder,
     responses_decoder,
 )
-from gateway.request_bounds import RequestLimits
 
 Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses"]
 

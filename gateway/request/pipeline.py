@@ -4,7 +4,7 @@ Each step fills the request's context (gateway/request/context.py). A request en
 `Pipeline.end`, whatever happened (answered, streamed, cut short, failed, cancelled): it gives back the
 backend's in-flight slot, accounts what was served, feeds the backend's latency averages and tells the
 observers (metrics and the access log through `recorded`/`telemetry`, the trace through `ctx.trace`).
-The HTTP layer (gateway/routes.py) ends the requests that raised; answers end here, streams when their
+The HTTP layer (gateway/http/routes.py) ends the requests that raised; answers end here, streams when their
 relay ends.
 """
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from backends.catalog import Catalog
 from backends.models import Backend
-from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.ledger.records import Ledger, UsageRecord
+from gateway.openai.errors import GatewayError, invalid_request, model_not_found, no_backend
 from gateway.openai.responses import Usage, answer_usage
 from gateway.request.account import Served, account, estimate_cost
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
@@ -203,7 +203,7 @@ class Pipeline:
         return self._account(ctx, served, True)
 
     def client_left(self, ctx: RequestContext) -> None:
-        """A non-streaming client left before its answer (gateway/routes.py saw `http.disconnect` and
+        """A non-streaming client left before its answer (gateway/http/routes.py saw `http.disconnect` and
         cancelled the request, which aborted the backend's connection): recorded as 499 with the prompt
         the backend counts and no completion tokens, since none reached the gateway; nothing to record
         when no backend had the request yet."""

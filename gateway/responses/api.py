@@ -21,10 +21,11 @@ from litestar import Litestar, Request, Response, delete, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 
-from gateway.credentials import authorization as authorization_of
-from gateway.errors import GatewayError, invalid_request
+from gateway.config.settings import Settings
+from gateway.http.credentials import authorization as authorization_of
+from gateway.openai.errors import GatewayError, invalid_request
 from gateway.openai.requests import ResponsesRequest
-from gateway.redis_client import REDIS_ERRORS, redis_client
+from gateway.redis.client import REDIS_ERRORS, redis_client
 from gateway.request.classify import Caller, key_id
 from gateway.request.context import RequestContext
 from gateway.request.parse import check_expanded_input, response_items_chars
@@ -32,7 +33,6 @@ from gateway.request.pipeline import Pipeline, Reply
 from gateway.request.relay import RelayedStream
 from gateway.request.typed_sse import TypedSseRelay
 from gateway.responses.store import MemoryResponseStore, RedisResponseStore, ResponseStore
-from gateway.settings import Settings
 
 log = logging.getLogger("switchyard")
 

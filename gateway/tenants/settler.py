@@ -12,8 +12,8 @@ import contextlib
 import logging
 from typing import Any
 
+from gateway.redis.script_client import ScriptClient, bulk, bulk_int
 from gateway.tenants.limits import SETTLE
-from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
 
 log = logging.getLogger("switchyard.tenants")
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import uvicorn
 
 from gateway.app import SwitchyardPlugin, asgi_entry, create_app
-from gateway.server import server_config
-from gateway.settings import Tracing as TracingOptions
-from gateway.settings import load_settings
+from gateway.config.settings import Tracing as TracingOptions
+from gateway.config.settings import load_settings
+from gateway.serve.server import server_config
 from gateway.telemetry import build_tracing
 
 MODES = ("off", "off-twin", "metrics+logs", "all@10%", "all", "all+otlp")

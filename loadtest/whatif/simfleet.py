@@ -145,7 +145,7 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
     from backends.accelerators import calibrated, find
     from backends.sim.fleet_spec import GroupSpec
     from backends.yamlfile import ConfigError
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
 
     settings = load_settings(path)
     groups = []

@@ -22,7 +22,7 @@ import pytest
 from backends.calibrated import load_profile
 from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
-from gateway.cli import main as switchyard
+from gateway.cli.main import main as switchyard
 from loadtest.calibrate.agreement import (
     ClassSlo,
     calibrated_fleet,

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.config.request_bounds import RequestLimits
+from gateway.openai.errors import GatewayError
 from gateway.request.parse import Endpoint, parse, set_limits
-from gateway.request_bounds import RequestLimits
 
 CHAT = b'{"model":"m","messages":[{"role":"user","content":"hello"}]'
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.config.request_bounds import RequestLimits
+from gateway.openai.errors import GatewayError
 from gateway.request.classify import Caller, classify, key_id
 from gateway.request.parse import Endpoint, parse, set_limits
-from gateway.request_bounds import RequestLimits
 
 
 @pytest.fixture(autouse=True)

@@ -11,15 +11,15 @@ import pytest
 
 from backends.catalog import Catalog
 from backends.models import Backend, Pool
-from gateway.asgi_io import DisconnectWatch, send_stream
-from gateway.errors import GatewayError
+from gateway.config.settings import Retries, Timeouts
+from gateway.http.asgi_io import DisconnectWatch, send_stream
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import UsageRecord
+from gateway.openai.errors import GatewayError
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline, Reply
-from gateway.settings import Retries, Timeouts
 from policies.framework import Decision
 from policies.profile import RequestProfile
 from tests.memory_transport import SSE, MemoryTransport, Scripted
@@ -82,7 +82,7 @@ def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemory
 
 
 async def serve(pipeline: Pipeline, stream: bool) -> tuple[RequestContext, Reply | GatewayError, bytes]:
-    """One request as gateway/routes.py serves it: handle, end an error, relay a stream to its end."""
+    """One request as gateway/http/routes.py serves it: handle, end an error, relay a stream to its end."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
     ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
     ctx.body = json.dumps(body).encode()
@@ -174,7 +174,7 @@ class Sent:
 
 
 async def _sent_stream(chunks: list[bytes], cut: bool = False) -> tuple[list[dict[str, object]], Seen]:
-    """A stream relayed by the HTTP layer (gateway/asgi_io.py `send_stream`): what it sent the client."""
+    """A stream relayed by the HTTP layer (gateway/http/asgi_io.py `send_stream`): what it sent the client."""
     answer = Scripted(headers=dict(SSE), chunks=chunks, cut=cut)
     pipeline, _, _, seen = gateway([answer])
     ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
