@@ -31,10 +31,9 @@ from gateway.ledger.records import Ledger
 from gateway.lifespan import lifespan
 from gateway.openai.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.request.forward import Upstream
-from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
 from gateway.responses.api import build_responses, response_handlers, responses_lifespan
-from gateway.telemetry import AccessLog, Metrics, Telemetry, Tracing, build_tracing
+from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admission import Tenants
 from gateway.tenants.factory import build_tenants, tenants_lifespan
 from gateway.upstream.client import KEEPALIVE_SECONDS, BackendClient
@@ -43,8 +42,6 @@ from policies.least_inflight import LeastInflight
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
-
-    from gateway.request.context import Tracer
 
 log = logging.getLogger("switchyard")
 
@@ -109,40 +106,20 @@ def default_router(settings: Settings) -> Router:
     return settings.policy if settings.policy is not None else LeastInflight()
 
 
-def _span_stats(tracing: Tracer | None) -> dict[str, int] | None:
-    """What the span shipper of the pipeline's current tracer counted (a benchmark swaps the tracer)."""
-    return tracing.shipper.stats() if isinstance(tracing, Tracing) else None
-
-
-def wire_telemetry(
-    settings: Settings, pipeline: Pipeline, span_exporter: SpanExporter | None = None
-) -> Telemetry:
-    """Metrics, access log and tracing as `settings.telemetry` says; what is off is left out entirely.
-
-    `span_exporter` (tests) turns tracing on and exports in-process instead of through the child.
-    """
+def build_telemetry(settings: Settings, catalog: Catalog, ledger: Ledger) -> Telemetry:
+    """Metrics and the access log as `settings.telemetry` says; what is off is left out entirely."""
     options = settings.telemetry
-    pipeline.tracing = build_tracing(options.tracing, span_exporter)
-    metrics = None
-    if options.metrics:
-        metrics = Metrics(
-            pipeline.catalog.backends,
-            pipeline.ledger,
-            router=lambda: pipeline.router,
-            queued=lambda: pipeline.queued,
-            spans=lambda: _span_stats(pipeline.tracing),
-        )
+    metrics = Metrics(catalog.backends, ledger) if options.metrics else None
     access = options.access_log
     access_log = AccessLog.open(access.destination, access.include_prompts) if access.enabled else None
-    telemetry = Telemetry(metrics, access_log)
-    if metrics is not None or access_log is not None:
-        pipeline.telemetry = telemetry
-        pipeline.recorded = telemetry.recorded
-    return telemetry
+    return Telemetry(metrics, access_log)
 
 
 class SwitchyardPlugin(InitPluginProtocol):
-    """Everything the gateway adds to a Litestar app: routes, lifespan, error shapes, limits."""
+    """Everything the gateway adds to a Litestar app: routes, lifespan, error shapes, limits.
+
+    Each part is built from the settings and the parts it needs, then handed to what uses it; nothing is
+    set on a part after it is made (docs/internals.md, "Wiring")."""
 
     def __init__(
         self,
@@ -151,21 +128,32 @@ class SwitchyardPlugin(InitPluginProtocol):
         ledger: Ledger | None = None,
         span_exporter: SpanExporter | None = None,
     ) -> None:
+        """`span_exporter` (tests) turns tracing on and exports in-process instead of through the child."""
         self.settings = settings
-        set_limits(settings.server.limits)
-        catalog = Catalog(settings.backends)
-        for backend in catalog.backends:
-            backend.breaker.options = settings.server.breaker
         server = settings.server
+        self.catalog = catalog = Catalog(settings.backends)
+        for backend in catalog.backends:
+            backend.breaker.options = server.breaker
         transport = BackendClient(server.max_connections_per_backend, KEEPALIVE_SECONDS)
         upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
-        ledger = ledger or build_ledger(settings.ledger, catalog.backends)
-        self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
-        pipeline.clock_scale = settings.policy_options.clock_scale
-        pipeline.tenants = build_tenants(settings, ledger)
-        self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
-        self.batches = build_batches(settings, pipeline)
-        self.responses = build_responses(settings, pipeline)
+        self.ledger = ledger = ledger or build_ledger(settings.ledger, catalog.backends)
+        self.tenants = tenants = build_tenants(settings, ledger)
+        self.tracing = tracing = build_tracing(settings.telemetry.tracing, span_exporter)
+        self.telemetry = telemetry = build_telemetry(settings, catalog, ledger)
+        observed = telemetry.metrics is not None or telemetry.access_log is not None
+        self.pipeline = pipeline = Pipeline(
+            catalog,
+            router or default_router(settings),
+            upstream,
+            ledger,
+            request_limits=server.limits,
+            tenants=tenants,
+            telemetry=telemetry if observed else None,  # off: the request path skips it with one check
+            tracing=tracing,
+            clock_scale=settings.policy_options.clock_scale,
+        )
+        self.batches = build_batches(settings, pipeline, tenants)
+        self.responses = build_responses(settings, pipeline, tenants)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         pipeline = self.pipeline
@@ -199,8 +187,10 @@ class SwitchyardPlugin(InitPluginProtocol):
         app_config.route_handlers.extend(console_handlers(pipeline, tenants, handlers, throttle))
         if self.telemetry.metrics is not None:
             extra = budget_series(tenants, throttle) if tenants is not None else None
-            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))
-        app_config.lifespan.append(lifespan(self.settings, pipeline))
+            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, pipeline, extra))
+        app_config.lifespan.append(
+            lifespan(self.settings, pipeline, self.catalog, self.ledger, self.telemetry, self.tracing)
+        )
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))
         if self.batches is not None:

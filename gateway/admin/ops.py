@@ -20,7 +20,7 @@ from gateway.admin.keys import visible_rows
 from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 from gateway.openai.errors import GatewayError, invalid_request
 from gateway.request.pipeline import Pipeline
-from gateway.telemetry.metrics import CONTENT_TYPE, Metrics
+from gateway.telemetry.metrics import CONTENT_TYPE, GatewayState, Metrics
 
 log = logging.getLogger("switchyard")
 
@@ -171,16 +171,18 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
     return [backends, drain, undrain]
 
 
-def metrics_handler(metrics: Metrics, extra: Callable[[Any], str] | None = None) -> HTTPRouteHandler:
-    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py), plus `extra` series (given
-    the request's ASGI scope: which ones may depend on the port it came in on)."""
+def metrics_handler(
+    metrics: Metrics, gateway: GatewayState, extra: Callable[[Any], str] | None = None
+) -> HTTPRouteHandler:
+    """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py) with `gateway`'s gauges, plus
+    `extra` series (given the request's ASGI scope: which ones may depend on the port it came in on)."""
 
     # The header is given whole: from a `text/` media type alone, Litestar would add a second charset.
     headers = {"content-type": CONTENT_TYPE}
 
     @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
     async def prometheus(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
-        text = metrics.render()
+        text = metrics.render(gateway)
         if extra is not None:
             text += extra(request.scope).encode()
         fleet = state.get("fleet")

@@ -170,7 +170,7 @@ class BatchRunner:
         """Each batch in progress against its key as it is now (keys mode): stop the batches whose key
         can no longer be used; hold every batch while the key store cannot be read (fail closed)."""
         self.held.clear()
-        tenants = self.service.pipeline.tenants
+        tenants = self.service.tenants
         if not self.batches or tenants is None or not self.service.keys_mode:
             return
         try:

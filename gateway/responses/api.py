@@ -14,13 +14,14 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Litestar, Request, Response, delete, get
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 
+from gateway.config.request_bounds import RequestLimits
 from gateway.config.settings import Settings
 from gateway.http.credentials import authorization as authorization_of
 from gateway.openai.errors import GatewayError, invalid_request
@@ -28,11 +29,14 @@ from gateway.openai.requests import ResponsesRequest
 from gateway.redis.client import REDIS_ERRORS, redis_client
 from gateway.request.classify import Caller, key_id
 from gateway.request.context import RequestContext
-from gateway.request.parse import check_expanded_input, response_items_chars
+from gateway.request.parse import DEFAULT_LIMITS, check_expanded_input, response_items_chars
 from gateway.request.pipeline import Pipeline, Reply
 from gateway.request.relay import RelayedStream
 from gateway.request.typed_sse import TypedSseRelay
 from gateway.responses.store import MemoryResponseStore, RedisResponseStore, ResponseStore
+
+if TYPE_CHECKING:
+    from gateway.tenants.admission import Tenants
 
 log = logging.getLogger("switchyard")
 
@@ -90,10 +94,22 @@ def response_not_found(response_id: str, param: str | None = None) -> GatewayErr
 
 
 class ResponsesApi:
-    def __init__(self, pipeline: Pipeline, store: ResponseStore, max_response_bytes: int) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        store: ResponseStore,
+        max_response_bytes: int,
+        *,
+        limits: RequestLimits = DEFAULT_LIMITS,
+        tenants: Tenants | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.store = store
         self.max_response_bytes = max_response_bytes
+        self.limits = limits
+        """The gateway's bounds (`gateway.limits`), checked again on an input grown by its earlier turns."""
+        self.tenants = tenants
+        """The keys whose responses are kept apart (the pipeline's); None in open mode."""
 
     async def handle(self, ctx: RequestContext) -> Reply:
         """POST /v1/responses (the request path's steps, with the input expanded before classifying)."""
@@ -109,7 +125,7 @@ class ResponsesApi:
         if previous is not None:
             items = await self.earlier_items(owner, previous) + items
         parsed.prompt_chars = response_items_chars(items) + len(request.instructions or "")
-        check_expanded_input(parsed.prompt_chars, len(items))
+        check_expanded_input(self.limits, parsed.prompt_chars, len(items))
         parsed.body = _forwarded_body(ctx.body, items)
         pipeline.classify(ctx)
         reply = await _routed_and_forwarded(pipeline, ctx)
@@ -269,7 +285,7 @@ class ResponsesStream:
         self._inner.end()
 
 
-def build_responses(settings: Settings, pipeline: Pipeline) -> ResponsesApi:
+def build_responses(settings: Settings, pipeline: Pipeline, tenants: Tenants | None) -> ResponsesApi:
     options = settings.responses
     url = settings.ledger.redis_url
     store: ResponseStore
@@ -282,7 +298,9 @@ def build_responses(settings: Settings, pipeline: Pipeline) -> ResponsesApi:
         )
     else:
         store = MemoryResponseStore(options.ttl_s, options.max_bytes_per_key, options.max_bytes_memory)
-    return ResponsesApi(pipeline, store, options.response_bytes_bound)
+    return ResponsesApi(
+        pipeline, store, options.response_bytes_bound, limits=settings.server.limits, tenants=tenants
+    )
 
 
 def response_handlers(api: ResponsesApi) -> list[BaseRouteHandler]:

@@ -65,6 +65,9 @@ class Seen:
     def failed(self, request_id: str, endpoint: str, status: int, *_: object) -> None:
         self.failures.append((request_id, status))
 
+    def close(self) -> None:
+        """Nothing buffered."""
+
 
 def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemoryLedger, Seen]:
     backends = [
@@ -74,10 +77,8 @@ def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemory
     transport = MemoryTransport({b.url: list(a) for b, a in zip(backends, answers, strict=True)})
     upstream = Upstream(transport, TIMEOUTS, 8, Retries(backoff_ms=0, backoff_max_ms=0))
     ledger = InMemoryLedger()
-    pipeline = Pipeline(Catalog(backends), InOrder(), upstream, ledger)
     seen = Seen()
-    pipeline.recorded = seen.recorded
-    pipeline.telemetry = seen  # type: ignore[assignment]
+    pipeline = Pipeline(Catalog(backends), InOrder(), upstream, ledger, telemetry=seen)
     return pipeline, backends, ledger, seen
 
 
