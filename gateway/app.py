@@ -10,19 +10,17 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, Request, Response
 from litestar.config.app import AppConfig
 from litestar.exceptions import HTTPException
-from litestar.handlers import ASGIRouteHandler, BaseRouteHandler
+from litestar.handlers import ASGIRouteHandler
 from litestar.plugins import InitPluginProtocol
 
 from backends.catalog import Catalog
-from gateway.admin.costs import costs_handler
-from gateway.admin.keys import admin_guard, key_handlers
 from gateway.admin.login_throttle import LoginThrottle
-from gateway.admin.ops import backend_handlers, metrics_handler, ops_handlers
-from gateway.admin.policy import policy_handlers
+from gateway.admin.ops import health_controller, metrics_controller
 from gateway.admin.port import ON_ADMIN_PORT, AdminPortSplit
-from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
+from gateway.admin.router import admin_router
+from gateway.batch.wiring import batch_controllers, batch_lifespan, build_batches
 from gateway.config.settings import Settings, load_settings
-from gateway.console import console_handlers
+from gateway.console import console_controller
 from gateway.http.credentials import one_credential
 from gateway.http.fastpath import FastPath
 from gateway.http.routes import new_request_id, openai_handlers, valid_request_id
@@ -32,7 +30,7 @@ from gateway.lifespan import lifespan
 from gateway.openai.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
-from gateway.responses.api import build_responses, response_handlers, responses_lifespan
+from gateway.responses.api import build_responses, responses_controller, responses_lifespan
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admission import Tenants
 from gateway.tenants.factory import build_tenants, tenants_lifespan
@@ -156,45 +154,45 @@ class SwitchyardPlugin(InitPluginProtocol):
         self.responses = build_responses(settings, pipeline, tenants)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        pipeline = self.pipeline
+        pipeline, tenants = self.pipeline, self.tenants
         forwarding = openai_handlers(
             pipeline, pipeline.catalog, self.settings.server.max_body_bytes, self.responses.handle
         )
         app_config.route_handlers.extend(forwarding)
-        app_config.route_handlers.extend(response_handlers(self.responses))
-        app_config.lifespan.append(responses_lifespan(self.responses))
         self.fast_routes = {
             path: handler.fn
             for handler in forwarding
             if isinstance(handler, ASGIRouteHandler)
             for path in handler.paths
         }
-        app_config.route_handlers.extend(ops_handlers(pipeline.catalog, pipeline.ledger))
-        app_config.route_handlers.extend(backend_handlers(pipeline))
-        app_config.route_handlers.extend(policy_handlers(pipeline))
-        app_config.route_handlers.append(costs_handler(pipeline.ledger))
+        # Every other route group is a controller built for this app with its collaborators
+        # (gateway/http/controllers.py); the guards that apply to all of them are the app's.
         app_config.guards.insert(0, one_credential)
-        tenants = pipeline.tenants
         throttle = None
         if tenants is not None:
             throttle = LoginThrottle(
                 tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
             )
-            app_config.route_handlers.extend(key_handlers(tenants))
-            app_config.guards.append(admin_guard(tenants, throttle))
-        # The console calls the admin handlers registered above; it belongs wherever they are served.
-        handlers = [h for h in app_config.route_handlers if isinstance(h, BaseRouteHandler)]
-        app_config.route_handlers.extend(console_handlers(pipeline, tenants, handlers, throttle))
+        admin = admin_router(pipeline, tenants, throttle)
+        app_config.route_handlers.extend(
+            [
+                responses_controller(self.responses),
+                health_controller(self.catalog, self.ledger),
+                admin,
+                console_controller(pipeline, tenants, admin, throttle),
+            ]
+        )
         if self.telemetry.metrics is not None:
             extra = budget_series(tenants, throttle) if tenants is not None else None
-            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, pipeline, extra))
+            app_config.route_handlers.append(metrics_controller(self.telemetry.metrics, pipeline, extra))
+        app_config.lifespan.append(responses_lifespan(self.responses))
         app_config.lifespan.append(
             lifespan(self.settings, pipeline, self.catalog, self.ledger, self.telemetry, self.tracing)
         )
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))
         if self.batches is not None:
-            app_config.route_handlers.extend(batch_handlers(self.batches))
+            app_config.route_handlers.extend(batch_controllers(self.batches))
             app_config.lifespan.append(batch_lifespan(self.batches))
         app_config.exception_handlers.update(
             {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected_error}

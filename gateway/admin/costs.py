@@ -12,19 +12,25 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Request, Response, get
-from litestar.handlers import HTTPRouteHandler
+from litestar import Controller, Request, Response, get
 from litestar.params import FromQuery
 
 from gateway.admin.keys import visible_rows
+from gateway.http.controllers import per_app
 from gateway.ledger.costs import WINDOWS, format_cost_table
 from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 from gateway.openai.errors import invalid_request
 
 
-def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
-    @get("/admin/v1/costs", name="costs")
+class CostsController(Controller):
+    """`GET /admin/v1/costs` over the app's ledger."""
+
+    path = "/admin/v1/costs"
+    ledger: Ledger
+
+    @get("/", name="costs")
     async def costs(
+        self,
         request: Request[Any, Any, Any],
         by: FromQuery[str] = "backend",
         window: FromQuery[str] = "15m",
@@ -37,12 +43,12 @@ def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
         if format not in ("json", "text"):
             raise invalid_request("`format` must be json or text.", param="format")
         dimension: Dimension = by
-        cost_rows, totals = await ledger.report(dimension, window)
+        cost_rows, totals = await self.ledger.report(dimension, window)
         every_row = [asdict(row) for row in cost_rows]
         rows = visible_rows(request, every_row)
         if rows is not every_row:  # a tenant sees its own rows, not the fleet's totals
             totals = {}
-        idle_cost = ledger.idle_cost
+        idle_cost = self.ledger.idle_cost
         if format == "text":
             return Response(format_cost_table(by, window, rows, idle_cost) + "\n", media_type="text/plain")
         body = {
@@ -51,8 +57,10 @@ def costs_handler(ledger: Ledger) -> HTTPRouteHandler:
             "idle_cost": idle_cost,
             "totals": totals,
             "rows": rows,
-            "ledger": ledger.stats(),
+            "ledger": self.ledger.stats(),
         }
         return Response(body)
 
-    return costs
+
+def costs_controller(ledger: Ledger) -> type[CostsController]:
+    return per_app(CostsController, ledger=ledger)

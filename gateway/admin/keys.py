@@ -11,13 +11,14 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Request, delete, get, patch, post, put
+from litestar import Controller, Request, delete, get, patch, post, put
 from litestar.connection import ASGIConnection
 from litestar.enums import ScopeType
-from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
 
 from gateway.admin.login_throttle import LoginThrottle, client_address, too_many_failed_logins
+from gateway.http.controllers import per_app
 from gateway.http.credentials import authorization
 from gateway.http.query_params import refuse_repeated
 from gateway.openai.errors import GatewayError, invalid_request
@@ -114,102 +115,95 @@ def _not_found(what: str) -> GatewayError:
     return GatewayError(404, f"No {what}.", "invalid_request_error", code="not_found")
 
 
-def key_handlers(tenants: Tenants) -> list[HTTPRouteHandler]:
-    store = tenants.store
+class KeysController(Controller):
+    """`/admin/v1/keys` and `/admin/v1/teams` over the app's `tenants` (built by `keys_controller`)."""
 
-    async def find(key_id: str) -> KeyRecord:
-        record = await store.get_key(key_id)
+    path = "/admin/v1"
+    tenants: Tenants
+
+    async def find(self, key_id: str) -> KeyRecord:
+        record = await self.tenants.store.get_key(key_id)
         if record is None:
             raise _not_found(f"key `{key_id}`")
         return record
 
-    async def shown(record: KeyRecord) -> dict[str, Any]:
+    async def shown(self, record: KeyRecord) -> dict[str, Any]:
         period, _ = budget_period(record.budget_period, time.time())
-        return {**record.public(), **await tenants.usage("k:" + record.id, period)}
+        return {**record.public(), **await self.tenants.usage("k:" + record.id, period)}
 
-    @post("/admin/v1/keys", name="keys-create", status_code=201)
-    async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    @post("/keys", name="keys-create", status_code=201)
+    async def create(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
         fields, given = _fields(await request.body())
         material, record = new_key(fields, given)
-        tenants.changed(await store.put_key(record))
+        self.tenants.changed(await self.tenants.store.put_key(record))
         return {"key": material, **record.public()}
 
-    @get("/admin/v1/keys", name="keys-list")
-    async def list_keys(team: FromQuery[str | None] = None) -> dict[str, Any]:
-        keys = [k.public() for k in await store.list_keys() if team is None or k.team == team]
+    @get("/keys", name="keys-list")
+    async def list_keys(self, team: FromQuery[str | None] = None) -> dict[str, Any]:
+        keys = [k.public() for k in await self.tenants.store.list_keys() if team is None or k.team == team]
         return {"data": keys}
 
-    @get("/admin/v1/keys/self", name="keys-self")
-    async def own(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    @get("/keys/self", name="keys-self")
+    async def own(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
         tenant: Tenant = request.scope["state"][_STATE_TENANT]
-        return await shown(tenant.key)
+        return await self.shown(tenant.key)
 
-    @get("/admin/v1/keys/{key_id:str}", name="keys-get")
-    async def read(key_id: FromPath[str]) -> dict[str, Any]:
-        return await shown(await find(key_id))
+    @get("/keys/{key_id:str}", name="keys-get")
+    async def read(self, key_id: FromPath[str]) -> dict[str, Any]:
+        return await self.shown(await self.find(key_id))
 
-    @patch("/admin/v1/keys/{key_id:str}", name="keys-update")
-    async def update(key_id: FromPath[str], request: Request[Any, Any, Any]) -> dict[str, Any]:
+    @patch("/keys/{key_id:str}", name="keys-update")
+    async def update(self, key_id: FromPath[str], request: Request[Any, Any, Any]) -> dict[str, Any]:
         fields, given = _fields(await request.body())
-        record = apply_fields(await find(key_id), fields, given)
-        tenants.changed(await store.put_key(record))
+        record = apply_fields(await self.find(key_id), fields, given)
+        self.tenants.changed(await self.tenants.store.put_key(record))
         return record.public()
 
-    @post("/admin/v1/keys/{key_id:str}/rotate", name="keys-rotate", status_code=200)
-    async def rotate(key_id: FromPath[str]) -> dict[str, Any]:
+    @post("/keys/{key_id:str}/rotate", name="keys-rotate", status_code=200)
+    async def rotate(self, key_id: FromPath[str]) -> dict[str, Any]:
         """New material for the same key (limits, spend and usage carry on); the old one stops at once."""
-        record = await find(key_id)
+        record = await self.find(key_id)
         material = new_key_material()
         rotated = msgspec.structs.replace(record, hash=hash_key(material))
-        tenants.changed(await store.put_key(rotated, old_hash=record.hash))
+        self.tenants.changed(await self.tenants.store.put_key(rotated, old_hash=record.hash))
         return {"key": material, **rotated.public()}
 
-    @post("/admin/v1/keys/{key_id:str}/revoke", name="keys-revoke", status_code=200)
-    async def revoke(key_id: FromPath[str]) -> dict[str, Any]:
-        record = msgspec.structs.replace(await find(key_id), revoked=True)
-        tenants.changed(await store.put_key(record))
+    @post("/keys/{key_id:str}/revoke", name="keys-revoke", status_code=200)
+    async def revoke(self, key_id: FromPath[str]) -> dict[str, Any]:
+        record = msgspec.structs.replace(await self.find(key_id), revoked=True)
+        self.tenants.changed(await self.tenants.store.put_key(record))
         return record.public()
 
-    @get("/admin/v1/teams", name="teams-list")
-    async def list_teams() -> dict[str, Any]:
-        return {"data": [msgspec.to_builtins(t) for t in await store.list_teams()]}
+    @get("/teams", name="teams-list")
+    async def list_teams(self) -> dict[str, Any]:
+        return {"data": [msgspec.to_builtins(t) for t in await self.tenants.store.list_teams()]}
 
-    @get("/admin/v1/teams/{name:str}", name="teams-get")
-    async def read_team(name: FromPath[str]) -> dict[str, Any]:
-        team = await store.get_team(name)
+    @get("/teams/{name:str}", name="teams-get")
+    async def read_team(self, name: FromPath[str]) -> dict[str, Any]:
+        team = await self.tenants.store.get_team(name)
         if team is None:
             raise _not_found(f"team `{name}`")
         period, _ = budget_period(team.budget_period, time.time())
-        return {**msgspec.to_builtins(team), "spent_usd": await tenants.spent_usd("t:" + name, period)}
+        return {**msgspec.to_builtins(team), "spent_usd": await self.tenants.spent_usd("t:" + name, period)}
 
-    @put("/admin/v1/teams/{name:str}", name="teams-put", status_code=200)
-    async def put_team(name: FromPath[str], request: Request[Any, Any, Any]) -> dict[str, Any]:
+    @put("/teams/{name:str}", name="teams-put", status_code=200)
+    async def put_team(self, name: FromPath[str], request: Request[Any, Any, Any]) -> dict[str, Any]:
         try:
             raw = msgspec.json.decode(await request.body() or b"{}")
             team = msgspec.convert({**raw, "name": name}, TeamRecord)
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
             raise invalid_request(f"Invalid team: {exc}.") from None
-        tenants.changed(await store.put_team(team))
+        self.tenants.changed(await self.tenants.store.put_team(team))
         return msgspec.to_builtins(team)
 
-    @delete("/admin/v1/teams/{name:str}", name="teams-delete", status_code=200)
-    async def delete_team(name: FromPath[str]) -> dict[str, Any]:
-        found, version = await store.delete_team(name)
-        tenants.changed(version)
+    @delete("/teams/{name:str}", name="teams-delete", status_code=200)
+    async def delete_team(self, name: FromPath[str]) -> dict[str, Any]:
+        found, version = await self.tenants.store.delete_team(name)
+        self.tenants.changed(version)
         if not found:
             raise _not_found(f"team `{name}`")
         return {"deleted": name}
 
-    return [
-        create,
-        list_keys,
-        own,
-        read,
-        update,
-        rotate,
-        revoke,
-        list_teams,
-        read_team,
-        put_team,
-        delete_team,
-    ]
+
+def keys_controller(tenants: Tenants) -> type[KeysController]:
+    return per_app(KeysController, tenants=tenants)

@@ -9,30 +9,37 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Request, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import State
-from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery
 
 from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.admin.keys import visible_rows
+from gateway.http.controllers import per_app
 from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 from gateway.openai.errors import GatewayError, invalid_request
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry.metrics import CONTENT_TYPE, GatewayState, Metrics
 
 log = logging.getLogger("switchyard")
+_METRICS_HEADERS = {"content-type": CONTENT_TYPE}
 
 
-def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
+class HealthController(Controller):
+    """`GET /health` and `GET /ready` (served on both ports, no key needed)."""
+
+    path = "/"
+    catalog: Catalog
+    ledger: Ledger
+
     @get("/health", name="health")
-    async def health() -> dict[str, str]:
+    async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
     @get("/ready", name="ready")
-    async def ready(state: State) -> Response[dict[str, Any]]:
-        backends = catalog.backends
+    async def ready(self, state: State) -> Response[dict[str, Any]]:
+        backends = self.catalog.backends
         fleet = state.get("fleet")
         serving = sum(b.healthy for b in backends)
         body: dict[str, Any] = {
@@ -41,35 +48,40 @@ def ops_handlers(catalog: Catalog, ledger: Ledger) -> list[HTTPRouteHandler]:
             "backends_healthy": sum(b.health_ok for b in backends),
             "backends_drained": sum(b.draining for b in backends),
             "backends_total": len(backends),
-            "ledger": ledger.stats(),
+            "ledger": self.ledger.stats(),
             "fleet": fleet.summary() if fleet is not None else {"sync": "off"},
         }
         if not serving:
             body["reason"] = not_serving_reason(backends)
         return Response(body, status_code=200 if serving else 503)
 
-    @get("/admin/v1/usage", name="usage")
-    async def usage(request: Request[Any, Any, Any], by: FromQuery[str] = "backend") -> dict[str, Any]:
+
+class UsageController(Controller):
+    """`GET /admin/v1/usage` and `GET /admin/v1/requests`: what the ledger has recorded."""
+
+    path = "/admin/v1"
+    ledger: Ledger
+
+    @get("/usage", name="usage")
+    async def usage(self, request: Request[Any, Any, Any], by: FromQuery[str] = "backend") -> dict[str, Any]:
         if by not in DIMENSIONS:
             raise invalid_request(f"`by` must be one of {', '.join(DIMENSIONS)}.", param="by")
         dimension: Dimension = by
-        totals = await ledger.read_totals(dimension)
+        totals = await self.ledger.read_totals(dimension)
         rows = [
             {"name": name, **asdict(t), "total_tokens": t.total_tokens} for name, t in sorted(totals.items())
         ]
         return {"by": dimension, "data": visible_rows(request, rows)}
 
-    @get("/admin/v1/requests", name="recent-requests")
-    async def recent_requests(state: State, limit: FromQuery[int] = 100) -> dict[str, Any]:
+    @get("/requests", name="recent-requests")
+    async def recent_requests(self, state: State, limit: FromQuery[int] = 100) -> dict[str, Any]:
         if not 1 <= limit <= 1000:
             raise invalid_request("`limit` must be between 1 and 1000.", param="limit")
         fleet = state.get("fleet")
         shared = await fleet.recent(limit) if fleet is not None else None
         if shared is not None:
             return {"data": shared, "scope": "fleet"}
-        return {"data": [asdict(record) for record in ledger.recent(limit)]}
-
-    return [health, ready, usage, recent_requests]
+        return {"data": [asdict(record) for record in self.ledger.recent(limit)]}
 
 
 def not_serving_reason(backends: Sequence[Backend]) -> str:
@@ -124,19 +136,23 @@ async def share_drain(state: State, backend: Backend) -> dict[str, Any]:
     return {**backend_state(backend), "fleet": "off" if shared is None else ("shared" if shared else "local")}
 
 
-def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
+class BackendsController(Controller):
     """`GET /admin/v1/backends`; `POST /admin/v1/backends/{name}/drain` and `/undrain`."""
-    by_name = {b.name: b for b in pipeline.catalog.backends}
 
-    def find(name: str) -> Backend:
+    path = "/admin/v1/backends"
+    pipeline: Pipeline
+
+    def find(self, name: str) -> Backend:
+        by_name = {b.name: b for b in self.pipeline.catalog.backends}  # an operator's action: no hurry
         backend = by_name.get(name)
         if backend is None:
             known = ", ".join(sorted(by_name))
             raise GatewayError(404, f"No backend `{name}` (known: {known}).", "invalid_request_error")
         return backend
 
-    @get("/admin/v1/backends", name="backends")
-    async def backends(state: State) -> dict[str, Any]:
+    @get("/", name="backends")
+    async def backends(self, state: State) -> dict[str, Any]:
+        pipeline = self.pipeline
         upstream = pipeline.upstream
         fleet = state.get("fleet")
         return {
@@ -149,45 +165,60 @@ def backend_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
             },
         }
 
-    @post("/admin/v1/backends/{name:str}/drain", name="drain", status_code=200)
-    async def drain(name: FromPath[str], state: State) -> dict[str, Any]:
+    @post("/{name:str}/drain", name="drain", status_code=200)
+    async def drain(self, name: FromPath[str], state: State) -> dict[str, Any]:
         """No new requests; those in flight finish. Lasts until undrained (or the gateway restarts)."""
-        backend = find(name)
+        backend = self.find(name)
         if not backend.draining:
             log.warning("backend %s drained by an operator (%d in flight)", name, backend.inflight)
         backend.draining = True
         backend.breaker.refresh()
         return await share_drain(state, backend)
 
-    @post("/admin/v1/backends/{name:str}/undrain", name="undrain", status_code=200)
-    async def undrain(name: FromPath[str], state: State) -> dict[str, Any]:
-        backend = find(name)
+    @post("/{name:str}/undrain", name="undrain", status_code=200)
+    async def undrain(self, name: FromPath[str], state: State) -> dict[str, Any]:
+        backend = self.find(name)
         if backend.draining:
             log.warning("backend %s undrained by an operator", name)
         backend.draining = False
         backend.breaker.refresh()
         return await share_drain(state, backend)
 
-    return [backends, drain, undrain]
 
-
-def metrics_handler(
-    metrics: Metrics, gateway: GatewayState, extra: Callable[[Any], str] | None = None
-) -> HTTPRouteHandler:
+class MetricsController(Controller):
     """`GET /metrics`: Prometheus text format (gateway/telemetry/metrics.py) with `gateway`'s gauges, plus
     `extra` series (given the request's ASGI scope: which ones may depend on the port it came in on)."""
 
-    # The header is given whole: from a `text/` media type alone, Litestar would add a second charset.
-    headers = {"content-type": CONTENT_TYPE}
+    path = "/metrics"
+    metrics: Metrics
+    gateway: GatewayState
+    extra: Callable[[Any], str] | None
 
-    @get("/metrics", name="metrics", media_type=CONTENT_TYPE)
-    async def prometheus(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
-        text = metrics.render(gateway)
-        if extra is not None:
-            text += extra(request.scope).encode()
+    @get("/", name="metrics", media_type=CONTENT_TYPE)
+    async def prometheus(self, state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+        text = self.metrics.render(self.gateway)
+        if self.extra is not None:
+            text += self.extra(request.scope).encode()
         fleet = state.get("fleet")
         if fleet is not None:
             text += fleet.metrics_text().encode()
-        return Response(text, headers=headers)
+        # The header is given whole: from a `text/` media type alone, Litestar would add a second charset.
+        return Response(text, headers=_METRICS_HEADERS)
 
-    return prometheus
+
+def health_controller(catalog: Catalog, ledger: Ledger) -> type[HealthController]:
+    return per_app(HealthController, catalog=catalog, ledger=ledger)
+
+
+def usage_controller(ledger: Ledger) -> type[UsageController]:
+    return per_app(UsageController, ledger=ledger)
+
+
+def backends_controller(pipeline: Pipeline) -> type[BackendsController]:
+    return per_app(BackendsController, pipeline=pipeline)
+
+
+def metrics_controller(
+    metrics: Metrics, gateway: GatewayState, extra: Callable[[Any], str] | None = None
+) -> type[MetricsController]:
+    return per_app(MetricsController, metrics=metrics, gateway=gateway, extra=extra)

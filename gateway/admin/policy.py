@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Request, get, post
-from litestar.handlers import HTTPRouteHandler
+from litestar import Controller, Request, get, post
 from litestar.params import FromQuery
 
 from gateway.admin.policy_reload import PolicyWatcher
+from gateway.http.controllers import per_app
 from gateway.http.routes import read_caller
 from gateway.openai.errors import invalid_request, model_not_found
 from gateway.request.classify import classify
@@ -66,18 +66,24 @@ def policy_state(router: Router, watcher: PolicyWatcher | None) -> PolicyState:
     return state
 
 
-def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
-    @get("/admin/v1/policy", name="policy")
-    async def policy(request: Request[Any, Any, Any]) -> PolicyState:
-        return policy_state(pipeline.router, getattr(request.app.state, "policy_watcher", None))
+class PolicyController(Controller):
+    """`GET /admin/v1/policy` and `POST /admin/v1/explain` over the app's pipeline (its router in force)."""
 
-    @post("/admin/v1/explain", name="explain", status_code=200)
+    path = "/admin/v1"
+    pipeline: Pipeline
+
+    @get("/policy", name="policy")
+    async def policy(self, request: Request[Any, Any, Any]) -> PolicyState:
+        return policy_state(self.pipeline.router, getattr(request.app.state, "policy_watcher", None))
+
+    @post("/explain", name="explain", status_code=200)
     async def explain_request(
-        request: Request[Any, Any, Any], endpoint: FromQuery[str] = "chat"
+        self, request: Request[Any, Any, Any], endpoint: FromQuery[str] = "chat"
     ) -> Explained:
         """Route the posted OpenAI request body without sending it: class, candidates, scores, choice."""
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")
+        pipeline = self.pipeline
         parsed = parse(endpoint, await request.body())
         profile = classify(parsed, read_caller(request.scope), pipeline.prompt_sizer)
         serving = pipeline.catalog.serving(profile.model)
@@ -85,4 +91,6 @@ def policy_handlers(pipeline: Pipeline) -> list[HTTPRouteHandler]:
             raise model_not_found(profile.model)
         return explain(pipeline.router, profile, serving)
 
-    return [policy, explain_request]
+
+def policy_controller(pipeline: Pipeline) -> type[PolicyController]:
+    return per_app(PolicyController, pipeline=pipeline)

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from litestar import Litestar, Request, Response, delete, get
-from litestar.handlers import BaseRouteHandler
+from litestar import Controller, Litestar, Request, Response, delete, get
 from litestar.params import FromPath
 
 from gateway.config.request_bounds import RequestLimits
 from gateway.config.settings import Settings
+from gateway.http.controllers import per_app
 from gateway.http.credentials import authorization as authorization_of
 from gateway.openai.errors import GatewayError, invalid_request
 from gateway.openai.requests import ResponsesRequest
@@ -36,7 +36,7 @@ from gateway.request.typed_sse import TypedSseRelay
 from gateway.responses.store import MemoryResponseStore, RedisResponseStore, ResponseStore
 
 if TYPE_CHECKING:
-    from gateway.tenants.admission import Tenants
+    from gateway.tenants.admission import Tenant, Tenants
 
 log = logging.getLogger("switchyard")
 
@@ -303,29 +303,40 @@ def build_responses(settings: Settings, pipeline: Pipeline, tenants: Tenants | N
     )
 
 
-def response_handlers(api: ResponsesApi) -> list[BaseRouteHandler]:
-    """GET and DELETE /v1/responses/{id}, each key reading only its own."""
-    tenants = api.pipeline.tenants
-    authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
+class ResponsesController(Controller):
+    """GET and DELETE /v1/responses/{id}, each key reading only its own (POST is on the fast path)."""
 
-    async def owner(request: Request[Any, Any, Any]) -> str:
+    path = "/v1/responses"
+    api: ResponsesApi
+    authenticate: Callable[[str | None], Awaitable[Tenant]] | None
+    """The tenants' authentication in `auth.mode: keys` (the owner is the key), else None (the token)."""
+
+    async def owner_key(self, request: Request[Any, Any, Any]) -> str:
         authorization = authorization_of(request.scope["headers"])
-        if authenticate is not None:
-            return (await authenticate(authorization)).key.id
+        if self.authenticate is not None:
+            return (await self.authenticate(authorization)).key.id
         return key_id(authorization)
 
-    @get("/v1/responses/{response_id:str}", name="response")
-    async def read_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
-        body = await api.read(await owner(request), response_id)
+    @get("/{response_id:str}", name="response")
+    async def read_response(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        body = await self.api.read(await self.owner_key(request), response_id)
         return Response(body, media_type="application/json")
 
-    @delete("/v1/responses/{response_id:str}", name="delete-response", status_code=200)
-    async def delete_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
-        await api.remove(await owner(request), response_id)
+    @delete("/{response_id:str}", name="delete-response", status_code=200)
+    async def delete_response(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        await self.api.remove(await self.owner_key(request), response_id)
         body = _encoder.encode({"id": response_id, "object": "response", "deleted": True})
         return Response(body, media_type="application/json")
 
-    return [read_response, delete_response]
+
+def responses_controller(api: ResponsesApi) -> type[ResponsesController]:
+    tenants = api.tenants
+    keys = tenants if tenants is not None and tenants.options.mode == "keys" else None
+    return per_app(ResponsesController, api=api, authenticate=keys.authenticate if keys is not None else None)
 
 
 def responses_lifespan(api: ResponsesApi):
