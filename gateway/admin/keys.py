@@ -1,4 +1,5 @@
-"""`/admin/v1/keys` and `/admin/v1/teams`, and the guard in front of every `/admin/...` route.
+"""`/admin/v1/keys` and `/admin/v1/teams`, and the guard in front of every `/admin/...` route (the admin
+router's, gateway/admin/router.py).
 
 Admin routes need an admin key: the bootstrap key from the environment (`auth.admin_key_env`) or a key
 with the `admin` scope. A tenant key may read only its own usage and costs (`by=key`, its own key) and
@@ -16,6 +17,7 @@ from litestar.connection import ASGIConnection
 from litestar.enums import ScopeType
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath, FromQuery
+from litestar.types import Guard
 
 from gateway.admin.login_throttle import LoginThrottle, client_address, too_many_failed_logins
 from gateway.http.controllers import per_app
@@ -41,7 +43,7 @@ _STATE_TENANT = "switchyard_tenant"
 _STATE_VISIBLE = "switchyard_visible_keys"
 
 
-def admin_guard(tenants: Tenants, throttle: LoginThrottle | None = None):
+def admin_guard(tenants: Tenants, throttle: LoginThrottle | None = None) -> Guard:
     """With `throttle`, a wrong key slows its address down (gateway/admin/login_throttle.py)."""
 
     async def authenticate(connection: ASGIConnection[Any, Any, Any, Any]) -> Tenant:
