@@ -156,7 +156,7 @@ class SwitchyardPlugin(InitPluginProtocol):
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         pipeline, tenants = self.pipeline, self.tenants
         forwarding = openai_handlers(
-            pipeline, pipeline.catalog, self.settings.server.max_body_bytes, self.responses.handle
+            pipeline, self.catalog, self.settings.server.max_body_bytes, self.responses.handle
         )
         app_config.route_handlers.extend(forwarding)
         self.fast_routes = {
@@ -173,7 +173,7 @@ class SwitchyardPlugin(InitPluginProtocol):
             throttle = LoginThrottle(
                 tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
             )
-        admin = admin_router(pipeline, tenants, throttle)
+        admin = admin_router(pipeline, self.ledger, tenants, throttle)
         app_config.route_handlers.extend(
             [
                 responses_controller(self.responses),

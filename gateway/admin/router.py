@@ -9,17 +9,20 @@ from gateway.admin.keys import admin_guard, keys_controller
 from gateway.admin.login_throttle import LoginThrottle
 from gateway.admin.ops import backends_controller, usage_controller
 from gateway.admin.policy import policy_controller
+from gateway.ledger.records import Ledger
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
 
 
-def admin_router(pipeline: Pipeline, tenants: Tenants | None, throttle: LoginThrottle | None) -> Router:
+def admin_router(
+    pipeline: Pipeline, ledger: Ledger, tenants: Tenants | None, throttle: LoginThrottle | None
+) -> Router:
     """Usage, costs, backends and the policy; with `tenants`, the keys and teams too and the admin guard
     in front of all of them (without, the admin API is open, as auth is off). The guard runs after the
     app's `one_credential`, as app guards run before a router's."""
     controllers: list[type[Controller]] = [
-        usage_controller(pipeline.ledger),
-        costs_controller(pipeline.ledger),
+        usage_controller(ledger),
+        costs_controller(ledger),
         backends_controller(pipeline),
         policy_controller(pipeline),
     ]
