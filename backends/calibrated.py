@@ -43,16 +43,19 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     request_per_seq_s: _NonNeg = 0.0
     """The front end's extra time per sequence already running (its HTTP streams compete with new
     requests)."""
+    admit_s: _NonNeg = 0.0
+    """Every request's wait between the front end and its first step (handing it to the engine process,
+    adding it to the scheduler), counted in its TTFT, busy engine or not."""
     admit_busy_s: _NonNeg = 0.0
-    """A newcomer's wait between reaching a busy engine (any sequence running) and being scheduled,
-    counted in its TTFT: the server's front end competing with the streams it serves."""
+    """A newcomer's further wait when it reaches a busy engine (any sequence running) before it is
+    scheduled, counted in its TTFT: the server's front end competing with the streams it serves."""
 
     def front_end(self, running: int) -> float:
         """Seconds from a request's arrival until the engine sees it, with `running` sequences in flight."""
         return self.request_s + self.request_per_seq_s * max(0, running)
 
     def admission_wait(self, running: int) -> float:
-        return self.admit_busy_s if running > 0 else 0.0
+        return self.admit_s + (self.admit_busy_s if running > 0 else 0.0)
 
     def step_seconds(self, seqs: int, prefill_tokens: float, decode_context: float) -> float:
         if seqs <= 0:

@@ -14,8 +14,11 @@ must fail the same comparison, so the test can fail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,16 +35,19 @@ from loadtest.calibrate.agreement import (
 from loadtest.calibrate.check import (
     TOLERANCE,
     WIDTHS,
+    Target,
     calibrated_timing,
     compare,
     failures,
     format_rows,
     held_apart_jobs,
     percentile,
-    run_load,
-    simulated_run,
+    run_interleaved,
+    start_simulator,
+    stop_process,
     vocabulary_of,
 )
+from loadtest.calibrate.speed import SpeedGate, calibration_speed, kept_log
 from tests.support import free_port, metric, running_gateway, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
@@ -49,6 +55,8 @@ POOL = "calibrated"
 WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
 """The built-in MI300X datasheet profile serving an 8B model: what a fresh install assumes."""
 ATTAINMENT_POINTS = 0.05
+SCRAPE_S = 1.0
+"""The gateways' /metrics scrape interval (their default), and the replay's."""
 SEED = 20261127
 
 
@@ -82,11 +90,16 @@ def _slos_from(log: Path) -> dict[str, ClassSlo]:
         tpots.setdefault(line.request_class, []).append(
             (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
         )
-    return {cls: ClassSlo(percentile(ttfts[cls], 0.8), percentile(tpots[cls], 0.8)) for cls in ttfts}
+    return {
+        cls: ClassSlo(percentile(ttfts[cls], 80) or 0.0, percentile(tpots[cls], 80) or 0.0) for cls in ttfts
+    }
 
 
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("SWITCHYARD_CALIBRATE_URL"):  # a server already running (nothing else may load it)
+        yield os.environ["SWITCHYARD_CALIBRATE_URL"]
+        return
     log = tmp_path_factory.mktemp("calibrate-vllm") / "vllm.log"
     launch = build_launch(
         LaunchSpec(
@@ -107,6 +120,25 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stop(process)
 
 
+def _gateway_config(url: str, policy: Path, log: Path | None) -> dict[str, Any]:
+    """One pool of one backend, the gateway's default scrape interval; `log`: its access log."""
+    telemetry = {"access_log": {"destination": str(log)}} if log is not None else {}
+    return {
+        "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": SCRAPE_S, "timeout": 1.0}},
+        "policy": {"file": str(policy)},
+        "telemetry": telemetry,
+        "pools": [
+            {
+                "name": POOL,
+                "vendor": "amd",
+                "accelerator": "mi300x",
+                "price_per_gpu_hour": 1.0,
+                "backends": [{"name": "b-0", "url": url, "models": [MODEL], "max_model_len": MAX_MODEL_LEN}],
+            }
+        ],
+    }
+
+
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
     profile_path = tmp_path / "tiny.yaml"
     argv = ["calibrate", "--url", real_server, "--model", MODEL, "--accelerator", "cpu"]
@@ -121,38 +153,43 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
 
     vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
     levels = held_apart_jobs(vocabulary, max_model_len, SEED)
-    log = tmp_path / "access.jsonl"
+    gateway_log = tmp_path / "access.jsonl"
     policy = _policy(tmp_path / "policy.yaml")
-    config = {
-        "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": 0.2, "timeout": 1.0}},
-        "policy": {"file": str(policy)},
-        "telemetry": {"access_log": {"destination": str(log)}},
-        "pools": [
-            {
-                "name": POOL,
-                "vendor": "amd",
-                "accelerator": "mi300x",
-                "price_per_gpu_hour": 1.0,
-                "backends": [
-                    {"name": "real-0", "url": real_server, "models": [MODEL], "max_model_len": MAX_MODEL_LEN}
-                ],
-            }
-        ],
-    }
-    with running_gateway(config, tmp_path / "gateway") as base:
-        real = asyncio.run(run_load(base, MODEL, levels, WIDTHS, metrics_url=real_server))
+    # The same load through a gateway each: the real server, the simulator of the fitted profile and
+    # that of the built-in MI300X profile, level by level (loadtest/calibrate/check.py).
+    with contextlib.ExitStack() as stack:
+        urls = [real_server]
+        for name, timing in (("calibrated", calibrated_timing(profile_path)), ("wrong", WRONG)):
+            process, url = start_simulator(timing, MODEL, max_model_len, tmp_path / f"{name}.log")
+            stack.callback(stop_process, process)
+            urls.append(url)
+        targets = [
+            Target(
+                stack.enter_context(
+                    running_gateway(
+                        _gateway_config(url, policy, gateway_log if i == 0 else None), tmp_path / f"gw{i}"
+                    )
+                ),
+                url,
+            )
+            for i, url in enumerate(urls)
+        ]
+        baseline = calibration_speed(profile)
+        assert baseline is not None, "the sweep measured no level of one request at a time"
+        gate = SpeedGate(real_server, MODEL, baseline, vocabulary, seed=SEED)
+        real, simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS, gate))
+    print(f"\n{gate.describe()}")
+    log = kept_log(gateway_log, gate, tmp_path / "access-kept.jsonl")
 
-    calibrated = compare(
-        real, simulated_run(calibrated_timing(profile_path), MODEL, levels, max_model_len, tmp_path), WIDTHS
-    )
-    wrong = compare(real, simulated_run(WRONG, MODEL, levels, max_model_len, tmp_path), WIDTHS)
+    calibrated = compare(real, simulated, WIDTHS)
+    wrong = compare(real, wrong_run, WIDTHS)
     print(f"\ncalibrated profile ({profile_path}):\n{format_rows(calibrated)}")
     print(f"\nbuilt-in MI300X profile:\n{format_rows(wrong)}")
 
     slos = _slos_from(log)
     real_shares = logged_attainment(log, slos)
     replayed = replayed_attainment(
-        log, calibrated_fleet(profile_path, MODEL, MAX_MODEL_LEN, POOL), policy, slos
+        log, calibrated_fleet(profile_path, MODEL, MAX_MODEL_LEN, POOL), policy, slos, SCRAPE_S
     )
     wrong_fleet = FleetSpec(
         model=MODEL,
@@ -167,7 +204,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
             )
         ],
     )
-    wrong_replayed = replayed_attainment(log, wrong_fleet, policy, slos)
+    wrong_replayed = replayed_attainment(log, wrong_fleet, policy, slos, SCRAPE_S)
     print(
         "\nSLO attainment per class (real run / replay on the calibrated profile / on the built-in MI300X):"
     )
