@@ -6,8 +6,9 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
     step seconds    = step_s + per_seq_s * sequences + per_prefill_token_s * prefill tokens
                       + per_context_token_s * decode context tokens
     before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
-    the server's front end (HTTP, tokenisation),
-    then, when the engine is busy, waits admit_busy_s before it is scheduled
+    the server's front end (HTTP, tokenisation), which takes one request at a time (vLLM's API server is
+    one process: requests that arrive together queue for it),
+    then waits admit_s (and, when the engine is busy, admit_busy_s more) before it is scheduled
 
 so the simulator's scheduler (backends/sim/scheduler.py) replays queueing, chunked prefill and KV-cache
 pressure on it as it does on the datasheet profiles. The record also keeps what was measured (`points`,
@@ -130,8 +131,10 @@ class CalibratedProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     points: list[Point] = []
 
     def ttft_seconds(self, prompt_tokens: int) -> float:
-        """At no load: the front end, then one step prefilling the whole prompt."""
-        return self.step.request_s + self.step.step_seconds(1, prompt_tokens, 0)
+        """At no load: the front end, the hand-over to the engine, then one step prefilling the prompt."""
+        return (
+            self.step.front_end(0) + self.step.admission_wait(0) + self.step.step_seconds(1, prompt_tokens, 0)
+        )
 
     def tpot_seconds(self, sequences: int, context: int) -> float:
         """One decode step of `sequences` sequences of `context` tokens each."""

@@ -5,8 +5,10 @@
 The load is not the calibration's: another seed, prompt lengths drawn over the whole context, outputs of
 mixed lengths, and concurrency levels the sweep did not use (3, 6, 12). The same requests (token-id
 prompts, fixed outputs) go to the real server and to a simulator (`python -m backends.sim --calibrated`)
-started from the profile, one level after the other; per level the TTFT p50 and p90 and the time per
-output token p50 must agree within `TOLERANCE`. Exit status 0 when every level agrees, 1 when one does not.
+started from the profile, level by level (the real server's level, then the simulator's); per level the
+client's TTFT p50 and p90 and time per output token p50 must agree within `TOLERANCE` (the servers' own
+mean TTFT and inter-token latency are shown beside them). Exit status 0 when every level agrees, 1 when
+one does not.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ from loadtest.calibrate.measure import (
     run_closed_loop,
     stream_completion,
 )
-from loadtest.calibrate.speed import Attempt, SpeedGate
-from loadtest.calibrate.speed import now as speed_now
 from loadtest.stats import percentile
 
 TOLERANCE = 0.20
@@ -124,46 +124,17 @@ async def run_level(
 
 
 async def run_interleaved(
-    targets: Sequence[Target],
-    model: str,
-    levels: Sequence[list[Job]],
-    concurrency: Sequence[int],
-    gate: SpeedGate | None = None,
+    targets: Sequence[Target], model: str, levels: Sequence[list[Job]], concurrency: Sequence[int]
 ) -> list[list[LevelRun]]:
-    """Every level on every target, level by level (the real server's level, then the simulators'), so
-    the legs of one level run minutes apart at most; per target, its levels. With `gate`, the first
-    target's level (the real server's) is run again while the machine is not at the profile's speed
-    (loadtest/calibrate/speed.py)."""
+    """Every level on every target, level by level (the real server's level, then the simulator's), so
+    the legs of one level run seconds apart, not a whole run apart; per target, its levels."""
     runs: list[list[LevelRun]] = [[] for _ in targets]
     limits = httpx.Limits(max_connections=None)
     async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
         for jobs, width in zip(levels, concurrency, strict=True):
-            for index, (target, run) in enumerate(zip(targets, runs, strict=True)):
-                if index == 0 and gate is not None:
-                    run.append(await _gated_level(client, gate, target, model, jobs, width))
-                else:
-                    run.append(await run_level(client, target, model, jobs, width))
+            for target, run in zip(targets, runs, strict=True):
+                run.append(await run_level(client, target, model, jobs, width))
     return runs
-
-
-async def _gated_level(
-    client: httpx.AsyncClient, gate: SpeedGate, target: Target, model: str, jobs: list[Job], width: int
-) -> LevelRun:
-    tried: list[tuple[Attempt, LevelRun]] = []
-    for _ in range(gate.attempts):
-        before = await gate.probe(client)
-        started = speed_now()
-        level = await run_level(client, target, model, jobs, width)
-        ended = speed_now()
-        attempt = Attempt(f"x{width}", before, await gate.probe(client), started, ended)
-        gate.log.append(attempt)
-        tried.append((attempt, level))
-        if gate.ok(attempt):
-            break
-        await asyncio.sleep(1.0)
-    attempt, level = min(tried, key=lambda t: t[0].deviation(gate.baseline_s))
-    gate.kept.append(attempt)
-    return level
 
 
 async def run_load(

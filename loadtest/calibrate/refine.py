@@ -9,7 +9,7 @@ it would report for the very levels the sweep ran: each level is run on a virtua
 the same admission, chunked prefill and KV-cache rules as `python -m backends.sim --calibrated`), and
 the step model and the front-end terms are moved, one at a time, while that lowers the error on what
 was measured: vLLM's own mean TTFT and inter-token latency, and the client's median and 90th-percentile
-TTFT (the front end's share).
+TTFT (the front end's share; the front end takes one request at a time, so a cohort queues for it).
 """
 
 from __future__ import annotations
@@ -30,10 +30,16 @@ from backends.sim.profiles import EngineLimits
 from backends.sim.scheduler import Group, Scheduler
 from loadtest.stats import percentile
 
-ENGINE = ("step_s", "per_seq_s", "per_prefill_token_s", "per_context_token_s", "admit_s", "admit_busy_s")
-"""The engine's terms: fitted to vLLM's own mean TTFT and inter-token latency."""
-FRONT_END = ("request_s", "request_per_seq_s")
-"""The front end's: fitted, with the engine's fixed, to the client's TTFT (its median and 90th percentile)."""
+PARAMETERS = (
+    "step_s",
+    "per_seq_s",
+    "per_prefill_token_s",
+    "per_context_token_s",
+    "admit_s",
+    "admit_busy_s",
+    "request_s",
+    "request_per_seq_s",
+)
 FACTORS = (0.6, 0.85, 1.15, 1.6)
 ROUNDS = 8
 
@@ -62,8 +68,9 @@ class Simulated:
 def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
     """One level, closed loop on a virtual clock, as `BatchEngine` runs it: each of `concurrency`
     clients sends its next request when its previous one ends; a request spends the front end's time
-    before the scheduler sees it. `cap`: at most two requests per client (a closed loop of one request
-    size repeats itself after that), which keeps the search quick."""
+    before the scheduler sees it, and the front end takes one request at a time (a cohort queues).
+    `cap`: at most two requests per client (a closed loop of one request size repeats itself after
+    that), which keeps the search quick."""
     stats = EngineStats("calibration", limits.kv_capacity_tokens)
     engine_limits = EngineLimits(limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
     scheduler = Scheduler(engine_limits, limits.num_blocks, stats)
@@ -72,15 +79,20 @@ def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> S
     ttfts: list[float] = []
     left = min(shape.requests, max(4, 2 * shape.concurrency)) if cap else shape.requests
 
+    front_free = 0.0
+
     def send(at: float) -> None:
-        nonlocal left
+        nonlocal left, front_free
         left -= 1
         running = stats.running
         front = step.front_end(running)
-        group = Group(shape.prompt_tokens, [], [shape.output_tokens], ["length"], arrival=at + front)
-        group.ready = at + front + step.admission_wait(running)
+        leaves = at
+        if front > 0:  # the front end takes one request at a time
+            leaves = front_free = max(at, front_free) + front
+        group = Group(shape.prompt_tokens, [], [shape.output_tokens], ["length"], arrival=leaves)
+        group.ready = leaves + step.admission_wait(running)
         sent_at[id(group)] = at
-        heapq.heappush(entering, (at + front, id(group), group))
+        heapq.heappush(entering, (leaves, id(group), group))
 
     for _ in range(min(shape.concurrency, left)):
         send(0.0)
@@ -121,21 +133,19 @@ def _error(predicted: float, measured: float) -> float:
     return abs(math.log(max(predicted, 1e-6) / measured))
 
 
-def level_error(step: StepFit, limits: Limits, shape: Shape, client: bool = False) -> float:
+def level_error(step: StepFit, limits: Limits, shape: Shape) -> float:
     """The sum of the level's absolute log errors (a 20 % miss either way counts about alike): vLLM's
-    mean TTFT and inter-token latency, or (`client`) the client's median and 90th-percentile TTFT."""
+    mean TTFT and inter-token latency, and the client's median and 90th-percentile TTFT."""
     sim = simulate(step, limits, shape)
-    if not client:
-        return _error(sim.engine_ttft_s, shape.engine_ttft_s) + _error(sim.engine_itl_s, shape.engine_itl_s)
-    if not sim.client_ttft_s:
-        return 0.0
-    return _error(statistics.median(sim.client_ttft_s), shape.client_ttft_p50_s) + _error(
-        percentile(sim.client_ttft_s, 90) or 0.0, shape.client_ttft_p90_s
-    )
+    error = _error(sim.engine_ttft_s, shape.engine_ttft_s) + _error(sim.engine_itl_s, shape.engine_itl_s)
+    if sim.client_ttft_s:
+        error += _error(statistics.median(sim.client_ttft_s), shape.client_ttft_p50_s)
+        error += _error(percentile(sim.client_ttft_s, 90) or 0.0, shape.client_ttft_p90_s)
+    return error
 
 
-def total_error(step: StepFit, limits: Limits, shapes: Sequence[Shape], client: bool = False) -> float:
-    return sum(level_error(step, limits, shape, client) for shape in shapes) / max(1, len(shapes))
+def total_error(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> float:
+    return sum(level_error(step, limits, shape) for shape in shapes) / max(1, len(shapes))
 
 
 def _seed(step: StepFit, name: str) -> float:
@@ -152,33 +162,17 @@ def refine(
     progress: Callable[[str], None] | None = None,
     deadline: float | None = None,
 ) -> tuple[StepFit, float, float]:
-    """The engine's terms, then the front end's, each by coordinate search from `step`, until a round
-    changes nothing or `deadline` (time.monotonic()) passes; returns the refined model and its mean
-    error (engine and client together) before and after."""
-    before = total_error(step, limits, shapes) + total_error(step, limits, shapes, client=True)
-    halfway = None if deadline is None else (time.monotonic() + deadline) / 2
-    step = _search(step, limits, shapes, ENGINE, False, progress, halfway)
-    step = _search(step, limits, shapes, FRONT_END, True, progress, deadline)
-    after = total_error(step, limits, shapes) + total_error(step, limits, shapes, client=True)
-    return step, before, after
-
-
-def _search(
-    step: StepFit,
-    limits: Limits,
-    shapes: Sequence[Shape],
-    names: Sequence[str],
-    client: bool,
-    progress: Callable[[str], None] | None,
-    deadline: float | None,
-) -> StepFit:
-    """Each term in turn scaled (or set to zero) while that lowers the mean error; the steps shrink
-    after a round that changed nothing, and the search ends after one at the finest steps."""
-    best, best_error = step, total_error(step, limits, shapes, client)
+    """Coordinate search from `step`: each term in turn scaled (or set to zero) while that lowers the
+    mean error; the steps shrink after a round that changed nothing, and the search ends after one at
+    the finest steps or when `deadline` (time.monotonic()) passes. The engine's and the front end's
+    terms are searched together: a front end that spaces a cohort out changes what the engine sees.
+    Returns the refined model and its mean error before and after."""
+    best = step
+    best_error = before = total_error(step, limits, shapes)
     factors: Sequence[float] = FACTORS
     for round_ in range(ROUNDS):
         improved = False
-        for name in names:
+        for name in PARAMETERS:
             value = getattr(best, name)
             if value > 0:
                 candidates = [*(value * f for f in factors), 0.0]
@@ -186,17 +180,16 @@ def _search(
                 candidates = [_seed(best, name) * f for f in (1, 5)]
             for candidate in candidates:
                 if deadline is not None and time.monotonic() > deadline:
-                    return best
+                    return best, before, best_error
                 trial = msgspec.structs.replace(best, **{name: candidate})
-                error = total_error(trial, limits, shapes, client)
+                error = total_error(trial, limits, shapes)
                 # a better fit, or as good a one with a term less (one the levels cannot tell apart)
                 if error < best_error * 0.999 or (candidate == 0.0 and error <= best_error * 1.001):
                     best, best_error, improved = trial, error, True
         if progress is not None:
-            what = "front end (client TTFT)" if client else "engine (vLLM's TTFT and ITL)"
-            progress(f"refine {what}, round {round_ + 1}: mean error {best_error:.3f}")
+            progress(f"refine round {round_ + 1}: mean error {best_error:.3f}")
         if not improved:
             if factors[0] > 0.9:
                 break
             factors = [1 + (f - 1) / 3 for f in factors]
-    return best
+    return best, before, best_error

@@ -26,7 +26,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -76,8 +76,16 @@ class Options:
 
 
 class Calibration:
-    def __init__(self, options: Options, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        progress: Callable[[str], None] | None = None,
+        between: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`between`: awaited after each phase of the sweep, its time not counted in the budget (a check
+        that wants its load measured while the machine runs as it did for the sweep puts it there)."""
         self.options = options
+        self._between = between
         self.server = Server(options.url, options.model)
         self.rng = random.Random(options.seed)
         self.levels: list[Level] = []
@@ -95,6 +103,15 @@ class Calibration:
     def in_phase(self, estimate_s: float) -> bool:
         """Whether a level of about `estimate_s` starts within the current phase's share of the budget."""
         return time.monotonic() + estimate_s <= self.phase_end
+
+    async def between_phases(self) -> None:
+        if self._between is None:
+            return
+        paused = time.monotonic()
+        await self._between()
+        spent = time.monotonic() - paused
+        self.started += spent
+        self.phase_end += spent
 
     async def run(self) -> CalibratedProfile:
         self.started = time.monotonic()
@@ -130,6 +147,7 @@ class Calibration:
             if not self.in_phase(1.0):
                 break
             await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
+        await self.between_phases()
         short, long = max(16, longest // 8), max(32, longest // 2)
         for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
             self.phase_end = self.phase_end + phase * budget
@@ -147,6 +165,7 @@ class Calibration:
                 if flat >= 2 and concurrency >= 4:
                     break
                 best = max(best, level.tokens_per_s)
+            await self.between_phases()
         self.phase_end = self.phase_end + PHASES[3] * budget
         longer = max(8, min(256, max_model_len // 4, max_model_len - short - 1))  # output lengths too
         for concurrency in (1, 4, 16):

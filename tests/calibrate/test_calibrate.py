@@ -1,14 +1,16 @@
 """Calibrated from a real backend: measure one vLLM server, fit its profile, prove the simulator predicts it.
 
-This module starts its own real vLLM CPU server of the tiny model, with the engine core in its own process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=1`, vLLM's normal mode: the session's servers run it in the HTTP
-process, whose front end then streams tokens in bursts). `switchyard calibrate` sweeps it and writes a
-profile; then a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6
-and 12, which the sweep never used) runs through a gateway with its access log on, and the same requests
-run on a simulator started from the profile. Per level the servers' own mean TTFT and inter-token latency
-must agree within 20 %, and the what-if replay of the gateway's access log on the profile must agree with
-the run's SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU)
-must fail the same comparison, so the test can fail.
+This module starts its own real vLLM CPU server of the tiny model (or uses the one at
+SWITCHYARD_CALIBRATE_URL), with the engine core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=1`,
+vLLM's normal mode). `switchyard calibrate`'s sweep measures it and fits a profile; a held-apart load
+(another seed, prompt lengths over the whole context, concurrency 3, 6 and 12, which the sweep never
+used) runs on it through a gateway with its access log on, one level after each phase of the sweep, so
+both see the same minute of the machine (the fit never sees the held-apart levels). Then the same load
+runs through a gateway each to a simulator started from the profile and to one started from the built-in
+MI300X profile. Per level the client's TTFT p50 and p90 and time per output token p50 must agree within
+20 %, and the what-if replay of the real gateway's access log on the profile must agree with the run's
+SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must fail
+the same comparison, so the test can fail.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from backends.calibrated import load_profile
+from backends.calibrated import CalibratedProfile, dump_profile, load_profile
 from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
-from gateway.cli import main as switchyard
 from loadtest.calibrate.agreement import (
     ClassSlo,
     calibrated_fleet,
@@ -35,6 +37,8 @@ from loadtest.calibrate.agreement import (
 from loadtest.calibrate.check import (
     TOLERANCE,
     WIDTHS,
+    Job,
+    LevelRun,
     Target,
     calibrated_timing,
     compare,
@@ -43,11 +47,12 @@ from loadtest.calibrate.check import (
     held_apart_jobs,
     percentile,
     run_interleaved,
+    run_level,
     start_simulator,
     stop_process,
     vocabulary_of,
 )
-from loadtest.calibrate.speed import SpeedGate, calibration_speed, kept_log
+from loadtest.calibrate.sweep import Calibration, Options
 from tests.support import free_port, metric, running_gateway, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
@@ -139,11 +144,41 @@ def _gateway_config(url: str, policy: Path, log: Path | None) -> dict[str, Any]:
     }
 
 
+async def _calibrate_around(
+    real: Target, levels: list[list[Job]]
+) -> tuple[CalibratedProfile, list[LevelRun]]:
+    """`switchyard calibrate`'s sweep of the real server, with one level of the held-apart load run
+    (through the gateway) after each of its phases: the check's real run and the sweep share the same
+    minute of the machine, so a spell in which it ran slower lands on both. The fit never sees the
+    held-apart levels. Returns the profile and the held-apart levels as measured."""
+    pending = list(zip(levels, WIDTHS, strict=True))
+    measured: list[LevelRun] = []
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
+
+        async def between() -> None:
+            if pending:
+                jobs, width = pending.pop(0)
+                measured.append(await run_level(client, real, MODEL, jobs, width))
+
+        options = Options(
+            url=real.metrics_url, model=MODEL, accelerator="cpu", budget_s=60.0, max_concurrency=16
+        )
+        profile = await Calibration(options, print, between).run()
+        while pending:  # a budget that ended the sweep early leaves levels to run
+            await between()
+    return profile, measured
+
+
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
+    vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
+    levels = held_apart_jobs(vocabulary, max_model_len, SEED)
+    gateway_log = tmp_path / "access.jsonl"
+    policy = _policy(tmp_path / "policy.yaml")
     profile_path = tmp_path / "tiny.yaml"
-    argv = ["calibrate", "--url", real_server, "--model", MODEL, "--accelerator", "cpu"]
-    code = switchyard([*argv, "--budget", "60s", "--max-concurrency", "16", "--out", str(profile_path)])
-    assert code == 0
+    with running_gateway(_gateway_config(real_server, policy, gateway_log), tmp_path / "gw-real") as base:
+        fitted, real = asyncio.run(_calibrate_around(Target(base, real_server), levels))
+    profile_path.write_text(dump_profile(fitted))
     profile = load_profile(profile_path)
     info = sim_metrics(real_server)
     assert profile.limits.max_model_len == MAX_MODEL_LEN
@@ -151,35 +186,17 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     assert metric(info, "vllm:cache_config_info", num_gpu_blocks=str(profile.limits.num_blocks)) == 1
     assert profile.step.per_prefill_token_s > 0 and profile.points
 
-    vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
-    levels = held_apart_jobs(vocabulary, max_model_len, SEED)
-    gateway_log = tmp_path / "access.jsonl"
-    policy = _policy(tmp_path / "policy.yaml")
-    # The same load through a gateway each: the real server, the simulator of the fitted profile and
-    # that of the built-in MI300X profile, level by level (loadtest/calibrate/check.py).
+    # The same load through a gateway each to the simulator of the fitted profile and to that of the
+    # built-in MI300X profile, level by level (loadtest/calibrate/check.py).
     with contextlib.ExitStack() as stack:
-        urls = [real_server]
+        targets = []
         for name, timing in (("calibrated", calibrated_timing(profile_path)), ("wrong", WRONG)):
             process, url = start_simulator(timing, MODEL, max_model_len, tmp_path / f"{name}.log")
             stack.callback(stop_process, process)
-            urls.append(url)
-        targets = [
-            Target(
-                stack.enter_context(
-                    running_gateway(
-                        _gateway_config(url, policy, gateway_log if i == 0 else None), tmp_path / f"gw{i}"
-                    )
-                ),
-                url,
-            )
-            for i, url in enumerate(urls)
-        ]
-        baseline = calibration_speed(profile)
-        assert baseline is not None, "the sweep measured no level of one request at a time"
-        gate = SpeedGate(real_server, MODEL, baseline, vocabulary, seed=SEED)
-        real, simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS, gate))
-    print(f"\n{gate.describe()}")
-    log = kept_log(gateway_log, gate, tmp_path / "access-kept.jsonl")
+            base = stack.enter_context(running_gateway(_gateway_config(url, policy, None), tmp_path / name))
+            targets.append(Target(base, url))
+        simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
+    log = gateway_log
 
     calibrated = compare(real, simulated, WIDTHS)
     wrong = compare(real, wrong_run, WIDTHS)

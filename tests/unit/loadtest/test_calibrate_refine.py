@@ -1,19 +1,16 @@
-"""The calibration's refinement on the simulator's scheduler, the speed gate, and what the check asserts."""
+"""The calibration's refinement on the simulator's scheduler, and what the check asserts."""
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
 import msgspec
 import pytest
 
-from backends.calibrated import Limits, Point, StepFit
+from backends.calibrated import Limits, StepFit
 from loadtest.calibrate.check import LevelRun, compare, failures
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.refine import Shape, refine, simulate
-from loadtest.calibrate.speed import Attempt, SpeedGate, kept_log
 
 LIMITS = Limits(
     block_size=128, num_blocks=2048, max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=512
@@ -58,11 +55,22 @@ def test_one_request_at_a_time_is_admission_then_one_prefill_step_then_decode_st
 def test_a_cohort_that_overflows_the_token_budget_waits_a_step_behind_itself() -> None:
     """Sixteen prompts of 244 tokens arrive together: 2,048 tokens a step prefill eight of them, the
     other eight wait a whole prefill step, which a steady-state formula would not show."""
-    sim = simulate(TRUE, LIMITS, Shape(16, 244, 32, 16, 0.0, 0.0, 0.0, 0.0), cap=False)
+    engine_only = msgspec.structs.replace(TRUE, request_s=0.0, request_per_seq_s=0.0)
+    sim = simulate(engine_only, LIMITS, Shape(16, 244, 32, 16, 0.0, 0.0, 0.0, 0.0), cap=False)
     alone = TRUE.admit_s + TRUE.step_seconds(1, 244, 0)
     firsts = sorted(sim.client_ttft_s)
     assert firsts.count(firsts[0]) == 8 and firsts.count(firsts[-1]) == 8  # two prefill steps, eight each
     assert firsts[-1] > 1.8 * firsts[0] and sim.engine_ttft_s > 5 * alone
+
+
+def test_the_front_end_takes_one_request_at_a_time() -> None:
+    """Four requests sent together leave the front end 10 ms apart; each is then prefilled in 1 ms."""
+    quick = StepFit(
+        step_s=0.001, per_seq_s=0.0, per_prefill_token_s=0.0, per_context_token_s=0.0, request_s=0.01
+    )
+    sim = simulate(quick, LIMITS, Shape(4, 16, 2, 4, 0.0, 0.0, 0.0, 0.0), cap=False)
+    assert sorted(sim.client_ttft_s) == pytest.approx([0.011, 0.021, 0.031, 0.041])
+    assert sim.engine_ttft_s == pytest.approx(0.001)  # vLLM's clock starts when the front end is done
 
 
 def test_refine_recovers_what_the_levels_were_measured_from() -> None:
@@ -98,51 +106,3 @@ def test_the_check_asserts_the_client_figures_and_shows_the_servers() -> None:
     assert [r.metric for r in rows if r.asserted] == ["client TTFT p50", "client TTFT p90", "client TPOT p50"]
     assert not failures(rows)  # the servers' own means are off by 300 %, but only shown
     assert [r.metric for r in failures(compare(real, far, [3]))] == ["client TTFT p50", "client TTFT p90"]
-
-
-def test_the_speed_gate_keeps_only_the_kept_attempts_requests(tmp_path: Path) -> None:
-    gate = SpeedGate("http://127.0.0.1:1", "m", baseline_s=0.010, vocabulary=[1, 2])
-    slow = Attempt("x3", 0.010, 0.013, started=100.0, ended=110.0)  # 30 % off after: run again
-    steady = Attempt("x3", 0.0105, 0.0095, started=120.0, ended=130.0)
-    assert not gate.ok(slow) and gate.ok(steady)
-    gate.log += [slow, steady]
-    gate.kept.append(steady)
-    log = tmp_path / "access.jsonl"
-    lines = [
-        {"ts": 105.0, "duration_s": 1.0},
-        {"ts": 126.0, "duration_s": 2.0, "queued_s": 1.0},
-        {"ts": 140.0},
-    ]
-    log.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
-    kept = kept_log(log, gate, tmp_path / "kept.jsonl")
-    assert [json.loads(line)["ts"] for line in kept.read_text().splitlines()] == [126.0]
-    assert "run again" in gate.describe() and "kept" in gate.describe()
-
-
-def test_calibration_speed_is_the_sweeps_single_stream_step() -> None:
-    from backends.calibrated import CalibratedProfile, FitError
-    from loadtest.calibrate.speed import calibration_speed
-
-    def point(kind: str, concurrency: int, measured: float) -> Point:
-        return Point(
-            kind=kind,  # type: ignore[arg-type]
-            concurrency=concurrency,
-            prompt_tokens=64,
-            output_tokens=32,
-            measured_s=measured,
-            predicted_s=measured,
-            requests=8,
-        )
-
-    profile = CalibratedProfile(
-        accelerator="cpu",
-        model="m",
-        step=TRUE,
-        limits=LIMITS,
-        fit_error=FitError(ttft_mean=0, ttft_max=0, tpot_mean=0, tpot_max=0),
-        saturated_tokens_per_second=1.0,
-        points=[point("tpot", 1, m) for m in (0.006, 0.008, 0.007)]
-        + [point(k, 4, 0.02) for k in ("tpot", "ttft")],
-    )
-    assert calibration_speed(profile) == pytest.approx(0.007)
-    assert calibration_speed(msgspec.structs.replace(profile, points=[])) is None
