@@ -146,13 +146,14 @@ test-vllm: venv vllm-model
 	  $(PY) -m pytest tests/vllm -p no:cacheprovider --timeout 600 $(PYTEST_ARGS)
 
 # The proof that a calibrated profile predicts its real vLLM server within 20 % (tests/calibrate): it times a
-# real server, so it needs a machine nothing else loads (a GPU runner, or a quiet CPU one); CI does not run it.
+# real server, so it needs a machine nothing else loads (a GPU runner, or a quiet CPU one); CI does not run it
+# (docs/calibrate.md: on the shared 2-core machine the server's own timings vary more than that).
 .PHONY: test-calibrate
 test-calibrate: venv vllm-model
 	SWITCHYARD_CALIBRATE=1 SWITCHYARD_VLLM_PYTHON=$(VLLM_VENV)/bin/python SWITCHYARD_VLLM_MODEL=$(VLLM_MODEL) \
 	  $(PY) -m pytest tests/calibrate -p no:cacheprovider --timeout 900 -s $(PYTEST_ARGS)
 
-# Several replicas for real (gateway/cluster.py): Redis, three gateway replicas, HAProxy health-checking
+# Several replicas for real (gateway/cli/cluster.py): Redis, three gateway replicas, HAProxy health-checking
 # /ready, and the simulated fleet, all local processes; Ctrl-C stops everything. HAProxy is installed from
 # Debian's packages when missing.
 .PHONY: cluster test-cluster haproxy

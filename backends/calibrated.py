@@ -6,8 +6,9 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
     step seconds    = step_s + per_seq_s * sequences + per_prefill_token_s * prefill tokens
                       + per_context_token_s * decode context tokens
     before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
-    the server's front end (HTTP, tokenisation),
-    then, when the engine is busy, waits admit_busy_s before it is scheduled
+    the server's front end (HTTP, tokenisation), which takes one request at a time (vLLM's API server is
+    one process: requests that arrive together queue for it),
+    then waits admit_s (and, when the engine is busy, admit_busy_s more) before it is scheduled
 
 so the simulator's scheduler (backends/sim/scheduler.py) replays queueing, chunked prefill and KV-cache
 pressure on it as it does on the datasheet profiles. The record also keeps what was measured (`points`,
@@ -43,16 +44,19 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     request_per_seq_s: _NonNeg = 0.0
     """The front end's extra time per sequence already running (its HTTP streams compete with new
     requests)."""
+    admit_s: _NonNeg = 0.0
+    """Every request's wait between the front end and its first step (handing it to the engine process,
+    adding it to the scheduler), counted in its TTFT, busy engine or not."""
     admit_busy_s: _NonNeg = 0.0
-    """A newcomer's wait between reaching a busy engine (any sequence running) and being scheduled,
-    counted in its TTFT: the server's front end competing with the streams it serves."""
+    """A newcomer's further wait when it reaches a busy engine (any sequence running) before it is
+    scheduled, counted in its TTFT: the server's front end competing with the streams it serves."""
 
     def front_end(self, running: int) -> float:
         """Seconds from a request's arrival until the engine sees it, with `running` sequences in flight."""
         return self.request_s + self.request_per_seq_s * max(0, running)
 
     def admission_wait(self, running: int) -> float:
-        return self.admit_busy_s if running > 0 else 0.0
+        return self.admit_s + (self.admit_busy_s if running > 0 else 0.0)
 
     def step_seconds(self, seqs: int, prefill_tokens: float, decode_context: float) -> float:
         if seqs <= 0:
@@ -127,8 +131,10 @@ class CalibratedProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     points: list[Point] = []
 
     def ttft_seconds(self, prompt_tokens: int) -> float:
-        """At no load: the front end, then one step prefilling the whole prompt."""
-        return self.step.request_s + self.step.step_seconds(1, prompt_tokens, 0)
+        """At no load: the front end, the hand-over to the engine, then one step prefilling the prompt."""
+        return (
+            self.step.front_end(0) + self.step.admission_wait(0) + self.step.step_seconds(1, prompt_tokens, 0)
+        )
 
     def tpot_seconds(self, sequences: int, context: int) -> float:
         """One decode step of `sequences` sequences of `context` tokens each."""

@@ -10,41 +10,36 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, Request, Response
 from litestar.config.app import AppConfig
 from litestar.exceptions import HTTPException
-from litestar.handlers import ASGIRouteHandler, BaseRouteHandler
+from litestar.handlers import ASGIRouteHandler
 from litestar.plugins import InitPluginProtocol
 
 from backends.catalog import Catalog
-from gateway.admin_costs import costs_handler
-from gateway.admin_policy import policy_handlers
-from gateway.batch.wiring import batch_handlers, batch_lifespan, build_batches
-from gateway.console import console_handlers
-from gateway.credentials import one_credential
-from gateway.errors import GatewayError, body_too_large, unsupported_endpoint
-from gateway.fastpath import FastPath
+from gateway.admin.login_throttle import LoginThrottle
+from gateway.admin.ops import health_controller, metrics_controller
+from gateway.admin.port import ON_ADMIN_PORT, AdminPortSplit
+from gateway.admin.router import admin_router
+from gateway.batch.wiring import batch_controllers, batch_lifespan, build_batches
+from gateway.config.settings import Settings, load_settings
+from gateway.console import console_controller
+from gateway.http.credentials import one_credential
+from gateway.http.fastpath import FastPath
+from gateway.http.routes import new_request_id, openai_handlers, valid_request_id
 from gateway.ledger.factory import build_ledger
 from gateway.ledger.records import Ledger
 from gateway.lifespan import lifespan
-from gateway.ops import backend_handlers, metrics_handler, ops_handlers
-from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
+from gateway.openai.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.request.forward import Upstream
-from gateway.request.parse import set_limits
 from gateway.request.pipeline import Pipeline
-from gateway.responses.api import build_responses, response_handlers, responses_lifespan
-from gateway.routes import new_request_id, openai_handlers, valid_request_id
-from gateway.settings import Settings, load_settings
-from gateway.telemetry import AccessLog, Metrics, Telemetry, Tracing, build_tracing
-from gateway.tenants.admin import admin_guard, key_handlers
-from gateway.tenants.admin_port import ON_ADMIN_PORT, AdminPortSplit
+from gateway.responses.api import build_responses, responses_controller, responses_lifespan
+from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admission import Tenants
 from gateway.tenants.factory import build_tenants, tenants_lifespan
-from gateway.tenants.login_throttle import LoginThrottle
+from gateway.upstream.client import KEEPALIVE_SECONDS, BackendClient
 from policies.framework import Router
 from policies.least_inflight import LeastInflight
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
-
-    from gateway.request.context import Tracer
 
 log = logging.getLogger("switchyard")
 
@@ -109,40 +104,20 @@ def default_router(settings: Settings) -> Router:
     return settings.policy if settings.policy is not None else LeastInflight()
 
 
-def _span_stats(tracing: Tracer | None) -> dict[str, int] | None:
-    """What the span shipper of the pipeline's current tracer counted (a benchmark swaps the tracer)."""
-    return tracing.shipper.stats() if isinstance(tracing, Tracing) else None
-
-
-def wire_telemetry(
-    settings: Settings, pipeline: Pipeline, span_exporter: SpanExporter | None = None
-) -> Telemetry:
-    """Metrics, access log and tracing as `settings.telemetry` says; what is off is left out entirely.
-
-    `span_exporter` (tests) turns tracing on and exports in-process instead of through the child.
-    """
+def build_telemetry(settings: Settings, catalog: Catalog, ledger: Ledger) -> Telemetry:
+    """Metrics and the access log as `settings.telemetry` says; what is off is left out entirely."""
     options = settings.telemetry
-    pipeline.tracing = build_tracing(options.tracing, span_exporter)
-    metrics = None
-    if options.metrics:
-        metrics = Metrics(
-            pipeline.catalog.backends,
-            pipeline.ledger,
-            router=lambda: pipeline.router,
-            queued=lambda: pipeline.queued,
-            spans=lambda: _span_stats(pipeline.tracing),
-        )
+    metrics = Metrics(catalog.backends, ledger) if options.metrics else None
     access = options.access_log
     access_log = AccessLog.open(access.destination, access.include_prompts) if access.enabled else None
-    telemetry = Telemetry(metrics, access_log)
-    if metrics is not None or access_log is not None:
-        pipeline.telemetry = telemetry
-        pipeline.recorded = telemetry.recorded
-    return telemetry
+    return Telemetry(metrics, access_log)
 
 
 class SwitchyardPlugin(InitPluginProtocol):
-    """Everything the gateway adds to a Litestar app: routes, lifespan, error shapes, limits."""
+    """Everything the gateway adds to a Litestar app: routes, lifespan, error shapes, limits.
+
+    Each part is built from the settings and the parts it needs, then handed to what uses it; nothing is
+    set on a part after it is made (docs/internals.md, "Wiring")."""
 
     def __init__(
         self,
@@ -151,60 +126,73 @@ class SwitchyardPlugin(InitPluginProtocol):
         ledger: Ledger | None = None,
         span_exporter: SpanExporter | None = None,
     ) -> None:
+        """`span_exporter` (tests) turns tracing on and exports in-process instead of through the child."""
         self.settings = settings
-        set_limits(settings.server.limits)
-        catalog = Catalog(settings.backends)
-        for backend in catalog.backends:
-            backend.breaker.options = settings.server.breaker
         server = settings.server
+        self.catalog = catalog = Catalog(settings.backends)
+        for backend in catalog.backends:
+            backend.breaker.options = server.breaker
         transport = BackendClient(server.max_connections_per_backend, KEEPALIVE_SECONDS)
         upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
-        ledger = ledger or build_ledger(settings.ledger, catalog.backends)
-        self.pipeline = pipeline = Pipeline(catalog, router or default_router(settings), upstream, ledger)
-        pipeline.clock_scale = settings.policy_options.clock_scale
-        pipeline.tenants = build_tenants(settings, ledger)
-        self.telemetry = wire_telemetry(settings, pipeline, span_exporter)
-        self.batches = build_batches(settings, pipeline)
-        self.responses = build_responses(settings, pipeline)
+        self.ledger = ledger = ledger or build_ledger(settings.ledger, catalog.backends)
+        self.tenants = tenants = build_tenants(settings, ledger)
+        self.tracing = tracing = build_tracing(settings.telemetry.tracing, span_exporter)
+        self.telemetry = telemetry = build_telemetry(settings, catalog, ledger)
+        observed = telemetry.metrics is not None or telemetry.access_log is not None
+        self.pipeline = pipeline = Pipeline(
+            catalog,
+            router or default_router(settings),
+            upstream,
+            ledger,
+            request_limits=server.limits,
+            tenants=tenants,
+            telemetry=telemetry if observed else None,  # off: the request path skips it with one check
+            tracing=tracing,
+            clock_scale=settings.policy_options.clock_scale,
+        )
+        self.batches = build_batches(settings, pipeline, tenants)
+        self.responses = build_responses(settings, pipeline, tenants)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        pipeline = self.pipeline
+        pipeline, tenants = self.pipeline, self.tenants
         forwarding = openai_handlers(
-            pipeline, pipeline.catalog, self.settings.server.max_body_bytes, self.responses.handle
+            pipeline, self.catalog, self.settings.server.max_body_bytes, self.responses.handle
         )
         app_config.route_handlers.extend(forwarding)
-        app_config.route_handlers.extend(response_handlers(self.responses))
-        app_config.lifespan.append(responses_lifespan(self.responses))
         self.fast_routes = {
             path: handler.fn
             for handler in forwarding
             if isinstance(handler, ASGIRouteHandler)
             for path in handler.paths
         }
-        app_config.route_handlers.extend(ops_handlers(pipeline.catalog, pipeline.ledger))
-        app_config.route_handlers.extend(backend_handlers(pipeline))
-        app_config.route_handlers.extend(policy_handlers(pipeline))
-        app_config.route_handlers.append(costs_handler(pipeline.ledger))
+        # Every other route group is a controller built for this app with its collaborators
+        # (gateway/http/controllers.py); the guards that apply to all of them are the app's.
         app_config.guards.insert(0, one_credential)
-        tenants = pipeline.tenants
         throttle = None
         if tenants is not None:
             throttle = LoginThrottle(
                 tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
             )
-            app_config.route_handlers.extend(key_handlers(tenants))
-            app_config.guards.append(admin_guard(tenants, throttle))
-        # The console calls the admin handlers registered above; it belongs wherever they are served.
-        handlers = [h for h in app_config.route_handlers if isinstance(h, BaseRouteHandler)]
-        app_config.route_handlers.extend(console_handlers(pipeline, tenants, handlers, throttle))
+        admin = admin_router(pipeline, self.ledger, tenants, throttle)
+        app_config.route_handlers.extend(
+            [
+                responses_controller(self.responses),
+                health_controller(self.catalog, self.ledger),
+                admin,
+                console_controller(pipeline, tenants, admin, throttle),
+            ]
+        )
         if self.telemetry.metrics is not None:
             extra = budget_series(tenants, throttle) if tenants is not None else None
-            app_config.route_handlers.append(metrics_handler(self.telemetry.metrics, extra))
-        app_config.lifespan.append(lifespan(self.settings, pipeline))
+            app_config.route_handlers.append(metrics_controller(self.telemetry.metrics, pipeline, extra))
+        app_config.lifespan.append(responses_lifespan(self.responses))
+        app_config.lifespan.append(
+            lifespan(self.settings, pipeline, self.catalog, self.ledger, self.telemetry, self.tracing)
+        )
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))
         if self.batches is not None:
-            app_config.route_handlers.extend(batch_handlers(self.batches))
+            app_config.route_handlers.extend(batch_controllers(self.batches))
             app_config.lifespan.append(batch_lifespan(self.batches))
         app_config.exception_handlers.update(
             {GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected_error}

@@ -31,8 +31,10 @@ from typing import Any
 
 import msgspec
 
+from backends.catalog import Catalog
 from backends.models import Backend
-from gateway.redis_client import REDIS_ERRORS, as_text, redis_client, subscriber
+from gateway.ledger.records import Ledger
+from gateway.redis.client import REDIS_ERRORS, as_text, redis_client, subscriber
 from gateway.request.pipeline import Pipeline
 
 log = logging.getLogger("switchyard.fleet")
@@ -63,6 +65,8 @@ class FleetSync:
         redis_url: str,
         prefix: str,
         pipeline: Pipeline,
+        catalog: Catalog,
+        ledger: Ledger,
         replica: str | None = None,
         interval: float = 0.5,
         timeout: float = 1.0,
@@ -70,7 +74,10 @@ class FleetSync:
         self.replica = replica or replica_id()
         self.interval = interval
         self._pipeline = pipeline
-        self._by_name: dict[str, Backend] = {b.name: b for b in pipeline.catalog.backends}
+        """Read for the policy serving now only (a reload swaps it)."""
+        self._catalog = catalog
+        self._ledger = ledger
+        self._by_name: dict[str, Backend] = {b.name: b for b in catalog.backends}
         tag = "{sy:" + prefix + "}"
         self.k_drain = f"{tag}:fleet:drain"
         self.k_events = f"{tag}:fleet:events"
@@ -86,7 +93,7 @@ class FleetSync:
         self.last_error: str | None = None
         self._pending: dict[str, bool] = {}
         """Drains made by this replica's operators and not yet written (Redis unreachable)."""
-        self._opened: dict[str, int] = {b.name: b.breaker.opened for b in pipeline.catalog.backends}
+        self._opened: dict[str, int] = {b.name: b.breaker.opened for b in catalog.backends}
         self.hints: dict[str, dict[str, float]] = {}
         """backend -> {replica: time its breaker opened} (wall clock), from every replica."""
         self.views: list[dict[str, Any]] = []
@@ -265,7 +272,7 @@ class FleetSync:
                 self._apply(as_text(name), flag == "1")
 
     async def _announce_breakers(self) -> None:
-        for backend in self._pipeline.catalog.backends:
+        for backend in self._catalog.backends:
             opened = backend.breaker.opened
             if opened > self._opened.get(backend.name, 0):
                 self._opened[backend.name] = opened
@@ -278,7 +285,7 @@ class FleetSync:
         await self.client.publish(self.k_events, json.dumps(event))
 
     async def _push_recent(self) -> None:
-        records = self._pipeline.ledger.recent(RECENT_KEEP)
+        records = self._ledger.recent(RECENT_KEEP)
         fresh: list[str] = []
         for record in reversed(records):
             if record is self._last_record:
@@ -316,7 +323,7 @@ class FleetSync:
                     "breaker_opened": b.breaker.opened,
                     "inflight": b.inflight,
                 }
-                for b in self._pipeline.catalog.backends
+                for b in self._catalog.backends
             },
         }
         async with self.client.pipeline(transaction=False) as pipe:
@@ -335,10 +342,12 @@ class FleetSync:
         self.views = sorted((json.loads(r) for r in raw if r), key=lambda v: v["replica"])
 
 
-def start_fleet_sync(redis_url: str | None, prefix: str, pipeline: Pipeline) -> FleetSync | None:
+def start_fleet_sync(
+    redis_url: str | None, prefix: str, pipeline: Pipeline, catalog: Catalog, ledger: Ledger
+) -> FleetSync | None:
     """The fleet view, when the deployment has a Redis (the ledger's); None runs on the local view."""
     if not redis_url:
         return None
-    sync = FleetSync(redis_url, prefix, pipeline)
+    sync = FleetSync(redis_url, prefix, pipeline, catalog, ledger)
     sync.start()
     return sync

@@ -15,12 +15,16 @@ from pathlib import Path
 
 from litestar import Litestar
 
+from backends.catalog import Catalog
 from backends.health import HealthChecker
 from backends.scraper import MetricsScraper
+from gateway.admin.policy_reload import PolicyWatcher
+from gateway.config.settings import Settings
 from gateway.fleet_sync import start_fleet_sync
-from gateway.policy_reload import PolicyWatcher
+from gateway.ledger.records import Ledger
+from gateway.request.context import Tracer
 from gateway.request.pipeline import Pipeline
-from gateway.settings import Settings
+from gateway.telemetry import Telemetry
 
 log = logging.getLogger("switchyard")
 
@@ -28,20 +32,31 @@ YOUNG_GC_THRESHOLD = 20_000
 """Net new container objects between young-generation GC passes once the app is up (Python: 700)."""
 
 
-def lifespan(settings: Settings, pipeline: Pipeline):
+def lifespan(
+    settings: Settings,
+    pipeline: Pipeline,
+    catalog: Catalog,
+    ledger: Ledger,
+    telemetry: Telemetry,
+    tracing: Tracer | None,
+):
+    """Start and stop what `pipeline` (the request path) and the parts built beside it need running: its
+    connection pool, the health checks and scrapes of `catalog`'s backends, the policy watcher, `ledger`;
+    at the end the last lines of `telemetry` and the last spans of `tracing` are written out."""
+
     @asynccontextmanager
     async def run(app: Litestar) -> AsyncIterator[None]:
         await pipeline.upstream.start()
         health = settings.server.health
         checker = HealthChecker(
-            pipeline.catalog.backends,
+            catalog.backends,
             plans={pool.name: health.plan(pool.name) for pool in settings.pools},
             default=health.plan(),
         )
         await checker.start()
         scraper = MetricsScraper(
             pipeline.upstream.session,
-            pipeline.catalog.backends,
+            catalog.backends,
             interval=settings.server.scrape.interval,
             timeout=settings.server.scrape.timeout,
         )
@@ -49,19 +64,21 @@ def lifespan(settings: Settings, pipeline: Pipeline):
         watcher = None
         if settings.policy is not None:
             path = Path(settings.policy.loaded.source)
-            watcher = PolicyWatcher(path, pipeline, pipeline.catalog, settings.policy_options.reload_interval)
+            watcher = PolicyWatcher(path, pipeline, catalog, settings.policy_options.reload_interval)
             watcher.start()
             app.state.policy_watcher = watcher
-        await pipeline.ledger.start()
-        fleet = start_fleet_sync(settings.ledger.redis_url, settings.ledger.key_prefix, pipeline)
+        await ledger.start()
+        fleet = start_fleet_sync(
+            settings.ledger.redis_url, settings.ledger.key_prefix, pipeline, catalog, ledger
+        )
         app.state.fleet = fleet
-        healthy = sum(b.healthy for b in pipeline.catalog.backends)
+        healthy = sum(b.healthy for b in catalog.backends)
         log.info(
             "switchyard ready: %d pools, %d backends (%d healthy), models %s",
             len(settings.pools),
-            len(pipeline.catalog.backends),
+            len(catalog.backends),
             healthy,
-            ", ".join(pipeline.catalog.models()),
+            ", ".join(catalog.models()),
         )
         # Everything made at start-up (app, policies, catalog, imported modules) moves to a permanent GC
         # generation, so the collector's full passes stop re-scanning it: they used to stall the event
@@ -84,15 +101,14 @@ def lifespan(settings: Settings, pipeline: Pipeline):
             if fleet is not None:
                 await fleet.stop()
             await checker.stop()
-            for backend in pipeline.catalog.backends:
+            for backend in catalog.backends:
                 backend.breaker.close()
             await pipeline.settle_pending()  # streams cut short, still asking their backend for a count
             await pipeline.upstream.close()
-            await pipeline.ledger.close()  # flushes what is still buffered, logs what it could not
-            if pipeline.telemetry is not None:
-                pipeline.telemetry.close()  # the access log's last lines
-            if pipeline.tracing is not None:
-                pipeline.tracing.shutdown()  # exports the last spans
+            await ledger.close()  # flushes what is still buffered, logs what it could not
+            telemetry.close()  # the access log's last lines
+            if tracing is not None:
+                tracing.shutdown()  # exports the last spans
             log.info("switchyard stopped")
 
     return run

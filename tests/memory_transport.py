@@ -1,4 +1,4 @@
-"""An in-memory `Transport` (gateway/request/transport.py): backends answer from a script, no sockets.
+"""An in-memory `Transport` (gateway/upstream/transport.py): backends answer from a script, no sockets.
 
 Each backend URL has a list of answers, used one per request (the last one repeats). An answer is a
 `Scripted` reply, or an `UpstreamError` class raised instead of answering (`ConnectFailed`: refused).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from gateway.request.backend_connection import ConnectionBroken, UpstreamError
+from gateway.upstream.connection import ConnectionBroken, UpstreamError
 
 SSE = {"content-type": "text/event-stream"}
 JSON = {"content-type": "application/json"}

@@ -171,6 +171,7 @@ class BatchEngine:
         self._task: asyncio.Task[None] | None = None
         self._step_end: float | None = None  # simulated end of the step in flight
         self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
+        self._front_free = 0.0  # when the front end is done with the requests it holds
 
     def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run:
         block = self.hardware.limits.block_size
@@ -194,12 +195,14 @@ class BatchEngine:
         )
         running = self.scheduler.stats.running
         front_end = self.hardware.front_end(running)  # a calibrated server's HTTP and tokenisation time
-        group.ready = now + front_end + self.hardware.admission_wait(running)
-        if front_end > 0:
-            group.arrival = now + front_end
+        if front_end > 0:  # the front end takes one request at a time
+            leaves = self._front_free = max(now, self._front_free) + front_end
+            group.arrival = leaves
+            group.ready = leaves + self.hardware.admission_wait(running)
             loop = asyncio.get_running_loop()
-            self._entering[group] = loop.call_later(front_end / self._clock.scale, self._enter, group)
+            self._entering[group] = loop.call_later((leaves - now) / self._clock.scale, self._enter, group)
         else:
+            group.ready = now + self.hardware.admission_wait(running)
             self._enter(group)
         return BatchRun(self, group)
 

@@ -243,7 +243,7 @@ class Fleet:
         self.stop()
 
     def gateway_config(self, **server_options: Any) -> dict[str, Any]:
-        """The gateway config (as `gateway.settings` reads it) routing to this fleet's backends."""
+        """The gateway config (as `gateway.config.settings` reads it) routing to this fleet's backends."""
         pools: list[dict[str, Any]] = []
         for group in self.spec.groups:
             members = [b for b in self.backends if b.pool == group.pool]

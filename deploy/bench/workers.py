@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gateway.cluster import free_port  # noqa: E402
+from gateway.cli.cluster import free_port  # noqa: E402
 
 ANSWER = {
     "id": "chatcmpl-bench",

@@ -7,8 +7,7 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get, post
-from litestar.handlers import BaseRouteHandler
+from litestar import Controller, Request, Response, get, post
 from litestar.params import FromPath, FromQuery
 
 from gateway.batch.caller import caller_of
@@ -27,9 +26,8 @@ from gateway.batch.objects import (
 from gateway.batch.quota import over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_cancelling
-from gateway.credentials import authorization as authorization_of
-from gateway.errors import GatewayError, invalid_request
-from gateway.request.classify import key_id
+from gateway.http.controllers import per_app
+from gateway.openai.errors import GatewayError, invalid_request
 
 _MAX_LIST = 100
 log = logging.getLogger("switchyard.batch")
@@ -50,41 +48,36 @@ def _json(obj: Any) -> Response[bytes]:
     return Response(to_json(obj), media_type="application/json")
 
 
-def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
-    state, options = service.state, service.options
-    tenants = service.pipeline.tenants
+class BatchesController(Controller):
+    """`/v1/batches` over the app's batch service (its state, options and callers)."""
 
-    async def owner_of(request: Request[Any, Any, Any]) -> tuple[str, str | None]:
-        authorization = authorization_of(request.scope["headers"])
-        if service.keys_mode and tenants is not None:
-            tenant = await tenants.authenticate(authorization)
-            return tenant.key.id, None
-        return key_id(authorization), authorization
+    path = "/v1/batches"
+    service: BatchService
 
-    async def batch_viewer(request: Request[Any, Any, Any]) -> str | None:
+    async def batch_viewer(self, request: Request[Any, Any, Any]) -> str | None:
         """The key whose batches the caller sees; None for an admin key, which sees every key's."""
-        caller = await caller_of(service, request)
+        caller = await caller_of(self.service, request)
         return None if caller.admin else caller.owner
 
-    async def own_batch(request: Request[Any, Any, Any], batch_id: str) -> StoredBatch:
-        viewer = await batch_viewer(request)
-        stored = await state.get(batch_id)
+    async def own_batch(self, request: Request[Any, Any, Any], batch_id: str) -> StoredBatch:
+        viewer = await self.batch_viewer(request)
+        stored = await self.service.state.get(batch_id)
         if stored is None or (viewer is not None and stored.owner != viewer):
             raise _not_found("batch", batch_id)
         return stored
 
-    async def live(stored: StoredBatch) -> BatchObject:
+    async def live(self, stored: StoredBatch) -> BatchObject:
         """The batch as stored, with its line counts as of now while it runs."""
         batch = stored.batch
         if batch.status in ("in_progress", "finalizing", "cancelling"):
-            completed, failed, _ = await state.progress(batch.id)
+            completed, failed, _ = await self.service.state.progress(batch.id)
             counts = RequestCounts(total=batch.request_counts.total, completed=completed, failed=failed)
             batch = msgspec.structs.replace(batch, request_counts=counts)
         return batch
 
-    @post("/v1/batches", name="batches-create", status_code=200)
-    async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        caller = await caller_of(service, request)
+    @post("/", name="batches-create", status_code=200)
+    async def create_batch(self, request: Request[Any, Any, Any]) -> Response[bytes]:
+        caller = await caller_of(self.service, request)
         owner, authorization = caller.owner, caller.authorization
         try:
             body = msgspec.json.decode(await request.body(), type=CreateBatch)
@@ -100,7 +93,7 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             raise invalid_request(
                 "`completion_window` must be `24h`.", param="completion_window", code="invalid_value"
             )
-        source = await state.get_file(body.input_file_id)
+        source = await self.service.state.get_file(body.input_file_id)
         if source is None or source.owner != owner:
             raise _not_found("file", body.input_file_id)
         if source.file.purpose != "batch":
@@ -118,36 +111,38 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
             expires_at=int(created + WINDOW_S),
             metadata=body.metadata,
         )
-        window = options.window_s or WINDOW_S
+        window = self.service.options.window_s or WINDOW_S
         stored = StoredBatch(batch=batch, owner=owner, authorization=authorization, deadline=created + window)
-        quota = quota_for(options, caller.key)
-        refusal = await state.create(stored, quota.max_open_batches)
+        quota = quota_for(self.service.options, caller.key)
+        refusal = await self.service.state.create(stored, quota.max_open_batches)
         if refusal == "no_file":  # deleted since it was read
             raise _not_found("file", body.input_file_id)
         if refusal is not None:
             raise over_quota(refusal, quota)
         return _json(batch)
 
-    @get("/v1/batches/{batch_id:str}", name="batches-retrieve")
-    async def retrieve_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[bytes]:
-        return _json(await live(await own_batch(request, batch_id)))
-
-    @get("/v1/batches", name="batches-list")
-    async def list_batches(
-        request: Request[Any, Any, Any], after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
+    @get("/{batch_id:str}", name="batches-retrieve")
+    async def retrieve_batch(
+        self, request: Request[Any, Any, Any], batch_id: FromPath[str]
     ) -> Response[bytes]:
-        viewer = await batch_viewer(request)
+        return _json(await self.live(await self.own_batch(request, batch_id)))
+
+    @get("/", name="batches-list")
+    async def list_batches(
+        self, request: Request[Any, Any, Any], after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
+    ) -> Response[bytes]:
+        viewer = await self.batch_viewer(request)
         if not 1 <= limit <= _MAX_LIST:
             raise invalid_request(
                 f"`limit` must be between 1 and {_MAX_LIST}.", param="limit", code="invalid_value"
             )
-        found, more = await state.page(viewer, after, limit)
-        data = [await live(stored) for stored in found]
+        found, more = await self.service.state.page(viewer, after, limit)
+        data = [await self.live(stored) for stored in found]
         return _json(list_page(data, more))
 
-    @post("/v1/batches/{batch_id:str}/cancel", name="batches-cancel", status_code=200)
-    async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[bytes]:
-        stored = await own_batch(request, batch_id)
+    @post("/{batch_id:str}/cancel", name="batches-cancel", status_code=200)
+    async def cancel_batch(self, request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[bytes]:
+        stored = await self.own_batch(request, batch_id)
         if stored.batch.status in TERMINAL or stored.batch.status == "finalizing":
             raise GatewayError(
                 409,
@@ -155,12 +150,9 @@ def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
                 "invalid_request_error",
                 code="batch_not_cancellable",
             )
-        changed = await state.update(batch_id, to_cancelling())
-        return _json(await live(changed or await own_batch(request, batch_id)))
+        changed = await self.service.state.update(batch_id, to_cancelling())
+        return _json(await self.live(changed or await self.own_batch(request, batch_id)))
 
-    return [
-        create_batch,
-        retrieve_batch,
-        list_batches,
-        cancel_batch,
-    ]
+
+def batches_controller(service: BatchService) -> type[BatchesController]:
+    return per_app(BatchesController, service=service)

@@ -26,7 +26,7 @@ class Caller:
 async def caller_of(service: BatchService, request: ASGIConnection[Any, Any, Any, Any]) -> Caller:
     """The caller; in keys mode a missing, unknown, revoked or expired key is 401 `invalid_api_key`."""
     authorization = request.headers.get("authorization")
-    tenants = service.pipeline.tenants
+    tenants = service.tenants
     if service.keys_mode and tenants is not None:
         tenant = await tenants.authenticate(authorization)
         return Caller(tenant.key.id, tenant.key, tenant.admin, None)

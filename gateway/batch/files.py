@@ -1,7 +1,7 @@
 """Where file bodies live: a small interface, and a local directory behind it.
 
 Replicas that share batches share the directory (a volume), or an S3-compatible bucket
-(gateway/batch/s3_files.py, the same calls). Both take the same names: relative, `/`-separated, no `.` or
+(gateway/batch/s3/files.py, the same calls). Both take the same names: relative, `/`-separated, no `.` or
 `..` parts (`files/<id>`, `batches/<id>/lines/...`).
 """
 

@@ -13,12 +13,13 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from litestar import Request, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.handlers import BaseRouteHandler
-from litestar.params import Body, FromPath
+from litestar.params import Body, FromPath, FromQuery
+from litestar.types import Guard
 
 from gateway.batch.caller import Caller, caller_of
 from gateway.batch.files import FileStoreError
@@ -27,13 +28,15 @@ from gateway.batch.objects import FileObject, StoredFile, list_page, new_id, now
 from gateway.batch.quota import file_in_use, file_too_large, over_quota, quota_for
 from gateway.batch.service import BatchService
 from gateway.batch.state import UnknownCursor
-from gateway.errors import GatewayError, invalid_request
+from gateway.http.controllers import per_app
+from gateway.openai.errors import GatewayError, invalid_request
 
 MAX_LIST = 10_000
 """OpenAI's largest (and default) `limit` for `GET /v1/files`."""
 _MULTIPART_SLACK = 65536
 _PURPOSE = re.compile(r"^[a-z][a-z_-]{0,31}$")
 _FILE_ID = re.compile(r"^file-[A-Za-z0-9_-]{1,100}$")
+UPLOAD = "files-create"
 log = logging.getLogger("switchyard.batch")
 
 
@@ -79,33 +82,42 @@ def _limit(text: str | None) -> int:
     return limit
 
 
-def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
-    state, files, options = service.state, service.files, service.options
+def upload_allowed(service: BatchService) -> Guard:
+    """Before an upload's body is read: a key (keys mode), and a declared length within its upload limit.
+    The other file routes read no body; they pass."""
 
-    async def visible_file(caller: Caller, file_id: str) -> StoredFile:
-        stored = await state.get_file(file_id)
-        if stored is None or not (caller.admin or stored.owner == caller.owner):
-            raise _not_found(file_id)
-        return stored
-
-    async def upload_allowed(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        """Before the body is read: a key (keys mode), and a declared length within its upload limit."""
-        limit = quota_for(options, (await caller_of(service, connection)).key).max_file_bytes
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+        if handler.name != UPLOAD:
+            return
+        limit = quota_for(service.options, (await caller_of(service, connection)).key).max_file_bytes
         declared = connection.headers.get("content-length", "")
         if len(declared) > 18 or (_whole(declared) or 0) > limit + _MULTIPART_SLACK:
             raise file_too_large(limit)
 
-    @post(
-        "/v1/files",
-        name="files-create",
-        status_code=200,
-        request_max_body_size=options.max_file_bytes + _MULTIPART_SLACK,
-        guards=[upload_allowed],
-    )
+    return guard
+
+
+class FilesController(Controller):
+    """`/v1/files` over the app's batch service: a key sees its own files, the admin key every file. Its
+    guard and body limit, set per app by `files_controller`, are the upload's (the one route with a body)."""
+
+    path = "/v1/files"
+    service: BatchService
+
+    async def visible_file(self, caller: Caller, file_id: str) -> StoredFile:
+        stored = await self.service.state.get_file(file_id)
+        if stored is None or not (caller.admin or stored.owner == caller.owner):
+            raise _not_found(file_id)
+        return stored
+
+    @post("/", name=UPLOAD, status_code=200)
     async def create_file(
+        self,
         request: Request[Any, Any, Any],
         data: Annotated[dict[str, Any], Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> Response[bytes]:
+        service = self.service
+        options, state = service.options, service.state
         caller = await caller_of(service, request)
         quota = quota_for(options, caller.key)
         purpose = data.get("purpose")
@@ -142,21 +154,22 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
             raise over_quota(refusal, quota)
         try:
             with store_usable():
-                await files.put(stored.path, content)
+                await service.files.put(stored.path, content)
         except BaseException:
             await state.remove_file(file_id)
             raise
         return _json(meta)
 
-    @get("/v1/files", name="files-list")
+    @get("/", name="files-list")
     async def list_files(
+        self,
         request: Request[Any, Any, Any],
-        limit: str | None = None,
-        after: str | None = None,
-        order: str | None = None,
-        purpose: str | None = None,
+        limit: FromQuery[str | None] = None,
+        after: FromQuery[str | None] = None,
+        order: FromQuery[str | None] = None,
+        purpose: FromQuery[str | None] = None,
     ) -> Response[bytes]:
-        caller = await caller_of(service, request)
+        caller = await caller_of(self.service, request)
         for name in ("limit", "after", "order", "purpose"):
             if len(request.query_params.getall(name, [])) > 1:
                 raise _invalid(f"`{name}` is given more than once.", name)
@@ -169,7 +182,7 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
             raise _invalid("`purpose` must be a purpose such as `batch` or `batch_output`.", "purpose")
         owner = None if caller.admin else caller.owner
         try:
-            found, more = await state.list_files(
+            found, more = await self.service.state.list_files(
                 owner, after, count, "asc" if order == "asc" else "desc", purpose
             )
         except UnknownCursor:
@@ -177,31 +190,38 @@ def file_handlers(service: BatchService) -> list[BaseRouteHandler]:
         data = [stored.file for stored in found]
         return _json(list_page(data, more))
 
-    @get("/v1/files/{file_id:str}", name="files-retrieve")
-    async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-        return _json((await visible_file(await caller_of(service, request), file_id)).file)
+    @get("/{file_id:str}", name="files-retrieve")
+    async def retrieve_file(self, request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
+        return _json((await self.visible_file(await caller_of(self.service, request), file_id)).file)
 
-    @get("/v1/files/{file_id:str}/content", name="files-content")
-    async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-        stored = await visible_file(await caller_of(service, request), file_id)
+    @get("/{file_id:str}/content", name="files-content")
+    async def file_content(self, request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
+        stored = await self.visible_file(await caller_of(self.service, request), file_id)
         with store_usable():
-            content = await files.get(stored.path)
+            content = await self.service.files.get(stored.path)
         if content is None:
             raise _not_found(file_id)
         return Response(content, media_type="application/octet-stream")
 
-    @delete("/v1/files/{file_id:str}", name="files-delete", status_code=200)
-    async def delete_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-        await visible_file(await caller_of(service, request), file_id)
-        removed = await state.remove_file(file_id)
+    @delete("/{file_id:str}", name="files-delete", status_code=200)
+    async def delete_file(self, request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
+        await self.visible_file(await caller_of(self.service, request), file_id)
+        removed = await self.service.state.remove_file(file_id)
         if removed == "in_use":
             raise file_in_use(file_id)
         if removed is None:
             raise _not_found(file_id)
         try:
-            await files.delete(removed.path)
+            await self.service.files.delete(removed.path)
         except FileStoreError as exc:  # the file is gone for every caller; its body stays behind
             log.error("batch file store: deleting %s left its body: %s", file_id, exc)
         return _json({"id": file_id, "object": "file", "deleted": True})
 
-    return [create_file, list_files, retrieve_file, file_content, delete_file]
+
+def files_controller(service: BatchService) -> type[FilesController]:
+    return per_app(
+        FilesController,
+        service=service,
+        guards=[upload_allowed(service)],
+        request_max_body_size=service.options.max_file_bytes + _MULTIPART_SLACK,
+    )

@@ -17,7 +17,7 @@ import msgspec
 
 from backends.models import Backend
 from gateway.batch.objects import ENDPOINTS
-from gateway.errors import GatewayError
+from gateway.openai.errors import GatewayError
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.parse import Endpoint

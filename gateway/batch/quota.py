@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.batch_options import BatchOptions
-from gateway.errors import GatewayError
+from gateway.config.batches import BatchOptions
+from gateway.openai.errors import GatewayError
 from gateway.tenants.keys import KeyRecord
 
 Refusal = Literal["max_stored_files", "max_stored_bytes", "max_open_batches"]

@@ -12,7 +12,7 @@ from redis.exceptions import WatchError
 from gateway.batch.objects import TERMINAL, StoredBatch, StoredFile
 from gateway.batch.quota import Quota, Refusal
 from gateway.batch.state import GONE_KEEP_S, Change, NotCreated, Order, UnknownCursor
-from gateway.redis_client import AnyRedis, as_text
+from gateway.redis.client import AnyRedis, as_text
 
 # KEYS record, owner's files, all files, owner's bytes, sequence; ARGV record, id, bytes, max files, max
 # bytes ('' for no limit). A file already counted (an output written again) is replaced, never refused.

@@ -30,8 +30,8 @@ from gateway.batch.lines import run_line
 from gateway.batch.objects import ErrorData, StoredBatch
 from gateway.batch.service import BatchService
 from gateway.batch.transitions import to_failed, to_finalizing, to_in_progress, to_stopped
-from gateway.errors import GatewayError
-from gateway.redis_client import REDIS_ERRORS
+from gateway.openai.errors import GatewayError
+from gateway.redis.client import REDIS_ERRORS
 from gateway.tenants.errors import KEY_UNUSABLE
 
 log = logging.getLogger("switchyard.batch")
@@ -170,7 +170,7 @@ class BatchRunner:
         """Each batch in progress against its key as it is now (keys mode): stop the batches whose key
         can no longer be used; hold every batch while the key store cannot be read (fail closed)."""
         self.held.clear()
-        tenants = self.service.pipeline.tenants
+        tenants = self.service.tenants
         if not self.batches or tenants is None or not self.service.keys_mode:
             return
         try:

@@ -10,13 +10,13 @@ from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.memory_state import MemoryBatchState
 from gateway.batch.objects import StoredBatch
 from gateway.batch.redis_state import RedisBatchState
-from gateway.batch.s3_files import S3FileStore, credentials_from_env
+from gateway.batch.s3.files import S3FileStore, credentials_from_env
 from gateway.batch.state import BatchState
-from gateway.batch_options import BatchOptions
-from gateway.redis_client import redis_client
+from gateway.config.batches import BatchOptions
+from gateway.config.settings import Settings
+from gateway.redis.client import redis_client
 from gateway.request.pipeline import Pipeline
-from gateway.settings import Settings
-from gateway.tenants.admission import Tenant
+from gateway.tenants.admission import Tenant, Tenants
 
 
 @dataclass
@@ -25,26 +25,28 @@ class BatchService:
     state: BatchState
     files: FileStore
     pipeline: Pipeline
+    tenants: Tenants | None
+    """The keys the batches run as (the pipeline's); None in open mode."""
     replica: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
     )
 
     @property
     def keys_mode(self) -> bool:
-        tenants = self.pipeline.tenants
+        tenants = self.tenants
         return tenants is not None and tenants.options.mode == "keys"
 
     async def tenant_of(self, stored: StoredBatch) -> Tenant | None:
         """The key a batch's lines run as, as it is now (keys mode); None in open mode. Raises 401
         `key_revoked` / `key_expired` / `key_not_found` (the batch stops) or 503 `limits_unavailable`
         (its lines wait): a line is never sent without its key."""
-        tenants = self.pipeline.tenants
+        tenants = self.tenants
         if not self.keys_mode or tenants is None:
             return None
         return await tenants.resolve(stored.owner)
 
 
-def build_batches(settings: Settings, pipeline: Pipeline) -> BatchService | None:
+def build_batches(settings: Settings, pipeline: Pipeline, tenants: Tenants | None) -> BatchService | None:
     options: BatchOptions = settings.batches
     if not options.enabled:
         return None
@@ -57,7 +59,7 @@ def build_batches(settings: Settings, pipeline: Pipeline) -> BatchService | None
         state = RedisBatchState(client, settings.ledger.key_prefix)
     else:
         state = MemoryBatchState()
-    return BatchService(options, state, _file_store(settings), pipeline)
+    return BatchService(options, state, _file_store(settings), pipeline, tenants)
 
 
 def _file_store(settings: Settings) -> FileStore:

@@ -5,20 +5,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from litestar import Litestar
-from litestar.handlers import BaseRouteHandler
+from litestar import Controller, Litestar
 
-from gateway.batch.api import batch_handlers as batch_routes
-from gateway.batch.files_api import file_handlers
+from gateway.batch.api import batches_controller
+from gateway.batch.files_api import files_controller
 from gateway.batch.runner import BatchRunner
 from gateway.batch.service import BatchService, build_batches
 
-__all__ = ["batch_handlers", "batch_lifespan", "build_batches"]
+__all__ = ["batch_controllers", "batch_lifespan", "build_batches"]
 
 
-def batch_handlers(service: BatchService) -> list[BaseRouteHandler]:
-    """`/v1/files` and `/v1/batches`."""
-    return [*file_handlers(service), *batch_routes(service)]
+def batch_controllers(service: BatchService) -> list[type[Controller]]:
+    """`/v1/files` and `/v1/batches`, over the app's batch service."""
+    return [files_controller(service), batches_controller(service)]
 
 
 def batch_lifespan(service: BatchService):

@@ -1,5 +1,5 @@
 """The operator console at `/console`: server-rendered pages over the admin API (docs/console.md)."""
 
-from gateway.console.routes import console_handlers
+from gateway.console.routes import console_controller
 
-__all__ = ["console_handlers"]
+__all__ = ["console_controller"]

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from litestar import Request, Response, get, post
-from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar import Controller, Request, Response, Router, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect
 
+from gateway.admin.login_throttle import LoginThrottle, client_address, retry_after
 from gateway.console import data, pages
 from gateway.console.keys_page import keys_fragment, keys_page
 from gateway.console.routing_page import explained_fragment, routing_page
@@ -29,12 +29,12 @@ from gateway.console.session import (
     cleared_cookie_header,
     same_origin,
 )
-from gateway.errors import GatewayError
-from gateway.redis_client import REDIS_ERRORS
+from gateway.http.controllers import per_app
+from gateway.openai.errors import GatewayError
+from gateway.redis.client import REDIS_ERRORS
 from gateway.request.parse import UPSTREAM_PATHS
 from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
-from gateway.tenants.login_throttle import LoginThrottle, client_address, retry_after
 
 log = logging.getLogger("switchyard.console")
 STATIC = Path(__file__).parent / "static"
@@ -68,7 +68,7 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 class Console:
-    def __init__(self, pipeline: Pipeline, tenants: Tenants | None, handlers: list[BaseRouteHandler]) -> None:
+    def __init__(self, pipeline: Pipeline, tenants: Tenants | None, admin: Router) -> None:
         self.pipeline = pipeline
         self.tenants = tenants
         admin_hash = tenants.admin_hash if tenants is not None else None
@@ -76,7 +76,8 @@ class Console:
         if tenants is not None and admin_hash:
             ended = Revocations(tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout)
             self.sessions = Sessions(admin_hash, revocations=ended)
-        self.api = data.AdminApi(handlers)
+        self.api = data.AdminApi(h for by_method in admin.route_handler_method_map.values()
+                                 for h in by_method.values())  # fmt: skip
         self.series = data.CostSeries(pipeline.ledger)
         self.recent = data.Recent(ttl=10.0)
 
@@ -152,33 +153,30 @@ class Console:
         return keys_fragment(await data.keys_with_spend(self.api), self.api.has("keys-list"))
 
 
-def console_handlers(
-    pipeline: Pipeline,
-    tenants: Tenants | None,
-    handlers: list[BaseRouteHandler],
-    throttle: LoginThrottle | None = None,
-) -> list[HTTPRouteHandler]:
-    """The console's routes; `handlers` are the app's route handlers, among them the admin API's. With
-    `throttle`, a wrong admin key at the login slows its address down."""
-    console = Console(pipeline, tenants, handlers)
-    throttle = throttle if throttle is not None else LoginThrottle()
-    assets = {p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES}
+class ConsoleController(Controller):
+    """The console's pages and actions, over the app's `console` (its sessions and the admin API)."""
 
-    @get("/console", name="console", include_in_schema=False)
-    async def home() -> Redirect:
+    path = "/console"
+    console: Console
+    throttle: LoginThrottle
+    """Failed admin-key logins, shared with the admin API's guard: a wrong key slows its address down."""
+    assets: dict[str, bytes]
+
+    @get("/", name="console", include_in_schema=False)
+    async def home(self) -> Redirect:
         return Redirect("/console/fleet", status_code=303)
 
-    @get("/console/login", name="console-login-form")
-    async def login_form(request: Req) -> Response[Any]:
-        if await console.session(request) is not None:
+    @get("/login", name="console-login-form")
+    async def login_form(self, request: Req) -> Response[Any]:
+        if await self.console.session(request) is not None:
             return Redirect("/console/fleet", status_code=303)
-        if console.sessions is None:
+        if self.console.sessions is None:
             return _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
         return _html(pages.login())
 
-    @post("/console/login", name="console-login", status_code=303)
-    async def login(request: Req) -> Response[Any]:
-        sessions = console.sessions
+    @post("/login", name="console-login", status_code=303)
+    async def login(self, request: Req) -> Response[Any]:
+        sessions = self.console.sessions
         if sessions is None:
             return _html(pages.login(NO_ADMIN_KEY, enabled=False), 503)
         if not same_origin(request):
@@ -188,31 +186,31 @@ def console_handlers(
         if not material:
             return _html(pages.login("That is not the admin key."), 401)
         address = client_address(request.client.host if request.client else None)
-        gate = await throttle.check(address)
+        gate = await self.throttle.check(address)
         if gate.wait_s > 0:  # refused unchecked: checking would tell a guesser which guess was right
-            throttle.refused("console")
+            self.throttle.refused("console")
             wait = retry_after(gate.wait_s)
             message = f"Too many failed logins from your address: try again in {wait} s."
             return _html(pages.login(message), 429, {"retry-after": wait})
         if not sessions.is_admin_key(material):
-            await throttle.failed(address, "console")
+            await self.throttle.failed(address, "console")
             return _html(pages.login("That is not the admin key."), 401)
-        await throttle.succeeded(address, gate)
+        await self.throttle.succeeded(address, gate)
         # Start reading the costs now: the slow read is done while the operator looks at the fleet.
-        console.recent.start(("costs", "1h"), lambda: console.costs_body(request, "1h"))
-        console.recent.start(("fleet-costs",), lambda: console.fleet_costs(request))
+        self.console.recent.start(("costs", "1h"), lambda: self.console.costs_body(request, "1h"))
+        self.console.recent.start(("fleet-costs",), lambda: self.console.fleet_costs(request))
         headers = {"location": "/console/fleet", "set-cookie": sessions.cookie_header(sessions.issue())}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
-    @post("/console/logout", name="console-logout", status_code=303)
-    async def logout(request: Req) -> Response[Any]:
+    @post("/logout", name="console-logout", status_code=303)
+    async def logout(self, request: Req) -> Response[Any]:
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         csrf = form.get("csrf")
-        token = await console.check_action(request, csrf[0] if csrf else None)
-        assert console.sessions is not None
+        token = await self.console.check_action(request, csrf[0] if csrf else None)
+        assert self.console.sessions is not None
         cleared = {"set-cookie": cleared_cookie_header()}
         try:
-            await console.sessions.end(token)
+            await self.console.sessions.end(token)
         except (TimeoutError, *REDIS_ERRORS) as exc:  # this replica refuses it already; the others may not
             log.warning("console: logout not shared with the other replicas (%s)", exc)
             message = "Logged out here, but the other replicas could not be told (Redis unreachable)."
@@ -223,103 +221,113 @@ def console_handlers(
         headers = {"location": "/console/login", **cleared}
         return Response("", status_code=303, headers={**SECURITY_HEADERS, **headers})
 
-    @get("/console/fleet", name="console-fleet")
-    async def fleet_page(request: Req) -> Response[str]:
-        token, refusal = await console.page_or_login(request)
+    @get("/fleet", name="console-fleet")
+    async def fleet_page(self, request: Req) -> Response[str]:
+        token, refusal = await self.console.page_or_login(request)
         if token is None:
             assert refusal is not None  # no session: the login page refuses
             return refusal
-        body = pages.fleet_page(await console.fleet_fragment(request))
-        return await console.render(request, token, "fleet", "Fleet", body)
+        body = pages.fleet_page(await self.console.fleet_fragment(request))
+        return await self.console.render(request, token, "fleet", "Fleet", body)
 
-    @get("/console/fleet/fragment", name="console-fleet-fragment")
-    async def fleet_fragment(request: Req) -> Response[str]:
-        token, refusal = await console.page_or_login(request)
+    @get("/fleet/fragment", name="console-fleet-fragment")
+    async def fleet_fragment(self, request: Req) -> Response[str]:
+        token, refusal = await self.console.page_or_login(request)
         if token is None:
             assert refusal is not None  # no session: the login page refuses
             return refusal
-        return _html(await console.fleet_fragment(request))
+        return _html(await self.console.fleet_fragment(request))
 
-    @get("/console/costs", name="console-costs")
-    async def costs_page(request: Req, window: FromQuery[str] = "1h") -> Response[str]:
-        token, refusal = await console.page_or_login(request)
+    @get("/costs", name="console-costs")
+    async def costs_page(self, request: Req, window: FromQuery[str] = "1h") -> Response[str]:
+        token, refusal = await self.console.page_or_login(request)
         if token is None:
             assert refusal is not None  # no session: the login page refuses
             return refusal
         if window not in data.WINDOWS:
             window = "1h"
-        read_at, body = await console.recent.get(
-            ("costs", window), lambda: console.costs_body(request, window)
+        read_at, body = await self.console.recent.get(
+            ("costs", window), lambda: self.console.costs_body(request, window)
         )
         as_of = f'<p class="summary">As of {time.strftime("%H:%M:%S", time.localtime(read_at))}</p>'
-        budgets = pages.budgets_section(await data.keys_with_spend(console.api))
-        return await console.render(request, token, "costs", "Costs", as_of + body + budgets)
+        budgets = pages.budgets_section(await data.keys_with_spend(self.console.api))
+        return await self.console.render(request, token, "costs", "Costs", as_of + body + budgets)
 
-    @get("/console/routing", name="console-routing")
-    async def routing(request: Req) -> Response[str]:
-        token, refusal = await console.page_or_login(request)
+    @get("/routing", name="console-routing")
+    async def routing(self, request: Req) -> Response[str]:
+        token, refusal = await self.console.page_or_login(request)
         if token is None:
             assert refusal is not None  # no session: the login page refuses
             return refusal
-        state = await console.api.call("policy", request=request)
-        mix = data.traffic_mix(await data.recent(console.api, request), time.time())
+        state = await self.console.api.call("policy", request=request)
+        mix = data.traffic_mix(await data.recent(self.console.api, request), time.time())
         body = routing_page(state, mix, list(UPSTREAM_PATHS))
-        return await console.render(request, token, "routing", "Routing", body)
+        return await self.console.render(request, token, "routing", "Routing", body)
 
-    @get("/console/keys", name="console-keys")
-    async def keys(request: Req) -> Response[str]:
-        token, refusal = await console.page_or_login(request)
+    @get("/keys", name="console-keys")
+    async def keys(self, request: Req) -> Response[str]:
+        token, refusal = await self.console.page_or_login(request)
         if token is None:
             assert refusal is not None  # no session: the login page refuses
             return refusal
-        enabled = console.api.has("keys-list")
-        body = keys_page(await console.keys_fragment(), enabled)
-        return await console.render(request, token, "keys", "Keys", body)
+        enabled = self.console.api.has("keys-list")
+        body = keys_page(await self.console.keys_fragment(), enabled)
+        return await self.console.render(request, token, "keys", "Keys", body)
 
-    @get("/console/keys/fragment", name="console-keys-fragment")
-    async def keys_fragment_view(request: Req) -> Response[str]:
-        token, refusal = await console.page_or_login(request)
+    @get("/keys/fragment", name="console-keys-fragment")
+    async def keys_fragment_view(self, request: Req) -> Response[str]:
+        token, refusal = await self.console.page_or_login(request)
         if token is None:
             assert refusal is not None  # no session: the login page refuses
             return refusal
-        return _html(await console.keys_fragment())
+        return _html(await self.console.keys_fragment())
 
-    @post("/console/backends/{name:str}/{action:str}", name="console-drain", status_code=200)
-    async def drain(request: Req, name: FromPath[str], action: FromPath[str]) -> Response[Any]:
-        await console.check_action(request)
+    @post("/backends/{name:str}/{action:str}", name="console-drain", status_code=200)
+    async def drain(self, request: Req, name: FromPath[str], action: FromPath[str]) -> Response[Any]:
+        await self.console.check_action(request)
         if action not in ("drain", "undrain"):
             raise GatewayError(404, f"Unknown path `{request.url.path}`.", "invalid_request_error")
-        result = await console.api.call(action, name=name, state=request.app.state)
+        result = await self.console.api.call(action, name=name, state=request.app.state)
         return Response(result, headers=SECURITY_HEADERS)
 
-    @post("/console/keys", name="console-keys-create", status_code=201)
-    async def create_key(request: Req) -> Response[Any]:
-        await console.check_action(request)
-        if not console.api.has("keys-create"):
+    @post("/keys", name="console-keys-create", status_code=201)
+    async def create_key(self, request: Req) -> Response[Any]:
+        await self.console.check_action(request)
+        if not self.console.api.has("keys-create"):
             raise _refused(404, "Keys need the tenants service.", "not_found")
-        return Response(await console.api.call("keys-create", request=request), status_code=201,
+        return Response(await self.console.api.call("keys-create", request=request), status_code=201,
                         headers=SECURITY_HEADERS)  # fmt: skip
 
-    @post("/console/keys/{key_id:str}/revoke", name="console-keys-revoke", status_code=200)
-    async def revoke_key(request: Req, key_id: FromPath[str]) -> Response[Any]:
-        await console.check_action(request)
-        if not console.api.has("keys-revoke"):
+    @post("/keys/{key_id:str}/revoke", name="console-keys-revoke", status_code=200)
+    async def revoke_key(self, request: Req, key_id: FromPath[str]) -> Response[Any]:
+        await self.console.check_action(request)
+        if not self.console.api.has("keys-revoke"):
             raise _refused(404, "Keys need the tenants service.", "not_found")
-        return Response(await console.api.call("keys-revoke", key_id=key_id), headers=SECURITY_HEADERS)
+        return Response(await self.console.api.call("keys-revoke", key_id=key_id), headers=SECURITY_HEADERS)
 
-    @post("/console/explain", name="console-explain", status_code=200)
-    async def explain(request: Req, endpoint: FromQuery[str] = "chat") -> Response[str]:
-        await console.check_action(request)
-        result = await console.api.call("explain", request=request, endpoint=endpoint)
+    @post("/explain", name="console-explain", status_code=200)
+    async def explain(self, request: Req, endpoint: FromQuery[str] = "chat") -> Response[str]:
+        await self.console.check_action(request)
+        result = await self.console.api.call("explain", request=request, endpoint=endpoint)
         return _html(explained_fragment(result))
 
-    @get("/console/static/{file:str}", name="console-static")
-    async def static(file: FromPath[str]) -> Response[bytes]:
-        content = assets.get(file)
+    @get("/static/{file:str}", name="console-static")
+    async def static(self, file: FromPath[str]) -> Response[bytes]:
+        content = self.assets.get(file)
         if content is None:
             raise GatewayError(404, f"No console asset `{file}`.", "invalid_request_error")
         headers = {"cache-control": "max-age=300", "x-content-type-options": "nosniff"}
         return Response(content, media_type=_TYPES[Path(file).suffix], headers=headers)
 
-    return [home, login_form, login, logout, fleet_page, fleet_fragment, costs_page, routing, keys,
-            keys_fragment_view, drain, create_key, revoke_key, explain, static]  # fmt: skip
+
+def console_controller(
+    pipeline: Pipeline, tenants: Tenants | None, admin: Router, throttle: LoginThrottle | None = None
+) -> type[ConsoleController]:
+    """The console over the app's `admin` router (it calls its handlers: what the JSON API answers). With
+    `throttle`, the admin API's, one count of failed logins for both."""
+    return per_app(
+        ConsoleController,
+        console=Console(pipeline, tenants, admin),
+        throttle=throttle if throttle is not None else LoginThrottle(),
+        assets={p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES},
+    )

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from litestar import Request
 
-from gateway.redis_client import REDIS_ERRORS, AnyRedis
+from gateway.redis.client import REDIS_ERRORS, AnyRedis
 
 log = logging.getLogger("switchyard.console")
 

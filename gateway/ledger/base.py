@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from backends.models import Backend
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.allocation import Share, allocate_bucket
 from gateway.ledger.costs import Counters, bucket_of, build_rows, merge, paid_nusd, window_buckets
 from gateway.ledger.records import GPU_DIMENSIONS, CostRow, Dimension, Totals, UsageRecord
-from gateway.settings import LedgerOptions
 
 log = logging.getLogger("switchyard.ledger")
 

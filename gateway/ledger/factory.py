@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backends.models import Backend
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.base import LedgerBase
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import Dimension, Totals, UsageRecord
-from gateway.settings import LedgerOptions
 
 
 class NullLedger(LedgerBase):

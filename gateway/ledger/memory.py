@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from backends.models import Backend
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.allocation import Share, rate_bin
 from gateway.ledger.base import BucketData, LedgerBase
 from gateway.ledger.costs import METRICS, Counters, bucket_of, merge, record_values
 from gateway.ledger.records import DIMENSIONS, Dimension, Totals, UsageRecord
-from gateway.settings import LedgerOptions
 
 
 class InMemoryLedger(LedgerBase):

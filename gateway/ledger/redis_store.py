@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.models import Backend
-from gateway.errors import ledger_unavailable
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.allocation import Share, rate_bin
 from gateway.ledger.base import BucketData, LedgerBase
 from gateway.ledger.costs import BOUND, PAID, WEIGHTED, Counters, merge
@@ -36,8 +36,8 @@ from gateway.ledger.keys import Keys
 from gateway.ledger.records import GPU_DIMENSIONS, Dimension, Totals, UsageRecord
 from gateway.ledger.scripts import CLAIM_PAID, RECORD
 from gateway.ledger.spill import LedgerSpill, default_spill_path
-from gateway.redis_client import REDIS_ERRORS, AnyRedis, as_text, redis_client
-from gateway.settings import LedgerOptions
+from gateway.openai.errors import ledger_unavailable
+from gateway.redis.client import REDIS_ERRORS, AnyRedis, as_text, redis_client
 
 log = logging.getLogger("switchyard.ledger")
 

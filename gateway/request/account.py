@@ -10,8 +10,11 @@ capped by the bound. Estimate and final allocation both lie in [0, bound].
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backends.models import Backend
 from gateway.ledger.records import Ledger, UsageRecord, UsageSource
@@ -19,6 +22,9 @@ from gateway.openai.responses import Usage
 from gateway.request.classify import Caller
 from gateway.request.parse import ParsedRequest
 from policies.profile import RequestProfile
+
+if TYPE_CHECKING:
+    from gateway.request.context import RequestContext
 
 
 @dataclass(slots=True)
@@ -102,3 +108,18 @@ def account(
     )
     ledger.record(record)
     return record
+
+
+def stream_cost_of(ledger: Ledger, ctx: RequestContext) -> Callable[[Usage], float]:
+    """The cost estimate for the stream's final usage event (the client asked for usage)."""
+    loop = asyncio.get_running_loop()
+    backend = ctx.backend
+    assert backend is not None
+
+    def cost_of(usage: Usage) -> float:
+        duration = loop.time() - ctx.started_at
+        return estimate_cost(
+            ledger, backend, usage.prompt_tokens, usage.completion_tokens, duration, ctx.concurrency
+        )
+
+    return cost_of

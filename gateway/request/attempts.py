@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from backends.breaker import CLOSED, Breaker
 from backends.models import Backend
-from gateway.errors import (
+from gateway.openai.errors import (
     GatewayError,
     no_backend,
     normalise_upstream_error,
@@ -39,12 +39,12 @@ from gateway.request.attribution import (
     the_requests_fault,
     too_large_for_timeout,
 )
-from gateway.request.backend_connection import ConnectFailed, ConnectTimeout, UpstreamError
-from gateway.request.backend_request import BackendHeaders
 from gateway.request.context import RequestContext
 from gateway.request.limits import RETRY_STATUSES, RetryBudget, retry_after_seconds
 from gateway.request.parse import UPSTREAM_PATHS
-from gateway.request.transport import BackendResponse, Transport
+from gateway.upstream.connection import ConnectFailed, ConnectTimeout, UpstreamError
+from gateway.upstream.request import BackendHeaders
+from gateway.upstream.transport import BackendResponse, Transport
 
 
 class _Within:

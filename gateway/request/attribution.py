@@ -20,7 +20,7 @@ and a 504 that says why. Refused and broken connections are always the backend's
 from __future__ import annotations
 
 from backends.models import Backend
-from gateway.errors import GatewayError, normalise_upstream_error, upstream_failed, upstream_timeout
+from gateway.openai.errors import GatewayError, normalise_upstream_error, upstream_failed, upstream_timeout
 from gateway.request.parse import ParsedRequest
 
 FIVE_XX = "an error answer (5xx)"

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Sequence
 
 from backends.models import Backend
-from gateway.errors import GatewayError
+from gateway.openai.errors import GatewayError
 from policies.config import Saturation
 from policies.framework import Decision
 from policies.predict import saturation_reason

@@ -26,7 +26,7 @@ class Caller:
     """What the HTTP layer read about the client besides the body."""
 
     request_id: str
-    """Made by the gateway (gateway/routes.py), unguessable: the ledger's key for this request."""
+    """Made by the gateway (gateway/http/routes.py), unguessable: the ledger's key for this request."""
     authorization: str | None
     forwarded: dict[str, str]
     """Headers sent on to the backend (request id, trace context)."""

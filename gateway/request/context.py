@@ -101,6 +101,12 @@ class FailureListener(Protocol):
         ...
 
 
+class Observer(FailureListener, Protocol):
+    """Told of the end of every request: its ledger record, or its error: gateway/telemetry `Telemetry`."""
+
+    def recorded(self, record: UsageRecord, parsed: ParsedRequest) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class RequestContext:
     """What is known about one request so far (see the module docstring for which step sets what)."""

@@ -6,7 +6,7 @@
     transport.py         the seam: `Transport.send`; backend_http.py is the socket client behind it
     prompt_count.py      `/tokenize`, for streams that ended without their usage
 
-`Upstream` puts them together. The transport on the request path is gateway/request/backend_http.py:
+`Upstream` puts them together. The transport on the request path is gateway/upstream/client.py:
 pooled keep-alive HTTP/1.1 connections, parsed by httptools, as cheap per request as we could make it
 (`make bench-clients`; figures in docs/internals.md). One aiohttp `ClientSession` lives beside it
 for the calls off the request path (health checks, `/metrics` scrapes, `/tokenize`).
@@ -21,16 +21,16 @@ from dataclasses import dataclass
 import aiohttp
 
 from backends.models import Backend
+from gateway.config.settings import Retries, Timeouts
 from gateway.request.attempts import Attempts, upstream_status_error, with_attempts
-from gateway.request.backend_http import KEEPALIVE_SECONDS
 from gateway.request.context import RequestContext
 from gateway.request.limits import RetryBudget, resolve_limits
 from gateway.request.parse import ParsedRequest
 from gateway.request.prompt_count import count_prompt_tokens
 from gateway.request.relay import ABANDONED_DRAIN_S, OpenStream, RelayedStream
 from gateway.request.sse import SseRelay
-from gateway.request.transport import Transport
-from gateway.settings import Retries, Timeouts
+from gateway.upstream.client import KEEPALIVE_SECONDS
+from gateway.upstream.transport import Transport
 
 __all__ = [
     "ABANDONED_DRAIN_S",

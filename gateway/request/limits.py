@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gateway.settings import Retries, Timeouts
+from gateway.config.settings import Retries, Timeouts
 from policies.config import Backpressure, Route, Saturation
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.errors import GatewayError, invalid_request
+from gateway.config.request_bounds import RequestLimits
+from gateway.openai.errors import GatewayError, invalid_request
 from gateway.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,7 +27,6 @@ from gateway.openai.requests import (
     messages_decoder,
     responses_decoder,
 )
-from gateway.request_bounds import RequestLimits
 
 Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses"]
 
@@ -57,13 +57,9 @@ _OUT_OF_RANGE = re.compile(r"(>=|<=|<|>) ")
 _json_encoder = msgspec.json.Encoder()
 _raw_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
-_limits = RequestLimits()
-
-
-def set_limits(limits: RequestLimits) -> None:
-    """The bounds `parse` enforces (`gateway.limits`); set once when the app is built."""
-    global _limits
-    _limits = limits
+DEFAULT_LIMITS = RequestLimits()
+"""The bounds of a gateway whose config sets no `gateway.limits`, and of callers outside a gateway (the
+policy CLI, tests); the gateway passes its own (`Pipeline.request_limits`)."""
 
 
 @dataclass(slots=True)
@@ -260,8 +256,9 @@ def _with_usage_requested(body: bytes) -> bytes:
     return _json_encoder.encode(data)
 
 
-def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
-    """Validate a request body for `endpoint`; raises GatewayError (400) on anything malformed."""
+def parse(endpoint: Endpoint, body: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> ParsedRequest:
+    """Validate a request body for `endpoint` within `limits`; raises GatewayError (400) on anything
+    malformed or out of bounds."""
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     if endpoint == "chat":
         request = chat = _decode(chat_decoder, body)
@@ -275,7 +272,7 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         n = completion.n or 1
         max_tokens = completion.max_tokens
     elif endpoint == "messages" or endpoint == "responses":
-        return _parse_typed(endpoint, body)
+        return _parse_typed(endpoint, body, limits)
     else:
         request = embedding = _decode(embedding_decoder, body)
         if not embedding.input:
@@ -284,7 +281,6 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         model, stream, options, n, max_tokens = embedding.model, False, None, 1, None
     if not model:
         raise invalid_request("`model` must not be empty.", param="model", code="invalid_value")
-    limits = _limits
     _check_bounds(limits, request)
     if prompt_chars > limits.max_prompt_chars:
         raise _too_large("prompt", prompt_chars, limits.max_prompt_chars, " characters")
@@ -313,7 +309,7 @@ def parse(endpoint: Endpoint, body: bytes) -> ParsedRequest:
     )
 
 
-def _parse_typed(endpoint: Endpoint, body: bytes) -> ParsedRequest:
+def _parse_typed(endpoint: Endpoint, body: bytes, limits: RequestLimits) -> ParsedRequest:
     """A Messages or Responses API request: forwarded as is (its stream always carries usage)."""
     request: MessagesRequest | ResponsesRequest
     if endpoint == "messages":
@@ -328,7 +324,6 @@ def _parse_typed(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         max_tokens = response.max_output_tokens
     if not request.model:
         raise invalid_request("`model` must not be empty.", param="model", code="invalid_value")
-    limits = _limits
     _check_typed_bounds(limits, request)
     if prompt_chars > limits.max_prompt_chars:
         raise _too_large("prompt", prompt_chars, limits.max_prompt_chars, " characters")
@@ -346,9 +341,8 @@ def _parse_typed(endpoint: Endpoint, body: bytes) -> ParsedRequest:
     )
 
 
-def check_expanded_input(prompt_chars: int, items: int) -> None:
+def check_expanded_input(limits: RequestLimits, prompt_chars: int, items: int) -> None:
     """The gateway's bounds on a Responses input grown by its earlier turns (`previous_response_id`)."""
-    limits = _limits
     if items > limits.max_messages:
         raise _too_large("input", items, limits.max_messages, " items with the earlier turns")
     if prompt_chars > limits.max_prompt_chars:

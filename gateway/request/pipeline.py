@@ -4,7 +4,7 @@ Each step fills the request's context (gateway/request/context.py). A request en
 `Pipeline.end`, whatever happened (answered, streamed, cut short, failed, cancelled): it gives back the
 backend's in-flight slot, accounts what was served, feeds the backend's latency averages and tells the
 observers (metrics and the access log through `recorded`/`telemetry`, the trace through `ctx.trace`).
-The HTTP layer (gateway/routes.py) ends the requests that raised; answers end here, streams when their
+The HTTP layer (gateway/http/routes.py) ends the requests that raised; answers end here, streams when their
 relay ends.
 """
 
@@ -18,17 +18,18 @@ from typing import TYPE_CHECKING
 
 from backends.catalog import Catalog
 from backends.models import Backend
-from gateway.errors import GatewayError, invalid_request, model_not_found, no_backend
+from gateway.config.request_bounds import RequestLimits
 from gateway.ledger.records import Ledger, UsageRecord
-from gateway.openai.responses import Usage, answer_usage
-from gateway.request.account import Served, account, estimate_cost
+from gateway.openai.errors import GatewayError, invalid_request, model_not_found, no_backend
+from gateway.openai.responses import answer_usage
+from gateway.request.account import Served, account, stream_cost_of
 from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
-from gateway.request.context import FailureListener, RequestContext, Tracer
-from gateway.request.drift import compare_with_profile
+from gateway.request.context import Observer, RequestContext, Tracer
+from gateway.request.drift import observe
 from gateway.request.forward import Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
-from gateway.request.parse import ParsedRequest, parse, prompt_param
+from gateway.request.parse import DEFAULT_LIMITS, ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
 from gateway.request.relay import EventStream
 from gateway.request.sse import SseRelay
@@ -63,30 +64,59 @@ class Reply:
 
 
 class Pipeline:
-    def __init__(self, catalog: Catalog, router: Router, upstream: Upstream, ledger: Ledger) -> None:
+    """The request path, given all it works with when made (gateway/app.py builds each part first)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        router: Router,
+        upstream: Upstream,
+        ledger: Ledger,
+        *,
+        request_limits: RequestLimits = DEFAULT_LIMITS,
+        tenants: Tenants | None = None,
+        telemetry: Observer | None = None,
+        tracing: Tracer | None = None,
+        clock_scale: float = 1.0,
+    ) -> None:
         self.catalog = catalog
         self.router = router
+        """The policy serving now; the policy watcher (gateway/admin/policy_reload.py) swaps in a reloaded
+        one, so readers take it from here each time."""
         self.upstream = upstream
         self.ledger = ledger
+        self.request_limits = request_limits
+        """The bounds `parse` enforces (`gateway.limits`)."""
         self._limits_router: Router | None = None
         self._limits: dict[str, Limits] = {}
         self.queues: dict[str, ClassQueue] = {}
         self.queued = 0
         """Requests waiting for room (back-pressure), all classes."""
         self._settling: set[asyncio.Task[None]] = set()
-        self.recorded: Callable[[UsageRecord, ParsedRequest], None] | None = None
-        """Telemetry fed once per ledger record (metrics, access log); None when both are off."""
-        self.tracing: Tracer | None = None
+        self.telemetry = telemetry
+        """Metrics and the access log, told of every ledger record and every request that ends in an error;
+        None when both are off."""
+        self.recorded: Callable[[UsageRecord, ParsedRequest], None] | None = (
+            telemetry.recorded if telemetry is not None else None
+        )
+        self.tracing = tracing
         """OpenTelemetry tracing; None when off (then no span is ever made)."""
-        self.telemetry: FailureListener | None = None
-        """Metrics and the access log, told of requests that end in an error."""
-        self.tenants: Tenants | None = None
+        self.tenants = tenants
         """Keys, limits and budgets (gateway/tenants/); None when `auth.mode` is open."""
         self.prompt_sizer = PromptSizer()
         """Prompt tokens from characters, learned from what the backends count (`_account` teaches it)."""
-        self.clock_scale = 1.0
+        self.clock_scale = clock_scale
         """Backend seconds per gateway second (`policy.clock_scale`): what observe() feeds routing and
         the back-pressure wait are scaled by it, so both stay on the clock the SLOs are written for."""
+
+    def switch_telemetry(self, telemetry: Observer | None, tracing: Tracer | None) -> None:
+        """Observe the requests from now on with `telemetry` and `tracing` instead.
+
+        Not for the gateway, which is given its telemetry once, when built: for a benchmark that compares
+        telemetry modes inside one process (loadtest/bench/switchable_gateway.py). Requests already past
+        `parse` keep the trace they started with."""
+        self.telemetry, self.tracing = telemetry, tracing
+        self.recorded = telemetry.recorded if telemetry is not None else None
 
     async def handle(self, ctx: RequestContext) -> Reply:
         """Serve one request whose body has been read; an error raised here is ended by the caller."""
@@ -122,7 +152,7 @@ class Pipeline:
         if tracing is not None:
             ctx.started_ns = time_ns()
             ctx.trace = tracing.start(ctx.endpoint, ctx.caller)
-        ctx.parsed = parse(ctx.endpoint, ctx.body)
+        ctx.parsed = parse(ctx.endpoint, ctx.body, self.request_limits)
 
     def classify(self, ctx: RequestContext) -> None:
         router = self.router  # with a key, the profile holds only the hints it may give (allowance.py)
@@ -162,7 +192,7 @@ class Pipeline:
         parsed = ctx.parsed
         ctx.sse = sse = TypedSseRelay(ctx.endpoint) if parsed.typed else SseRelay(parsed.client_wants_usage)
         if ctx.parsed.client_wants_usage:
-            sse.cost_of = _cost_of(self.ledger, ctx)
+            sse.cost_of = stream_cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
         headers = _reply_headers(ctx, opened.backend)
         admission = ctx.caller.admission
@@ -203,7 +233,7 @@ class Pipeline:
         return self._account(ctx, served, True)
 
     def client_left(self, ctx: RequestContext) -> None:
-        """A non-streaming client left before its answer (gateway/routes.py saw `http.disconnect` and
+        """A non-streaming client left before its answer (gateway/http/routes.py saw `http.disconnect` and
         cancelled the request, which aborted the backend's connection): recorded as 499 with the prompt
         the backend counts and no completion tokens, since none reached the gateway; nothing to record
         when no backend had the request yet."""
@@ -345,43 +375,6 @@ class Pipeline:
                 code="context_length_exceeded",
             )
         raise no_backend(profile.model, why)
-
-
-def observe(backend: Backend, record: UsageRecord, clock_scale: float = 1.0) -> None:
-    """Feed the backend's latency averages, which routing uses to predict the next request's latency.
-
-    Streams give time to first token and time per output token; a non-streaming answer gives only a
-    time per token that includes the prefill, so it is used only when the output is long enough to
-    dominate. With `n` choices the backend decodes them side by side: a token of each choice per step, so
-    the time per step is the duration over the tokens of one choice. Durations are multiplied by
-    `clock_scale` (backend seconds per gateway second) to be on the backends' clock, as the SLOs are.
-    """
-    tokens = record.completion_tokens // max(1, record.n)
-    if record.status != 200 or tokens < 1:
-        return
-    duration = record.duration_s * clock_scale
-    if record.stream and record.ttft_s is not None:
-        ttft = record.ttft_s * clock_scale
-        tpot = (duration - ttft) / (tokens - 1) if tokens > 1 else None
-        backend.observed.add(ttft, tpot)
-        compare_with_profile(backend, record.prompt_tokens, tokens, ttft, tpot)
-    elif tokens >= 16:
-        backend.observed.add(None, duration / tokens)
-
-
-def _cost_of(ledger: Ledger, ctx: RequestContext) -> Callable[[Usage], float]:
-    """The cost estimate for the stream's final usage event (the client asked for usage)."""
-    loop = asyncio.get_running_loop()
-    backend = ctx.backend
-    assert backend is not None
-
-    def cost_of(usage: Usage) -> float:
-        duration = loop.time() - ctx.started_at
-        return estimate_cost(
-            ledger, backend, usage.prompt_tokens, usage.completion_tokens, duration, ctx.concurrency
-        )
-
-    return cost_of
 
 
 def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:

@@ -10,8 +10,8 @@ import aiohttp
 import msgspec
 
 from backends.models import Backend
-from gateway.request.backend_request import auth_header
 from gateway.request.parse import ParsedRequest
+from gateway.upstream.request import auth_header
 
 TOKENIZE_TIMEOUT_S = 2.0
 

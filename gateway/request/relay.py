@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backends.models import Backend
-from gateway.errors import upstream_failed, upstream_timeout
-from gateway.request.backend_connection import UpstreamError
+from gateway.openai.errors import upstream_failed, upstream_timeout
 from gateway.request.context import RequestContext
 from gateway.request.sse import SseRelay
-from gateway.request.transport import BackendResponse
+from gateway.upstream.connection import UpstreamError
+from gateway.upstream.transport import BackendResponse
 
 ABANDONED_DRAIN_S = 2.0
 """How long the connection of a stream whose client left stays half-closed, so the tokens the backend

@@ -21,7 +21,7 @@ import msgspec
 from gateway.openai.responses import Usage, usage_decoder
 
 if TYPE_CHECKING:
-    from gateway.errors import GatewayError
+    from gateway.openai.errors import GatewayError
 
 _EVENT_END = b"\n\n"
 _USAGE_KEY = b'"usage"'

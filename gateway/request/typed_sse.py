@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.errors import GatewayError, anthropic_error_json
+from gateway.openai.errors import GatewayError, anthropic_error_json
 from gateway.openai.responses import TokenUsage, Usage, token_usage_decoder
 from gateway.request.sse import SseRelay
 

@@ -12,27 +12,31 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from litestar import Litestar, Request, Response, delete, get
-from litestar.handlers import BaseRouteHandler
+from litestar import Controller, Litestar, Request, Response, delete, get
 from litestar.params import FromPath
 
-from gateway.credentials import authorization as authorization_of
-from gateway.errors import GatewayError, invalid_request
+from gateway.config.request_bounds import RequestLimits
+from gateway.config.settings import Settings
+from gateway.http.controllers import per_app
+from gateway.http.credentials import authorization as authorization_of
+from gateway.openai.errors import GatewayError, invalid_request
 from gateway.openai.requests import ResponsesRequest
-from gateway.redis_client import REDIS_ERRORS, redis_client
+from gateway.redis.client import REDIS_ERRORS, redis_client
 from gateway.request.classify import Caller, key_id
 from gateway.request.context import RequestContext
-from gateway.request.parse import check_expanded_input, response_items_chars
+from gateway.request.parse import DEFAULT_LIMITS, check_expanded_input, response_items_chars
 from gateway.request.pipeline import Pipeline, Reply
 from gateway.request.relay import RelayedStream
 from gateway.request.typed_sse import TypedSseRelay
 from gateway.responses.store import MemoryResponseStore, RedisResponseStore, ResponseStore
-from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.tenants.admission import Tenant, Tenants
 
 log = logging.getLogger("switchyard")
 
@@ -90,10 +94,22 @@ def response_not_found(response_id: str, param: str | None = None) -> GatewayErr
 
 
 class ResponsesApi:
-    def __init__(self, pipeline: Pipeline, store: ResponseStore, max_response_bytes: int) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        store: ResponseStore,
+        max_response_bytes: int,
+        *,
+        limits: RequestLimits = DEFAULT_LIMITS,
+        tenants: Tenants | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.store = store
         self.max_response_bytes = max_response_bytes
+        self.limits = limits
+        """The gateway's bounds (`gateway.limits`), checked again on an input grown by its earlier turns."""
+        self.tenants = tenants
+        """The keys whose responses are kept apart (the pipeline's); None in open mode."""
 
     async def handle(self, ctx: RequestContext) -> Reply:
         """POST /v1/responses (the request path's steps, with the input expanded before classifying)."""
@@ -109,7 +125,7 @@ class ResponsesApi:
         if previous is not None:
             items = await self.earlier_items(owner, previous) + items
         parsed.prompt_chars = response_items_chars(items) + len(request.instructions or "")
-        check_expanded_input(parsed.prompt_chars, len(items))
+        check_expanded_input(self.limits, parsed.prompt_chars, len(items))
         parsed.body = _forwarded_body(ctx.body, items)
         pipeline.classify(ctx)
         reply = await _routed_and_forwarded(pipeline, ctx)
@@ -269,7 +285,7 @@ class ResponsesStream:
         self._inner.end()
 
 
-def build_responses(settings: Settings, pipeline: Pipeline) -> ResponsesApi:
+def build_responses(settings: Settings, pipeline: Pipeline, tenants: Tenants | None) -> ResponsesApi:
     options = settings.responses
     url = settings.ledger.redis_url
     store: ResponseStore
@@ -282,32 +298,45 @@ def build_responses(settings: Settings, pipeline: Pipeline) -> ResponsesApi:
         )
     else:
         store = MemoryResponseStore(options.ttl_s, options.max_bytes_per_key, options.max_bytes_memory)
-    return ResponsesApi(pipeline, store, options.response_bytes_bound)
+    return ResponsesApi(
+        pipeline, store, options.response_bytes_bound, limits=settings.server.limits, tenants=tenants
+    )
 
 
-def response_handlers(api: ResponsesApi) -> list[BaseRouteHandler]:
-    """GET and DELETE /v1/responses/{id}, each key reading only its own."""
-    tenants = api.pipeline.tenants
-    authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
+class ResponsesController(Controller):
+    """GET and DELETE /v1/responses/{id}, each key reading only its own (POST is on the fast path)."""
 
-    async def owner(request: Request[Any, Any, Any]) -> str:
+    path = "/v1/responses"
+    api: ResponsesApi
+    authenticate: Callable[[str | None], Awaitable[Tenant]] | None
+    """The tenants' authentication in `auth.mode: keys` (the owner is the key), else None (the token)."""
+
+    async def owner_key(self, request: Request[Any, Any, Any]) -> str:
         authorization = authorization_of(request.scope["headers"])
-        if authenticate is not None:
-            return (await authenticate(authorization)).key.id
+        if self.authenticate is not None:
+            return (await self.authenticate(authorization)).key.id
         return key_id(authorization)
 
-    @get("/v1/responses/{response_id:str}", name="response")
-    async def read_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
-        body = await api.read(await owner(request), response_id)
+    @get("/{response_id:str}", name="response")
+    async def read_response(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        body = await self.api.read(await self.owner_key(request), response_id)
         return Response(body, media_type="application/json")
 
-    @delete("/v1/responses/{response_id:str}", name="delete-response", status_code=200)
-    async def delete_response(request: Request[Any, Any, Any], response_id: FromPath[str]) -> Response[bytes]:
-        await api.remove(await owner(request), response_id)
+    @delete("/{response_id:str}", name="delete-response", status_code=200)
+    async def delete_response(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        await self.api.remove(await self.owner_key(request), response_id)
         body = _encoder.encode({"id": response_id, "object": "response", "deleted": True})
         return Response(body, media_type="application/json")
 
-    return [read_response, delete_response]
+
+def responses_controller(api: ResponsesApi) -> type[ResponsesController]:
+    tenants = api.tenants
+    keys = tenants if tenants is not None and tenants.options.mode == "keys" else None
+    return per_app(ResponsesController, api=api, authenticate=keys.authenticate if keys is not None else None)
 
 
 def responses_lifespan(api: ResponsesApi):

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.redis_client import AnyRedis
+from gateway.redis.client import AnyRedis
 
 
 class ResponseStore(Protocol):

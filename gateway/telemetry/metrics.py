@@ -17,9 +17,11 @@ import re
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from backends.models import Backend
 from gateway.ledger.records import Ledger, UsageRecord
+from gateway.telemetry.tracing import Tracing
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0)
@@ -28,6 +30,24 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_ERROR_SERIES = 256
 _CODE = re.compile(r"^[a-z0-9_]{0,48}$")
 _REQUEST_LABELS = ("model", "class", "route", "pool", "vendor")
+
+
+class GatewayState(Protocol):
+    """What a scrape reads of the request path as it is now (gateway/request/pipeline.py `Pipeline`)."""
+
+    @property
+    def router(self) -> object:
+        """The policy serving now (a `PolicyEngine` counts its decisions)."""
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for room (back-pressure)."""
+
+    @property
+    def tracing(self) -> object | None:
+        """The tracer now wired in (its span shipper counts what it shipped)."""
+
+
 _BREAKER_STATES = ("closed", "half-open", "open")
 
 
@@ -88,18 +108,12 @@ class Metrics:
         self,
         backends: Sequence[Backend],
         ledger: Ledger | None = None,
-        router: Callable[[], object] | None = None,
-        queued: Callable[[], int] | None = None,
-        spans: Callable[[], dict[str, int] | None] | None = None,
     ) -> None:
         self._backends = list(backends)
-        self._spans = spans
         self._by_backend = {b.name: (b, _BackendCells()) for b in self._backends}
         self._series: dict[tuple[str, str, str, str, str], _Series] = {}
         self._errors: dict[tuple[str, int, str], int] = {}
         self._ledger = ledger
-        self._router = router
-        self._queued = queued
         self.started = time.time()
         self.before_render: Callable[[], None] | None = None
         """Called first thing at every scrape (the batched request records are counted then)."""
@@ -152,7 +166,8 @@ class Metrics:
 
     # --- the scrape -------------------------------------------------------------------------------------
 
-    def render(self) -> bytes:
+    def render(self, gateway: GatewayState | None = None) -> bytes:
+        """The text Prometheus scrapes; with `gateway`, its routing, back-pressure and tracing gauges too."""
         if self.before_render is not None:
             self.before_render()
         out: list[str] = []
@@ -199,7 +214,7 @@ class Metrics:
                 add(f"{name}{{{_backend_labels(b)}}} {_num(getattr(c, attr))}")
         self._render_backends(head, add)
         self._render_costs(head, add)
-        self._render_gateway(head, add)
+        self._render_gateway(head, add, gateway)
         add("")
         return "\n".join(out).encode()
 
@@ -265,8 +280,10 @@ class Metrics:
         head("switchyard_ledger_idle_cost_info", "gauge", "How idle cost is reported (ledger.idle_cost).")
         add(f'switchyard_ledger_idle_cost_info{{mode="{mode}"}} 1')
 
-    def _render_gateway(self, head: Callable[[str, str, str], None], add: Callable[[str], None]) -> None:
-        router = self._router() if self._router is not None else None
+    def _render_gateway(
+        self, head: Callable[[str, str, str], None], add: Callable[[str], None], gateway: GatewayState | None
+    ) -> None:
+        router = gateway.router if gateway is not None else None
         decisions = getattr(router, "decisions", None)  # a PolicyEngine's counters; other routers keep none
         decision_ns = getattr(router, "decision_ns", None)
         if decisions is not None and decision_ns is not None:
@@ -277,9 +294,9 @@ class Metrics:
             )
             add(f"switchyard_routing_decision_seconds_sum {_num(decision_ns / 1e9)}")
             add(f"switchyard_routing_decision_seconds_count {decisions}")
-        if self._queued is not None:
+        if gateway is not None:
             head("switchyard_queued_requests", "gauge", "Requests waiting for room (back-pressure).")
-            add(f"switchyard_queued_requests {self._queued()}")
+            add(f"switchyard_queued_requests {gateway.queued}")
         if self._ledger is not None:
             stats = self._ledger.stats()
             head("switchyard_ledger_buffered_records", "gauge", "Usage records waiting to be written.")
@@ -292,7 +309,8 @@ class Metrics:
             ):
                 head(name, "counter", f"Ledger {key.replace('_', ' ')}.")
                 add(f"{name} {stats.get(key) or 0}")
-        spans = self._spans() if self._spans is not None else None
+        tracing = gateway.tracing if gateway is not None else None
+        spans = tracing.shipper.stats() if isinstance(tracing, Tracing) else None
         if spans is not None:
             for key, name, kind, text in (
                 (

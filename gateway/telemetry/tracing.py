@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from backends.models import Backend
+    from gateway.config.settings import Tracing as TracingOptions
     from gateway.ledger.records import UsageRecord
     from gateway.request.classify import Caller
     from gateway.request.context import RequestContext
-    from gateway.settings import Tracing as TracingOptions
 
 __all__ = [
     "ChildProcessShipper",

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.models import Backend
-from gateway.errors import GatewayError
+from gateway.config.settings import AuthOptions
 from gateway.ledger.records import Ledger
-from gateway.redis_client import AnyRedis
-from gateway.settings import AuthOptions
+from gateway.openai.errors import GatewayError
+from gateway.redis.client import AnyRedis
+from gateway.redis.script_client import ScriptClient
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
 from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
@@ -38,7 +39,6 @@ from gateway.tenants.limits import (
 )
 from gateway.tenants.prepared import SettleNames, prepare, settle_names
 from gateway.tenants.reservation import max_cost_usd, max_output_tokens
-from gateway.tenants.script_client import ScriptClient
 from gateway.tenants.settler import Settler
 from gateway.tenants.store import TenantStore
 from gateway.tenants.usage_watch import BudgetWatch

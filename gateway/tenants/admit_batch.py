@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
+from gateway.redis.script_client import ScriptClient, bulk, bulk_int
 from gateway.tenants.settler import Settler
 
 _MAX_BATCH = 256

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.errors import GatewayError
+from gateway.openai.errors import GatewayError
 from gateway.tenants import errors
 from gateway.tenants.keys import Limits
 from gateway.tenants.limits import ScopeCounters, Verdict

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError
+from gateway.openai.errors import GatewayError
 
 
 def invalid_api_key(why: str) -> GatewayError:

@@ -11,9 +11,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from gateway.config.settings import Settings
 from gateway.ledger.records import Ledger
-from gateway.redis_client import redis_client
-from gateway.settings import Settings
+from gateway.redis.client import redis_client
 from gateway.tenants.admin_key import check_admin_key
 from gateway.tenants.admission import Tenants
 from gateway.tenants.store import TenantStore

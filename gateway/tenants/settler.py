@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Any
 
+from gateway.redis.script_client import ScriptClient, bulk, bulk_int
 from gateway.tenants.limits import SETTLE
-from gateway.tenants.script_client import ScriptClient, bulk, bulk_int
 
 log = logging.getLogger("switchyard.tenants")
 

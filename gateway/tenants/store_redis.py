@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.redis_client import AnyRedis, as_text
+from gateway.redis.client import AnyRedis, as_text
 from gateway.tenants.keys import KeyRecord, TeamRecord
 
 _key_decoder = msgspec.json.Decoder(KeyRecord)

@@ -3,7 +3,8 @@
 Two processes of identical code differ by several percent in speed on a shared machine (hash seed, where
 their memory landed), as much as the telemetry being measured. So one process serves every mode: it is
 configured with everything on (metrics, access log, tracing of every request), builds a second tracer
-that exports over OTLP, and on SIGUSR1 rewires its pipeline to the mode named in a file:
+that exports over OTLP, and on SIGUSR1 switches its pipeline's telemetry (`Pipeline.switch_telemetry`) to the
+mode named in a file:
 
 - `off`, `off-twin`: nothing wired: the per-request code of a gateway configured with telemetry off;
 - `metrics+logs`: the defaults (`GET /metrics` cells and the JSON access log);
@@ -27,9 +28,9 @@ from pathlib import Path
 import uvicorn
 
 from gateway.app import SwitchyardPlugin, asgi_entry, create_app
-from gateway.server import server_config
-from gateway.settings import Tracing as TracingOptions
-from gateway.settings import load_settings
+from gateway.config.settings import Tracing as TracingOptions
+from gateway.config.settings import load_settings
+from gateway.serve.server import server_config
 from gateway.telemetry import build_tracing
 
 MODES = ("off", "off-twin", "metrics+logs", "all@10%", "all", "all+otlp")
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     plugin = app.plugins.get(SwitchyardPlugin)
     pipeline, telemetry = plugin.pipeline, plugin.telemetry
-    dropped = pipeline.tracing
+    dropped = plugin.tracing
     exported = build_tracing(TracingOptions(enabled=True, exporter="otlp", endpoint=args.otlp))
     tenth = build_tracing(TracingOptions(enabled=True, exporter="none", sample_ratio=0.1))
     wired = {
@@ -69,10 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if mode not in wired:
             logging.getLogger("switchyard").warning("unknown telemetry mode %r", mode)
             return
-        fed, tracing = wired[mode]
-        pipeline.telemetry = fed
-        pipeline.recorded = fed.recorded if fed is not None else None
-        pipeline.tracing = tracing
+        pipeline.switch_telemetry(*wired[mode])
 
     switch()
     signal.signal(signal.SIGUSR1, switch)

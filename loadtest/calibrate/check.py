@@ -5,8 +5,10 @@
 The load is not the calibration's: another seed, prompt lengths drawn over the whole context, outputs of
 mixed lengths, and concurrency levels the sweep did not use (3, 6, 12). The same requests (token-id
 prompts, fixed outputs) go to the real server and to a simulator (`python -m backends.sim --calibrated`)
-started from the profile, one level after the other; per level the TTFT p50 and p90 and the time per
-output token p50 must agree within `TOLERANCE`. Exit status 0 when every level agrees, 1 when one does not.
+started from the profile, level by level (the real server's level, then the simulator's); per level the
+client's TTFT p50 and p90 and time per output token p50 must agree within `TOLERANCE` (the servers' own
+mean TTFT and inter-token latency are shown beside them). Exit status 0 when every level agrees, 1 when
+one does not.
 """
 
 from __future__ import annotations
@@ -91,6 +93,50 @@ class LevelRun:
     engine_itl_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one leg's load goes (`url`, maybe a gateway) and the server whose /metrics it reads."""
+
+    url: str
+    metrics_url: str
+
+
+async def run_level(
+    client: httpx.AsyncClient, target: Target, model: str, jobs: list[Job], width: int
+) -> LevelRun:
+    """One level closed-loop at `width`, each job with its class header."""
+    by_prompt = {id(job.prompt): job for job in jobs}
+
+    async def send(prompt: list[int], output_tokens: int) -> Timed:
+        extra = {"x-switchyard-class": by_prompt[id(prompt)].request_class}
+        return await stream_completion(client, target.url, model, prompt, output_tokens, extra)
+
+    scraped = Server(target.metrics_url, model)
+    try:
+        before = await scraped.metrics()
+        timed = await run_closed_loop([(j.prompt, j.output_tokens) for j in jobs], width, send)
+        after = await _settled(scraped, before, len(jobs))
+    finally:
+        await scraped.close()
+    ttft, _ = histogram_mean(before, after, TTFT)
+    itl, _ = histogram_mean(before, after, ITL)
+    return LevelRun(timed, ttft, itl)
+
+
+async def run_interleaved(
+    targets: Sequence[Target], model: str, levels: Sequence[list[Job]], concurrency: Sequence[int]
+) -> list[list[LevelRun]]:
+    """Every level on every target, level by level (the real server's level, then the simulator's), so
+    the legs of one level run seconds apart, not a whole run apart; per target, its levels."""
+    runs: list[list[LevelRun]] = [[] for _ in targets]
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
+        for jobs, width in zip(levels, concurrency, strict=True):
+            for target, run in zip(targets, runs, strict=True):
+                run.append(await run_level(client, target, model, jobs, width))
+    return runs
+
+
 async def run_load(
     url: str,
     model: str,
@@ -100,29 +146,8 @@ async def run_load(
 ) -> list[LevelRun]:
     """Each level closed-loop at its concurrency, one after the other, each job with its class header.
     `url` may be a gateway in front of the server; `metrics_url` is the server itself (default `url`)."""
-    results: list[LevelRun] = []
-    scraped = Server(metrics_url or url, model)
-    limits = httpx.Limits(max_connections=None)
-    try:
-        async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
-            for jobs, width in zip(levels, concurrency, strict=True):
-                by_prompt = {id(job.prompt): job for job in jobs}
-
-                async def send(
-                    prompt: list[int], output_tokens: int, by: dict[int, Job] = by_prompt
-                ) -> Timed:
-                    extra = {"x-switchyard-class": by[id(prompt)].request_class}
-                    return await stream_completion(client, url, model, prompt, output_tokens, extra)
-
-                before = await scraped.metrics()
-                timed = await run_closed_loop([(j.prompt, j.output_tokens) for j in jobs], width, send)
-                after = await _settled(scraped, before, len(jobs))
-                ttft, _ = histogram_mean(before, after, TTFT)
-                itl, _ = histogram_mean(before, after, ITL)
-                results.append(LevelRun(timed, ttft, itl))
-    finally:
-        await scraped.close()
-    return results
+    target = Target(url, metrics_url or url)
+    return (await run_interleaved([target], model, levels, concurrency))[0]
 
 
 async def _settled(server: Server, before: Metrics, requests: int) -> Metrics:
@@ -151,25 +176,24 @@ class Row:
 
 
 def compare(real: Sequence[LevelRun], sim: Sequence[LevelRun], concurrency: Sequence[int]) -> list[Row]:
-    """Per level: the servers' own mean TTFT and inter-token latency (asserted), and the client's TTFT
-    p50 and p90 and time per output token p50 (shown: on a CPU build the server's front end shares one
-    process with the engine, and the client sees its tokens in bursts)."""
+    """Per level: the client's TTFT p50 and p90 and time per output token p50 (asserted), and the
+    servers' own mean TTFT and inter-token latency (shown)."""
     rows = []
     for width, r, s in zip(concurrency, real, sim, strict=True):
         a, b = summarise(r.timed), summarise(s.timed)
         level = f"x{width}"
         rows += [
-            Row(level, "TTFT mean", r.engine_ttft_s, s.engine_ttft_s, asserted=True),
-            Row(level, "ITL mean", r.engine_itl_s, s.engine_itl_s, asserted=True),
-            Row(level, "client TTFT p50", a.ttft_p50, b.ttft_p50),
-            Row(level, "client TTFT p90", a.ttft_p90, b.ttft_p90),
-            Row(level, "client TPOT p50", a.tpot_p50, b.tpot_p50),
+            Row(level, "client TTFT p50", a.ttft_p50, b.ttft_p50, asserted=True),
+            Row(level, "client TTFT p90", a.ttft_p90, b.ttft_p90, asserted=True),
+            Row(level, "client TPOT p50", a.tpot_p50, b.tpot_p50, asserted=True),
+            Row(level, "server TTFT mean", r.engine_ttft_s, s.engine_ttft_s),
+            Row(level, "server ITL mean", r.engine_itl_s, s.engine_itl_s),
         ]
     return rows
 
 
 def format_rows(rows: Sequence[Row], tolerance: float = TOLERANCE) -> str:
-    lines = [f"{'level':6} {'metric':16} {'real ms':>9} {'sim ms':>9} {'error':>7}"]
+    lines = [f"{'level':6} {'metric':16} {'real ms':>9} {'sim ms':>9} {'error':>7}"]  # shown rows unmarked
     for row in rows:
         mark = "" if not row.asserted else "  ok" if row.error <= tolerance else "  FAIL"
         lines.append(
@@ -244,13 +268,6 @@ def calibrated_timing(profile: Path) -> list[str]:
     return ["--calibrated", str(profile)]
 
 
-def real_run(url: str, model: str, seed: int) -> tuple[list[LevelRun], list[list[Job]], int]:
-    """The held-apart load on the real server at `url`."""
-    vocabulary, max_model_len = asyncio.run(vocabulary_of(url, model))
-    levels = held_apart_jobs(vocabulary, max_model_len, seed)
-    return asyncio.run(run_load(url, model, levels, WIDTHS)), levels, max_model_len
-
-
 def simulated_run(
     timing: Sequence[str], model: str, levels: list[list[Job]], max_model_len: int, workdir: Path
 ) -> list[LevelRun]:
@@ -263,8 +280,17 @@ def simulated_run(
 
 
 def check(url: str, model: str, timing: Sequence[str], seed: int, workdir: Path) -> list[Row]:
-    real, levels, max_model_len = real_run(url, model, seed)
-    return compare(real, simulated_run(timing, model, levels, max_model_len, workdir), WIDTHS)
+    """The held-apart load on the real server at `url` and on a simulator started with `timing`,
+    level by level."""
+    vocabulary, max_model_len = asyncio.run(vocabulary_of(url, model))
+    levels = held_apart_jobs(vocabulary, max_model_len, seed)
+    process, sim_url = start_simulator(timing, model, max_model_len, workdir / "simulator.log")
+    try:
+        targets = [Target(url, url), Target(sim_url, sim_url)]
+        real, sim = asyncio.run(run_interleaved(targets, model, levels, WIDTHS))
+    finally:
+        stop_process(process)
+    return compare(real, sim, WIDTHS)
 
 
 def main(argv: list[str] | None = None) -> int:

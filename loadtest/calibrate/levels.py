@@ -1,5 +1,5 @@
-"""The calibration's levels: what one level measured, the sizes a sweep steps through, and the front-end
-and admission terms derived from the levels once the step model is fitted (loadtest/calibrate/fit.py)."""
+"""The calibration's levels: what one level measured, the sizes a sweep steps through, what the refinement
+replays of each (loadtest/calibrate/refine.py), and the front end's first estimate from the levels."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from loadtest.calibrate.fit import decode_features, predict
 from loadtest.calibrate.measure import Timed
+from loadtest.calibrate.refine import Shape
+from loadtest.stats import percentile
 
 
 @dataclass(slots=True)
@@ -41,15 +42,19 @@ class Level:
         return statistics.median(t.ttft_s for t in self.timed) if self.timed else 0.0
 
 
-def loaded_ttft(coefficients: Sequence[float], admit_busy_s: float, level: Level) -> float:
-    """A newcomer's TTFT at a load level, as the simulator times it: half a decode step of the others on
-    average before the engine takes it, the busy engine's admission wait, then its prefill step beside
-    the others' decode."""
-    b, p, o = level.concurrency, level.prompt_tokens, level.output_tokens
-    others = b - 1
-    decode = predict(coefficients, decode_features(others, p, o)) if others > 0 else 0.0
-    prefill = predict(coefficients, (1.0, float(b), float(p), others * (p + o / 2)))
-    return decode / 2 + (admit_busy_s if others > 0 else 0.0) + prefill
+def shape_of(level: Level) -> Shape:
+    """What the refinement replays of a level: its load, vLLM's means and the client's TTFT spread."""
+    ttfts = [t.ttft_s for t in level.timed]
+    return Shape(
+        concurrency=level.concurrency,
+        prompt_tokens=level.prompt_tokens,
+        output_tokens=level.output_tokens,
+        requests=max(1, len(level.timed)),
+        engine_ttft_s=level.engine_ttft_s,
+        engine_itl_s=level.engine_itl_s,
+        client_ttft_p50_s=percentile(ttfts, 50) or 0.0,
+        client_ttft_p90_s=percentile(ttfts, 90) or 0.0,
+    )
 
 
 def front_end(levels: Sequence[Level]) -> tuple[float, float]:
@@ -67,17 +72,6 @@ def front_end(levels: Sequence[Level]) -> tuple[float, float]:
     slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
     intercept = max(0.0, statistics.median(y - slope * x for x, y in points))
     return intercept, slope
-
-
-def admission(coefficients: Sequence[float], levels: Sequence[Level]) -> float:
-    """The busy engine's admission wait that makes the loaded levels' TTFT what vLLM measured (the
-    median over the levels, never below zero)."""
-    waits = [
-        level.engine_ttft_s - loaded_ttft(coefficients, 0.0, level)
-        for level in levels
-        if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0
-    ]
-    return max(0.0, statistics.median(waits)) if waits else 0.0
 
 
 def extremes_first(sizes: list[int]) -> list[int]:

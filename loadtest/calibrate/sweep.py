@@ -26,34 +26,31 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
 from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
-from loadtest.calibrate.fit import (
-    FEATURES,
-    Row,
-    decode_row,
-    fit,
-    predict,
-    prefill_row,
-)
+from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, prefill_row
 from loadtest.calibrate.levels import (
     Level,
-    admission,
     concurrencies,
     extremes_first,
     front_end,
     ladder,
-    loaded_ttft,
+    shape_of,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
+from loadtest.calibrate.refine import refine, simulate
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 GROWTH = 1.10
+WATCH_INTERVAL_S = 1.0
+"""How often a level polls /metrics for the running and waiting gauges, as often as a gateway scrapes by
+default: a scrape holds vLLM's API server for some 10-25 ms (its histograms rendered), which a request or
+a token arriving meanwhile waits out, so the front end is measured as it runs behind a gateway."""
 PHASES = (0.2, 0.3, 0.2, 0.2)
 """The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
 rest: prefix reuse); a phase that ends early leaves its time to the next."""
@@ -79,8 +76,16 @@ class Options:
 
 
 class Calibration:
-    def __init__(self, options: Options, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        progress: Callable[[str], None] | None = None,
+        between: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`between`: awaited after each phase of the sweep, its time not counted in the budget (a check
+        that wants its load measured while the machine runs as it did for the sweep puts it there)."""
         self.options = options
+        self._between = between
         self.server = Server(options.url, options.model)
         self.rng = random.Random(options.seed)
         self.levels: list[Level] = []
@@ -98,6 +103,15 @@ class Calibration:
     def in_phase(self, estimate_s: float) -> bool:
         """Whether a level of about `estimate_s` starts within the current phase's share of the budget."""
         return time.monotonic() + estimate_s <= self.phase_end
+
+    async def between_phases(self) -> None:
+        if self._between is None:
+            return
+        paused = time.monotonic()
+        await self._between()
+        spent = time.monotonic() - paused
+        self.started += spent
+        self.phase_end += spent
 
     async def run(self) -> CalibratedProfile:
         self.started = time.monotonic()
@@ -133,6 +147,7 @@ class Calibration:
             if not self.in_phase(1.0):
                 break
             await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
+        await self.between_phases()
         short, long = max(16, longest // 8), max(32, longest // 2)
         for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
             self.phase_end = self.phase_end + phase * budget
@@ -150,6 +165,7 @@ class Calibration:
                 if flat >= 2 and concurrency >= 4:
                     break
                 best = max(best, level.tokens_per_s)
+            await self.between_phases()
         self.phase_end = self.phase_end + PHASES[3] * budget
         longer = max(8, min(256, max_model_len // 4, max_model_len - short - 1))  # output lengths too
         for concurrency in (1, 4, 16):
@@ -208,13 +224,17 @@ class Calibration:
         return level
 
     async def _watch(self, level: Level, stop: asyncio.Event) -> None:
+        """Polls the gauges every WATCH_INTERVAL_S, the first time one interval in (not while the level's
+        first requests arrive)."""
         while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), WATCH_INTERVAL_S)
+            if stop.is_set():
+                break
             with contextlib.suppress(Exception):
                 m = await self.server.metrics()
                 level.max_running = max(level.max_running, m.get("vllm:num_requests_running"))
                 level.max_waiting = max(level.max_waiting, m.get("vllm:num_requests_waiting"))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
 
     async def _prefix(self, prompt_tokens: int) -> None:
         server = self.server
@@ -266,32 +286,37 @@ class Calibration:
                 rows.append((level, "tpot", row))
         coefficients = fit([row for _, _, row in rows])
         request_s, request_per_seq_s = front_end(self.levels)
-        step = StepFit(
+        linear = StepFit(
             **dict(zip(FEATURES, coefficients, strict=True)),
             request_s=request_s,
             request_per_seq_s=request_per_seq_s,
-            admit_busy_s=admission(coefficients, self.levels),
         )
-        for level in self.levels:
-            if level.kind == "load" and level.concurrency > 1 and level.engine_ttft_s > 0:
-                row = Row((0.0, 0.0, 0.0, 0.0), level.engine_ttft_s)
-                rows.append((level, "ttft", row))
-        points = [
-            Point(
-                kind=kind,  # type: ignore[arg-type]
-                concurrency=level.concurrency,
-                prompt_tokens=level.prompt_tokens,
-                output_tokens=level.output_tokens,
-                measured_s=row.measured_s,
-                predicted_s=(
-                    loaded_ttft(coefficients, step.admit_busy_s, level)
-                    if kind == "ttft" and level.kind == "load"
-                    else predict(coefficients, row.features)
-                ),
-                requests=max(1, len(level.timed)),
-            )
-            for level, kind, row in rows
-        ]
+        limits = self._limits(max_model_len, block_size, num_blocks)
+        shapes = [shape_of(level) for level in self.levels if level.kind != "prefix" and level.timed]
+        # the sweep's own levels replayed (loadtest/calibrate/refine.py): what is left of the budget, or 15 s
+        deadline = max(self.started + self.options.budget_s, time.monotonic() + 15.0)
+        step, before, after = refine(linear, limits, shapes, self.say, deadline)
+        self.say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
+        points = []
+        replayed = [level for level in self.levels if level.kind != "prefix" and level.timed]
+        for level, shape in zip(replayed, shapes, strict=True):
+            sim = simulate(step, limits, shape, cap=False)
+            for kind, measured, predicted in (
+                ("ttft", shape.engine_ttft_s, sim.engine_ttft_s),
+                ("tpot", shape.engine_itl_s, sim.engine_itl_s),
+            ):
+                if measured > 0:
+                    points.append(
+                        Point(
+                            kind=kind,  # type: ignore[arg-type]
+                            concurrency=level.concurrency,
+                            prompt_tokens=level.prompt_tokens,
+                            output_tokens=level.output_tokens,
+                            measured_s=measured,
+                            predicted_s=predicted,
+                            requests=max(1, len(level.timed)),
+                        )
+                    )
         errors = {kind: [p.error for p in points if p.kind == kind] or [0.0] for kind in ("ttft", "tpot")}
         prefix = [lv for lv in self.levels if lv.kind == "prefix"]
         hit_rate = (
@@ -301,7 +326,7 @@ class Calibration:
             accelerator=self.options.accelerator,
             model=self.options.model,
             step=step,
-            limits=self._limits(max_model_len, block_size, num_blocks),
+            limits=limits,
             fit_error=FitError(
                 ttft_mean=statistics.fmean(errors["ttft"]),
                 ttft_max=max(errors["ttft"]),

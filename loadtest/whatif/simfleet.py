@@ -39,6 +39,8 @@ class SimBackend:
     """Seconds the engine spent in steps (utilisation)."""
     plan: Any = None
     """The step in flight (`Scheduler.plan`), applied when it ends."""
+    front_free: float = 0.0
+    """When a calibrated server's front end is done with the requests it holds (it takes one at a time)."""
 
     def __post_init__(self) -> None:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
@@ -53,7 +55,10 @@ class SimBackend:
         end (HTTP, tokenisation) and a busy engine's admission wait delay it (backends/calibrated.py)."""
         assert self.scheduler is not None and self.hardware is not None
         running = self.scheduler.stats.running
-        arrival = now + self.hardware.front_end(running)
+        front_end = self.hardware.front_end(running)
+        arrival = now
+        if front_end > 0:  # the front end takes one request at a time
+            arrival = self.front_free = max(now, self.front_free) + front_end
         group = Group(prompt_tokens, hashes, lengths, reasons, arrival=arrival)
         group.ready = arrival + self.hardware.admission_wait(running)
         self.scheduler.add(group)
@@ -145,7 +150,7 @@ def fleet_from_gateway_config(path: str) -> FleetSpec:
     from backends.accelerators import calibrated, find
     from backends.sim.fleet_spec import GroupSpec
     from backends.yamlfile import ConfigError
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
 
     settings = load_settings(path)
     groups = []

@@ -24,9 +24,9 @@ import yaml
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
+from gateway.config.settings import load_settings
 from gateway.ledger.records import UsageRecord
 from gateway.ledger.redis_store import RedisLedger
-from gateway.settings import load_settings
 from tests.support import ROOT, clean_redis, running_replicas
 
 CHROMIUM = "/usr/bin/chromium"

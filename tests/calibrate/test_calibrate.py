@@ -1,28 +1,33 @@
 """Calibrated from a real backend: measure one vLLM server, fit its profile, prove the simulator predicts it.
 
-This module starts its own real vLLM CPU server of the tiny model, with the engine core in its own process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=1`, vLLM's normal mode: the session's servers run it in the HTTP
-process, whose front end then streams tokens in bursts). `switchyard calibrate` sweeps it and writes a
-profile; then a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6
-and 12, which the sweep never used) runs through a gateway with its access log on, and the same requests
-run on a simulator started from the profile. Per level the servers' own mean TTFT and inter-token latency
-must agree within 20 %, and the what-if replay of the gateway's access log on the profile must agree with
-the run's SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU)
-must fail the same comparison, so the test can fail.
+This module starts its own real vLLM CPU server of the tiny model (or uses the one at
+SWITCHYARD_CALIBRATE_URL), with the engine core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=1`,
+vLLM's normal mode). `switchyard calibrate`'s sweep measures it and fits a profile; a held-apart load
+(another seed, prompt lengths over the whole context, concurrency 3, 6 and 12, which the sweep never
+used) runs on it through a gateway with its access log on, one level after each phase of the sweep, so
+both see the same minute of the machine (the fit never sees the held-apart levels). Then the same load
+runs through a gateway each to a simulator started from the profile and to one started from the built-in
+MI300X profile. Per level the client's TTFT p50 and p90 and time per output token p50 must agree within
+20 %, and the what-if replay of the real gateway's access log on the profile must agree with the run's
+SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must fail
+the same comparison, so the test can fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from backends.calibrated import load_profile
+from backends.calibrated import CalibratedProfile, dump_profile, load_profile
 from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
-from gateway.cli import main as switchyard
 from loadtest.calibrate.agreement import (
     ClassSlo,
     calibrated_fleet,
@@ -32,16 +37,22 @@ from loadtest.calibrate.agreement import (
 from loadtest.calibrate.check import (
     TOLERANCE,
     WIDTHS,
+    Job,
+    LevelRun,
+    Target,
     calibrated_timing,
     compare,
     failures,
     format_rows,
     held_apart_jobs,
     percentile,
-    run_load,
-    simulated_run,
+    run_interleaved,
+    run_level,
+    start_simulator,
+    stop_process,
     vocabulary_of,
 )
+from loadtest.calibrate.sweep import Calibration, Options
 from tests.support import free_port, metric, running_gateway, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
@@ -49,6 +60,8 @@ POOL = "calibrated"
 WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
 """The built-in MI300X datasheet profile serving an 8B model: what a fresh install assumes."""
 ATTAINMENT_POINTS = 0.05
+SCRAPE_S = 1.0
+"""The gateways' /metrics scrape interval (their default), and the replay's."""
 SEED = 20261127
 
 
@@ -82,11 +95,16 @@ def _slos_from(log: Path) -> dict[str, ClassSlo]:
         tpots.setdefault(line.request_class, []).append(
             (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
         )
-    return {cls: ClassSlo(percentile(ttfts[cls], 0.8), percentile(tpots[cls], 0.8)) for cls in ttfts}
+    return {
+        cls: ClassSlo(percentile(ttfts[cls], 80) or 0.0, percentile(tpots[cls], 80) or 0.0) for cls in ttfts
+    }
 
 
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("SWITCHYARD_CALIBRATE_URL"):  # a server already running (nothing else may load it)
+        yield os.environ["SWITCHYARD_CALIBRATE_URL"]
+        return
     log = tmp_path_factory.mktemp("calibrate-vllm") / "vllm.log"
     launch = build_launch(
         LaunchSpec(
@@ -107,11 +125,60 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stop(process)
 
 
+def _gateway_config(url: str, policy: Path, log: Path | None) -> dict[str, Any]:
+    """One pool of one backend, the gateway's default scrape interval; `log`: its access log."""
+    telemetry = {"access_log": {"destination": str(log)}} if log is not None else {}
+    return {
+        "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": SCRAPE_S, "timeout": 1.0}},
+        "policy": {"file": str(policy)},
+        "telemetry": telemetry,
+        "pools": [
+            {
+                "name": POOL,
+                "vendor": "amd",
+                "accelerator": "mi300x",
+                "price_per_gpu_hour": 1.0,
+                "backends": [{"name": "b-0", "url": url, "models": [MODEL], "max_model_len": MAX_MODEL_LEN}],
+            }
+        ],
+    }
+
+
+async def _calibrate_around(
+    real: Target, levels: list[list[Job]]
+) -> tuple[CalibratedProfile, list[LevelRun]]:
+    """`switchyard calibrate`'s sweep of the real server, with one level of the held-apart load run
+    (through the gateway) after each of its phases: the check's real run and the sweep share the same
+    minute of the machine, so a spell in which it ran slower lands on both. The fit never sees the
+    held-apart levels. Returns the profile and the held-apart levels as measured."""
+    pending = list(zip(levels, WIDTHS, strict=True))
+    measured: list[LevelRun] = []
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
+
+        async def between() -> None:
+            if pending:
+                jobs, width = pending.pop(0)
+                measured.append(await run_level(client, real, MODEL, jobs, width))
+
+        options = Options(
+            url=real.metrics_url, model=MODEL, accelerator="cpu", budget_s=60.0, max_concurrency=16
+        )
+        profile = await Calibration(options, print, between).run()
+        while pending:  # a budget that ended the sweep early leaves levels to run
+            await between()
+    return profile, measured
+
+
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
+    vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
+    levels = held_apart_jobs(vocabulary, max_model_len, SEED)
+    gateway_log = tmp_path / "access.jsonl"
+    policy = _policy(tmp_path / "policy.yaml")
     profile_path = tmp_path / "tiny.yaml"
-    argv = ["calibrate", "--url", real_server, "--model", MODEL, "--accelerator", "cpu"]
-    code = switchyard([*argv, "--budget", "60s", "--max-concurrency", "16", "--out", str(profile_path)])
-    assert code == 0
+    with running_gateway(_gateway_config(real_server, policy, gateway_log), tmp_path / "gw-real") as base:
+        fitted, real = asyncio.run(_calibrate_around(Target(base, real_server), levels))
+    profile_path.write_text(dump_profile(fitted))
     profile = load_profile(profile_path)
     info = sim_metrics(real_server)
     assert profile.limits.max_model_len == MAX_MODEL_LEN
@@ -119,40 +186,27 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     assert metric(info, "vllm:cache_config_info", num_gpu_blocks=str(profile.limits.num_blocks)) == 1
     assert profile.step.per_prefill_token_s > 0 and profile.points
 
-    vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
-    levels = held_apart_jobs(vocabulary, max_model_len, SEED)
-    log = tmp_path / "access.jsonl"
-    policy = _policy(tmp_path / "policy.yaml")
-    config = {
-        "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": 0.2, "timeout": 1.0}},
-        "policy": {"file": str(policy)},
-        "telemetry": {"access_log": {"destination": str(log)}},
-        "pools": [
-            {
-                "name": POOL,
-                "vendor": "amd",
-                "accelerator": "mi300x",
-                "price_per_gpu_hour": 1.0,
-                "backends": [
-                    {"name": "real-0", "url": real_server, "models": [MODEL], "max_model_len": MAX_MODEL_LEN}
-                ],
-            }
-        ],
-    }
-    with running_gateway(config, tmp_path / "gateway") as base:
-        real = asyncio.run(run_load(base, MODEL, levels, WIDTHS, metrics_url=real_server))
+    # The same load through a gateway each to the simulator of the fitted profile and to that of the
+    # built-in MI300X profile, level by level (loadtest/calibrate/check.py).
+    with contextlib.ExitStack() as stack:
+        targets = []
+        for name, timing in (("calibrated", calibrated_timing(profile_path)), ("wrong", WRONG)):
+            process, url = start_simulator(timing, MODEL, max_model_len, tmp_path / f"{name}.log")
+            stack.callback(stop_process, process)
+            base = stack.enter_context(running_gateway(_gateway_config(url, policy, None), tmp_path / name))
+            targets.append(Target(base, url))
+        simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
+    log = gateway_log
 
-    calibrated = compare(
-        real, simulated_run(calibrated_timing(profile_path), MODEL, levels, max_model_len, tmp_path), WIDTHS
-    )
-    wrong = compare(real, simulated_run(WRONG, MODEL, levels, max_model_len, tmp_path), WIDTHS)
+    calibrated = compare(real, simulated, WIDTHS)
+    wrong = compare(real, wrong_run, WIDTHS)
     print(f"\ncalibrated profile ({profile_path}):\n{format_rows(calibrated)}")
     print(f"\nbuilt-in MI300X profile:\n{format_rows(wrong)}")
 
     slos = _slos_from(log)
     real_shares = logged_attainment(log, slos)
     replayed = replayed_attainment(
-        log, calibrated_fleet(profile_path, MODEL, MAX_MODEL_LEN, POOL), policy, slos
+        log, calibrated_fleet(profile_path, MODEL, MAX_MODEL_LEN, POOL), policy, slos, SCRAPE_S
     )
     wrong_fleet = FleetSpec(
         model=MODEL,
@@ -167,7 +221,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
             )
         ],
     )
-    wrong_replayed = replayed_attainment(log, wrong_fleet, policy, slos)
+    wrong_replayed = replayed_attainment(log, wrong_fleet, policy, slos, SCRAPE_S)
     print(
         "\nSLO attainment per class (real run / replay on the calibrated profile / on the built-in MI300X):"
     )

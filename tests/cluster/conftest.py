@@ -1,4 +1,5 @@
-"""A local cluster (gateway/cluster.py): Redis, three gateway replicas, HAProxy and a small simulated fleet.
+"""A local cluster (gateway/cli/cluster.py): Redis, three gateway replicas, HAProxy and a small simulated
+fleet.
 
 Only `make test-cluster` runs this directory (it sets SWITCHYARD_CLUSTER=1 and installs HAProxy when
 missing); without it nothing here is collected, so `make test` pays nothing for it.
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.cluster import Cluster
+from gateway.cli.cluster import Cluster
 
 if os.environ.get("SWITCHYARD_CLUSTER") != "1":
     collect_ignore_glob = ["test_*.py"]

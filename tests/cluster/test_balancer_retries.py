@@ -1,4 +1,4 @@
-"""The balancer's config (gateway.cluster.haproxy_config) re-sends a request that a replica took and then
+"""The balancer's config (gateway.cli.cluster.haproxy_config) re-sends a request that a replica took and then
 dropped without an answer, the way a replica does when it is killed or closes its listener while requests
 wait in its accept backlog, even when the request is not the first on the client's keep-alive connection
 and its body arrived after its headers (httpx, and so the OpenAI SDK, write them separately).
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cluster import free_port, haproxy_config
-from gateway.proxy_protocol import read_header
-from gateway.workers import die_with_parent
+from gateway.cli.cluster import free_port, haproxy_config
+from gateway.http.proxy_protocol import read_header
+from gateway.serve.workers import die_with_parent
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hello"}]}'
 

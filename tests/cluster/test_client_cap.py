@@ -1,4 +1,4 @@
-"""1,000 concurrent streams through the shipped balancer config (gateway.cluster.haproxy_config) all
+"""1,000 concurrent streams through the shipped balancer config (gateway.cli.cluster.haproxy_config) all
 complete: HAProxy names each client in a PROXY v2 header, so a replica's per-client connection cap
 (`max_per_client`, 256) counts 125 clients of 8 streams each, not the balancer as one client of ~333.
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.cluster import Cluster
+from gateway.cli.cluster import Cluster
 from tests.cluster.conftest import FLEET, MODEL
 
 STREAMS = 1_000

@@ -10,7 +10,7 @@ import time
 import httpx
 import redis
 
-from gateway.cluster import Cluster
+from gateway.cli.cluster import Cluster
 from tests.cluster.conftest import MODEL, Load
 from tests.support import metric, sim_metrics
 

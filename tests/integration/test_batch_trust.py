@@ -29,7 +29,7 @@ from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from gateway.app import create_app
 from gateway.batch.runner import BatchRunner
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 from tests.integration.tcp_proxy import CuttableProxy
 
 MODEL = "llama-3.1-8b"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from tests.integration.conftest import MODEL, Env
 from tests.support import ROOT, free_port
 
@@ -56,7 +56,15 @@ def test_invalid_config_stops_start_up_naming_file_and_line(tmp_path: Path) -> N
 
 def test_demo_exits_after_traffic_with_the_routing_and_cost_table() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "demo", "--exit-after-traffic", "--port", str(free_port())],
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "demo",
+            "--exit-after-traffic",
+            "--port",
+            str(free_port()),
+        ],
         capture_output=True,
         text=True,
         timeout=90,

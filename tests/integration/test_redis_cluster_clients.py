@@ -1,4 +1,4 @@
-"""The Redis clients of gateway/redis_client.py and the raw script client on a real Redis Cluster, alone:
+"""The Redis clients of gateway/redis/client.py and the raw script client on a real Redis Cluster, alone:
 the script client finds its hash tag's slot and follows it when the slot moves (a script that names its
 keys is answered MOVED; one that names none, "non local key"); the fleet's pub/sub reaches a subscriber
 whichever node it is published on; the batch state's claims, leases and watched updates (the tests of
@@ -15,8 +15,8 @@ import pytest
 from redis.crc import key_slot
 
 from gateway.batch.redis_state import RedisBatchState
-from gateway.redis_client import redis_client, subscriber
-from gateway.tenants.script_client import ScriptClient, bulk
+from gateway.redis.client import redis_client, subscriber
+from gateway.redis.script_client import ScriptClient, bulk
 from tests.redis_cluster import RedisCluster
 from tests.unit.gateway import test_batch_file_quota, test_batch_state
 

@@ -20,7 +20,7 @@ import redis
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
-from gateway.redis_client import redis_client
+from gateway.redis.client import redis_client
 from gateway.responses.store import RedisResponseStore
 from tests.integration.conftest import Env
 from tests.redis_cluster import RedisCluster

@@ -1,4 +1,4 @@
-"""gateway/batch/s3_files.py against a real S3-compatible server (moto's, on loopback, checking signatures).
+"""gateway/batch/s3/files.py against a real S3-compatible server (moto's, on loopback, checking signatures).
 
 What LocalFileStore promises, over HTTP: put, get, exists, overwrite, missing objects, a 20 MB object, names
 with spaces, unicode and slashes under a prefix; then what an operator gets wrong: a missing bucket, a wrong
@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import msgspec
 import pytest
 
-from gateway.batch.s3_files import S3FileStore, S3StoreError, credentials_from_env
-from gateway.batch.sigv4 import Credentials
-from gateway.batch_options import S3Options
+from gateway.batch.s3.files import S3FileStore, S3StoreError, credentials_from_env
+from gateway.batch.s3.sigv4 import Credentials
+from gateway.config.batches import S3Options
 from tests.s3_server import REGION, S3Server, s3_server
 from tests.support import free_port
 

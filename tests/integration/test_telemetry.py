@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
 from gateway.app import SwitchyardPlugin
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from tests.support import RecordingBackend, free_port
 
 MODEL = "llama-3.1-8b"

@@ -357,7 +357,7 @@ def test_priority_hint_above_the_key_is_ignored_and_said(replicas: Fleet3) -> No
 
 def test_every_admin_route_refuses_anonymous_and_tenant_callers(replicas: Fleet3) -> None:
     from gateway.app import create_app
-    from gateway.settings import settings_from_text
+    from gateway.config.settings import settings_from_text
 
     # The route table of a keys-mode app: every /admin path and method it serves.
     app = create_app(settings_from_text(_minimal_config(), "<routes>"))

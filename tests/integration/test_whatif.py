@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from backends.sim.fleet_spec import load_fleet_spec
-from gateway.cli import main
+from gateway.cli.main import main
 from loadtest.scenario import Slo, parse_scenario
 from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import read_log

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "backends", "policies", "loadtest")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -111,21 +113,21 @@ def test_no_module_is_part_of_an_import_cycle():
 def test_a_policy_importing_the_gateway_breaks_the_contract(tmp_path):
     copy = _copy_project(tmp_path)
     framework = copy / "policies" / "framework.py"
-    framework.write_text(framework.read_text() + "\nfrom gateway.errors import GatewayError  # noqa\n")
+    framework.write_text(framework.read_text() + "\nfrom gateway.openai.errors import GatewayError  # noqa\n")
     result = _lint_imports(copy)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "policies are a library: no gateway, no simulator BROKEN" in result.stdout
-    assert "policies.framework -> gateway.errors" in result.stdout
+    assert "policies.framework -> gateway.openai.errors" in result.stdout
 
 
 def test_a_backend_importing_the_gateway_breaks_the_contract(tmp_path):
     copy = _copy_project(tmp_path)
     health = copy / "backends" / "health.py"
-    health.write_text(health.read_text() + "\nimport gateway.settings  # noqa\n")
+    health.write_text(health.read_text() + "\nimport gateway.config.settings  # noqa\n")
     result = _lint_imports(copy)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "backends are a library: no gateway, no policies BROKEN" in result.stdout
-    assert "backends.health -> gateway.settings" in result.stdout
+    assert "backends.health -> gateway.config.settings" in result.stdout
 
 
 def test_the_runtime_importing_the_simulator_breaks_the_contract(tmp_path):
@@ -151,3 +153,22 @@ def test_a_cycle_planted_under_type_checking_is_found(tmp_path):
     result = _lint_imports(copy)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "no cycles between sibling packages BROKEN" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "imported"),
+    [
+        ("redis/resp.py", "gateway.request.pipeline"),  # the Redis client reaching up into the request path
+        ("request/relay.py", "gateway.http.routes"),  # the request path reaching up into an HTTP route
+        ("config/ledger.py", "gateway.ledger.records"),  # config reading the ledger it configures
+    ],
+)
+def test_an_upward_import_between_gateway_rooms_breaks_the_layers(tmp_path, module, imported):
+    copy = _copy_project(tmp_path)
+    path = copy / "gateway" / module
+    path.write_text(path.read_text() + f"\nimport {imported}  # noqa\n")
+    result = _lint_imports(copy)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "gateway's rooms point one way" in result.stdout and "BROKEN" in result.stdout
+    importer = "gateway." + module.removesuffix(".py").replace("/", ".")
+    assert f"{importer} -> {imported}" in result.stdout

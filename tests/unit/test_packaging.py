@@ -17,9 +17,9 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ("gateway", "backends", "policies", "loadtest")
-ENTRY_POINTS = ("gateway.cli", "gateway.app", "gateway.server")
+ENTRY_POINTS = ("gateway.cli.main", "gateway.app", "gateway.serve.server")
 """What `switchyard serve` and an ASGI server load."""
-TOOLING = ("backends.sim", "loadtest", "gateway.demo")
+TOOLING = ("backends.sim", "loadtest", "gateway.cli.demo")
 TOOLING_DISTRIBUTIONS = ("openai", "granian")
 
 
@@ -144,10 +144,10 @@ def test_the_check_fails_on_an_eager_tooling_import(tmp_path):
     """Not vacuous: an eager import of the demo from a module the app loads is seen, with what it drags in."""
     for package in PROJECT:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    ops = tmp_path / "gateway" / "ops.py"
-    ops.write_text(ops.read_text() + "\nfrom gateway import demo  # noqa\n")
+    ops = tmp_path / "gateway" / "admin" / "ops.py"
+    ops.write_text(ops.read_text() + "\nfrom gateway.cli import demo  # noqa\n")
     modules, external = loaded_at_import(ENTRY_POINTS, tmp_path)
-    assert {"gateway.demo", "backends.sim.fleet", "backends.sim.fleet_spec"} <= modules
+    assert {"gateway.cli.demo", "backends.sim.fleet", "backends.sim.fleet_spec"} <= modules
     assert "openai" in external
 
 
@@ -178,10 +178,10 @@ def test_every_third_party_import_of_the_runtime_comes_with_the_runtime_install(
 
 
 def test_a_missing_extra_names_it(monkeypatch):
-    from gateway import cli
+    from gateway.cli import main as cli
 
     monkeypatch.setitem(sys.modules, "openai", None)  # as if `switchyard[sim]` were not installed
-    monkeypatch.delitem(sys.modules, "gateway.demo", raising=False)
+    monkeypatch.delitem(sys.modules, "gateway.cli.demo", raising=False)
     err = io.StringIO()
     with redirect_stderr(err):
         assert cli.main(["demo", "--exit-after-traffic"]) == 2
@@ -189,7 +189,7 @@ def test_a_missing_extra_names_it(monkeypatch):
 
 
 def test_loadtest_help_comes_from_the_tool(capsys):
-    from gateway import cli
+    from gateway.cli import main as cli
 
     with pytest.raises(SystemExit) as exit_:
         cli.main(["loadtest", "--help"])

@@ -6,7 +6,7 @@ What it measures
     return upstream's status and bytes) is run as three server processes: once forwarding with one
     shared ``httpx.AsyncClient`` (pooled keep-alive, limits = ``--connections``), once with one shared
     ``aiohttp.ClientSession`` (``TCPConnector(limit=--connections)``, keep-alive), once with the gateway's
-    ``BackendClient`` (gateway/request/backend_http.py, the same pool size).  For each it measures
+    ``BackendClient`` (gateway/upstream/client.py, the same pool size).  For each it measures
 
     * ``json``   - non-streaming: ~200-token request, upstream answers a fixed chat.completion with usage;
     * ``stream`` - the same request with ``"stream": true``: upstream answers 64 ``chat.completion.chunk``

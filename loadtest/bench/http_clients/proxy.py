@@ -103,14 +103,14 @@ class AiohttpForwarder:
 
 
 class SwitchyardForwarder:
-    """The gateway's own backend client (gateway/request/backend_http.py), pool sized for ``connections``."""
+    """The gateway's own backend client (gateway/upstream/client.py), pool sized for ``connections``."""
 
     def __init__(self, connections: int) -> None:
         self._connections = connections
         self._client: Any = None
 
     async def start(self) -> None:
-        from gateway.request.backend_http import BackendClient
+        from gateway.upstream.client import BackendClient
 
         self._client = BackendClient(limit_per_backend=self._connections, keepalive=60.0)
 

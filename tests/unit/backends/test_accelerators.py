@@ -31,9 +31,9 @@ from backends.sim.app import start_server
 from backends.sim.options import SimOptions
 from backends.sim.profiles import GPUS, EngineLimits, ProfileError, build_hardware
 from backends.yamlfile import ConfigError
+from gateway.admin.ops import backend_state
 from gateway.batch.slowdown import LineShape, line_cost
-from gateway.ops import backend_state
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 from loadtest.whatif.plan import PlanError, fleet_of, gpu_type
 from loadtest.whatif.plan_cli import parse_gpu
 from loadtest.whatif.simfleet import fleet_from_gateway_config

@@ -17,7 +17,7 @@ from backends.lifetime import die_with_parent
 from backends.sim.fleet import DEMO_FLEET, Fleet, FleetError, load_fleet_spec
 from backends.sim.fleet_spec import parse_fleet_spec
 from backends.yamlfile import ConfigError
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -9,7 +9,7 @@ import pytest
 from backends.model_size import params_b_from_name, params_b_from_names
 from backends.models import BackendConfig, PoolConfig, build_backends
 from backends.yamlfile import ConfigError
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from gateway import settings as gateway_settings
-from gateway.cli import build_parser
+from gateway.cli.main import build_parser
+from gateway.config import settings as gateway_settings
+from gateway.config.settings import Settings, settings_from_text
 from gateway.fleet_sync import REPLICA_ENV
-from gateway.settings import Settings, settings_from_text
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"

@@ -11,9 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
+from gateway.admin.policy_reload import PolicyWatcher
 from gateway.app import SwitchyardPlugin
-from gateway.policy_reload import PolicyWatcher
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 
 POLICY = "name: {name}\nroutes:\n  default:\n    prefer: any\n    strategy: {{least-outstanding: 1}}\n"
 CONFIG = """

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from litestar.testing import AsyncTestClient
 
 from gateway.app import SwitchyardPlugin, create_app
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 from tests.support import RecordingBackend
 
 REDIS = "redis://127.0.0.1:6379/0"

@@ -17,7 +17,7 @@ import pytest
 
 from backends.lifetime import die_with_parent
 from gateway.app import create_app
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 from gateway.tenants.admin_key import WeakAdminKey, admin_key_weakness
 from tests.support import ONE_POOL, ROOT, free_port
 
@@ -75,7 +75,17 @@ def _serve(config: Path, port: int, key: str, *flags: str) -> subprocess.Popen[s
     env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ALLOW_WEAK_ADMIN_KEY"}
     env["SWITCHYARD_ADMIN_KEY"] = key
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), *flags],
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            *flags,
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -9,14 +9,14 @@ import pytest
 
 from backends.breaker import CLOSED, OPEN
 from backends.models import Backend, Pool
-from gateway.errors import GatewayError
+from gateway.config.settings import Retries, Timeouts
+from gateway.openai.errors import GatewayError
 from gateway.request.attempts import _Within
-from gateway.request.backend_connection import ConnectFailed
 from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.parse import parse
-from gateway.settings import Retries, Timeouts
+from gateway.upstream.connection import ConnectFailed
 from policies.framework import Decision
 from tests.memory_transport import SSE, MemoryTransport, Scripted
 

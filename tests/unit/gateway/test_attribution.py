@@ -10,13 +10,13 @@ import pytest
 
 from backends.breaker import CLOSED, OPEN, BreakerOptions
 from backends.models import Backend
-from gateway.errors import GatewayError
-from gateway.request.backend_connection import ConnectFailed
+from gateway.config.settings import Retries
+from gateway.openai.errors import GatewayError
 from gateway.request.classify import classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.parse import parse
-from gateway.settings import Retries
+from gateway.upstream.connection import ConnectFailed
 from tests.memory_transport import MemoryResponse, MemoryTransport, Scripted
 from tests.unit.gateway.test_attempts import OK, backend, routed, upstream_of
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.request.backend_http import (
+from gateway.upstream.client import (
     BackendClient,
     ConnectFailed,
     ConnectionBroken,

@@ -7,7 +7,7 @@ import time
 
 from backends.breaker import BreakerOptions
 from backends.models import Backend, Pool
-from gateway.ops import backend_state
+from gateway.admin.ops import backend_state
 
 POOL = Pool(
     name="p", vendor="amd", accelerator="mi300x", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={}

@@ -14,8 +14,8 @@ from gateway.batch.objects import BatchObject, ErrorData, FileObject, StoredBatc
 from gateway.batch.quota import Quota, quota_for
 from gateway.batch.state import BatchState, UnknownCursor
 from gateway.batch.transitions import to_failed, to_in_progress
-from gateway.batch_options import BatchOptions
-from gateway.settings import settings_from_text
+from gateway.config.batches import BatchOptions
+from gateway.config.settings import settings_from_text
 from gateway.tenants.keys import KeyRecord
 from tests.unit.gateway.test_batch_state import _each_state
 

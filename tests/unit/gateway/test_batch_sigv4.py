@@ -1,4 +1,4 @@
-"""gateway/batch/sigv4.py against an independent reference: botocore's S3 SigV4 signer, at a fixed time.
+"""gateway/batch/s3/sigv4.py against an independent reference: botocore's S3 SigV4 signer, at a fixed time.
 
 Each case signs the same request both ways and compares every header botocore adds, byte for byte.
 """
@@ -14,7 +14,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials as BotoCredentials
 
-from gateway.batch.sigv4 import UNSIGNED_PAYLOAD, Credentials, encode_path, sign
+from gateway.batch.s3.sigv4 import UNSIGNED_PAYLOAD, Credentials, encode_path, sign
 
 NOW = datetime(2026, 11, 25, 11, 7, 42, tzinfo=UTC)
 KEY_ID = "AKIDEXAMPLE"

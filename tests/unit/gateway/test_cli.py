@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway import cli
+from gateway.cli import main as cli
 from policies.explain import Explained
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.client_address import TrustedProxies
+from gateway.http.client_address import TrustedProxies
 
 TRUSTED = TrustedProxies(["127.0.0.1/32", "10.0.0.0/8", "2001:db8::/32"])
 

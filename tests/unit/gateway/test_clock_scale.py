@@ -9,9 +9,9 @@ import pytest
 from backends.sim.fleet import Fleet
 from backends.yamlfile import ConfigError
 from gateway.app import SwitchyardPlugin
+from gateway.config.settings import settings_from_text
 from gateway.ledger.records import UsageRecord
-from gateway.request.pipeline import observe
-from gateway.settings import settings_from_text
+from gateway.request.drift import observe
 from loadtest.scenario import DEMO_FLEET, load_fleet_spec
 from loadtest.stack import gateway_config
 from policies.predict import predicted_tpot, predicted_ttft

@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 from litestar.testing import AsyncTestClient
 
 from gateway.app import create_app
+from gateway.config.settings import settings_from_text
 from gateway.console.session import COOKIE, Revocations, Sessions
-from gateway.settings import settings_from_text
 from tests.support import free_port
 
 REDIS = "redis://127.0.0.1:6379/0"

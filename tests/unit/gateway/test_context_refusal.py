@@ -8,8 +8,8 @@ import json
 import pytest
 
 from backends.models import Backend
-from gateway.errors import GatewayError
-from gateway.settings import Retries
+from gateway.config.settings import Retries
+from gateway.openai.errors import GatewayError
 from tests.memory_transport import SSE, MemoryTransport, Scripted
 from tests.unit.gateway.test_attempts import OK, POOL, routed, upstream_of
 

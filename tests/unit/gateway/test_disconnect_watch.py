@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.asgi_io import DisconnectWatch
+from gateway.http.asgi_io import DisconnectWatch
 from tests.unit.gateway.test_http_limits import REQUEST, _connect
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.errors import (
+from gateway.openai.errors import (
     GatewayError,
     body_too_large,
     invalid_request,

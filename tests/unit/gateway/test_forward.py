@@ -13,15 +13,15 @@ import pytest
 from aiohttp import web
 
 from backends.models import Backend, Pool
-from gateway.errors import GatewayError
+from gateway.config.settings import Timeouts
+from gateway.openai.errors import GatewayError
 from gateway.request import relay
-from gateway.request.backend_http import KEEPALIVE_SECONDS, BackendClient
 from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import OpenStream, RelayedStream, Upstream
 from gateway.request.parse import ParsedRequest, parse
 from gateway.request.sse import SseRelay
-from gateway.settings import Timeouts
+from gateway.upstream.client import KEEPALIVE_SECONDS, BackendClient
 from policies.framework import Decision
 from tests.support import free_port
 

@@ -13,7 +13,7 @@ import time
 from litestar.testing import AsyncTestClient
 
 from gateway.app import create_app
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 
 INTERVAL = 0.3
 ADMIN = "sy-health-admin-" + "k3J9q2Lw8XvT5mZr1YbN6cPa4HdQ7sEf"

@@ -9,8 +9,8 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from gateway.http_limits import protocol_class, valid_traceparent
-from gateway.settings import ConnectionLimits
+from gateway.config.settings import ConnectionLimits
+from gateway.http.limits import protocol_class, valid_traceparent
 
 TIMEOUT = 0.3
 LIMITS = ConnectionLimits(header_timeout=TIMEOUT, body_timeout=TIMEOUT, keep_alive_timeout=TIMEOUT)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.config.settings import AuthOptions, LedgerOptions
 from gateway.ledger.factory import build_ledger
-from gateway.settings import AuthOptions, LedgerOptions
+from gateway.openai.errors import GatewayError
 from gateway.tenants import key_lookup
 from gateway.tenants.admission import Tenants
 from gateway.tenants.keys import KeyFields, hash_key, new_key, new_key_material

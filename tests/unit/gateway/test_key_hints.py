@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.http.routes import read_caller
 from gateway.request.classify import Caller, classify
 from gateway.request.parse import parse
-from gateway.routes import read_caller
 from gateway.tenants.admission import Tenant
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord
 from policies.config import parse_policy

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from gateway.admin.port import ON_ADMIN_PORT
 from gateway.app import budget_series
+from gateway.config.settings import AuthOptions, LedgerOptions
 from gateway.ledger.factory import build_ledger
-from gateway.settings import AuthOptions, LedgerOptions
-from gateway.tenants.admin_port import ON_ADMIN_PORT
 from gateway.tenants.admission import Tenants
 from gateway.tenants.keys import KeyRecord
 from gateway.tenants.limits import Verdict

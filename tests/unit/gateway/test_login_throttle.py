@@ -9,14 +9,14 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.redis_client import redis_client
-from gateway.tenants.login_throttle import (
+from gateway.admin.login_throttle import (
     FORGET_AFTER_S,
     FREE_FAILURES,
     MAX_WAIT_S,
     LoginThrottle,
     client_address,
 )
+from gateway.redis.client import redis_client
 from tests.support import free_port
 
 REDIS = "redis://127.0.0.1:6379/0"

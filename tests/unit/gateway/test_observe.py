@@ -5,7 +5,7 @@ from __future__ import annotations
 from backends.drift import ProfileDrift
 from backends.models import EngineLoad, Observed
 from gateway.ledger.records import UsageRecord
-from gateway.request.pipeline import observe
+from gateway.request.drift import observe
 from tests.unit.backends.test_drift import pool
 
 

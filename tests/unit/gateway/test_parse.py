@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.openai.errors import GatewayError
 from gateway.request.parse import UPSTREAM_PATHS, parse
 
 MSG = [{"role": "user", "content": "hello"}]

@@ -7,21 +7,20 @@ body that is forwarded unchecked.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gateway.errors import GatewayError
-from gateway.request.parse import Endpoint, parse, set_limits
-from gateway.request_bounds import RequestLimits
+from gateway.config.request_bounds import RequestLimits
+from gateway.openai.errors import GatewayError
+from gateway.request.parse import DEFAULT_LIMITS, Endpoint, parse
 
 CHAT = b'{"model":"m","messages":[{"role":"user","content":"hello"}]'
 
 
-def _err(endpoint: Endpoint, body: bytes) -> GatewayError:
+def _err(endpoint: Endpoint, body: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> GatewayError:
     with pytest.raises(GatewayError) as caught:
-        parse(endpoint, body)
+        parse(endpoint, body, limits)
     assert caught.value.status == 400
     return caught.value
 
@@ -77,8 +76,8 @@ def test_moderate_nesting_in_an_unknown_field_is_forwarded() -> None:
 
 
 @pytest.fixture
-def limits() -> Iterator[RequestLimits]:
-    bounds = RequestLimits(
+def limits() -> RequestLimits:
+    return RequestLimits(
         max_n=4,
         max_tokens=100,
         max_best_of=3,
@@ -87,9 +86,6 @@ def limits() -> Iterator[RequestLimits]:
         max_prompt_chars=50,
         max_embedding_inputs=2,
     )
-    set_limits(bounds)
-    yield bounds
-    set_limits(RequestLimits())
 
 
 def _chat(**fields: Any) -> bytes:
@@ -141,8 +137,8 @@ def _completion(**fields: Any) -> bytes:
 def test_bounds_are_configurable_and_name_the_parameter(
     limits: RequestLimits, endpoint: Endpoint, at_bound: bytes, past_bound: bytes, param: str
 ) -> None:
-    assert parse(endpoint, at_bound).body == at_bound
-    error = _err(endpoint, past_bound)
+    assert parse(endpoint, at_bound, limits).body == at_bound
+    error = _err(endpoint, past_bound, limits)
     assert error.body.code == "invalid_value"
     assert error.body.param == param
     assert f"`{param}`" in error.body.message

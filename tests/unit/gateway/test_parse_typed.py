@@ -4,22 +4,22 @@ byte for byte, and hostile bodies refused with the parameter named."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.config.request_bounds import RequestLimits
+from gateway.openai.errors import GatewayError
 from gateway.request.classify import Caller, classify, key_id
-from gateway.request.parse import Endpoint, parse, set_limits
-from gateway.request_bounds import RequestLimits
+from gateway.request.parse import Endpoint, ParsedRequest
+from gateway.request.parse import parse as parse_within
+
+SMALL = RequestLimits(max_prompt_chars=1000, max_tokens=500, max_messages=4)
 
 
-@pytest.fixture(autouse=True)
-def small_limits() -> Iterator[None]:
-    set_limits(RequestLimits(max_prompt_chars=1000, max_tokens=500, max_messages=4))
-    yield
-    set_limits(RequestLimits())
+def parse(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+    """Parsed within bounds small enough to reach in a test."""
+    return parse_within(endpoint, raw, SMALL)
 
 
 def body(**fields: Any) -> bytes:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.proxy_protocol import (
+from gateway.http.proxy_protocol import (
     ABSENT,
     MAX_V2_PAYLOAD,
     V2_SIGNATURE,

@@ -1,4 +1,4 @@
-"""gateway/redis_client.py: which URL makes which client, and the config errors an operator sees."""
+"""gateway/redis/client.py: which URL makes which client, and the config errors an operator sees."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from backends.yamlfile import ConfigError
-from gateway.redis_client import ClusterTarget, as_text, parse_redis_url, redis_client
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
+from gateway.redis.client import ClusterTarget, as_text, parse_redis_url, redis_client
 from tests.support import ONE_POOL as POOLS
 
 

@@ -11,15 +11,15 @@ import pytest
 
 from backends.catalog import Catalog
 from backends.models import Backend, Pool
-from gateway.asgi_io import DisconnectWatch, send_stream
-from gateway.errors import GatewayError
+from gateway.config.settings import Retries, Timeouts
+from gateway.http.asgi_io import DisconnectWatch, send_stream
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import UsageRecord
+from gateway.openai.errors import GatewayError
 from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline, Reply
-from gateway.settings import Retries, Timeouts
 from policies.framework import Decision
 from policies.profile import RequestProfile
 from tests.memory_transport import SSE, MemoryTransport, Scripted
@@ -65,6 +65,9 @@ class Seen:
     def failed(self, request_id: str, endpoint: str, status: int, *_: object) -> None:
         self.failures.append((request_id, status))
 
+    def close(self) -> None:
+        """Nothing buffered."""
+
 
 def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemoryLedger, Seen]:
     backends = [
@@ -74,15 +77,13 @@ def gateway(*answers: list[Scripted]) -> tuple[Pipeline, list[Backend], InMemory
     transport = MemoryTransport({b.url: list(a) for b, a in zip(backends, answers, strict=True)})
     upstream = Upstream(transport, TIMEOUTS, 8, Retries(backoff_ms=0, backoff_max_ms=0))
     ledger = InMemoryLedger()
-    pipeline = Pipeline(Catalog(backends), InOrder(), upstream, ledger)
     seen = Seen()
-    pipeline.recorded = seen.recorded
-    pipeline.telemetry = seen  # type: ignore[assignment]
+    pipeline = Pipeline(Catalog(backends), InOrder(), upstream, ledger, telemetry=seen)
     return pipeline, backends, ledger, seen
 
 
 async def serve(pipeline: Pipeline, stream: bool) -> tuple[RequestContext, Reply | GatewayError, bytes]:
-    """One request as gateway/routes.py serves it: handle, end an error, relay a stream to its end."""
+    """One request as gateway/http/routes.py serves it: handle, end an error, relay a stream to its end."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
     ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
     ctx.body = json.dumps(body).encode()
@@ -174,7 +175,7 @@ class Sent:
 
 
 async def _sent_stream(chunks: list[bytes], cut: bool = False) -> tuple[list[dict[str, object]], Seen]:
-    """A stream relayed by the HTTP layer (gateway/asgi_io.py `send_stream`): what it sent the client."""
+    """A stream relayed by the HTTP layer (gateway/http/asgi_io.py `send_stream`): what it sent the client."""
     answer = Scripted(headers=dict(SSE), chunks=chunks, cut=cut)
     pipeline, _, _, seen = gateway([answer])
     ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))

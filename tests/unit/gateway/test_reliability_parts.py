@@ -6,9 +6,9 @@ import asyncio
 
 from backends.breaker import CLOSED, HALF_OPEN, OPEN, BreakerOptions
 from backends.models import Backend, Pool
+from gateway.config.settings import Retries
 from gateway.request.backpressure import ClassQueue
 from gateway.request.limits import RetryBudget, retry_after_seconds
-from gateway.settings import Retries
 
 POOL = Pool(
     name="p", vendor="amd", accelerator="mi300x", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={}

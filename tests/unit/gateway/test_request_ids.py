@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from gateway.routes import new_request_id, read_caller
+from gateway.http.routes import new_request_id, read_caller
 
 
 def test_request_ids_are_128_random_bits_never_repeated_even_across_a_fork() -> None:

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from gateway.errors import GatewayError
+from gateway.openai.errors import GatewayError
 from gateway.responses.api import ResponsesApi
 from gateway.responses.store import MemoryResponseStore, RedisResponseStore
 

@@ -10,7 +10,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.response_write import send_head_and_body
+from gateway.http.response_write import send_head_and_body
 
 DEFAULTS = [(b"date", b"Thu, 26 Nov 2026 23:59:00 GMT"), (b"server", b"uvicorn")]
 HEADERS = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backends.yamlfile import ConfigError
-from gateway.settings import Settings, Timeouts, load_settings
+from gateway.config.settings import Settings, Timeouts, load_settings
 
 VALID = """\
 gateway:

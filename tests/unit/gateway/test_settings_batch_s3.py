@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backends.yamlfile import ConfigError
-from gateway.settings import settings_from_text
+from gateway.config.settings import settings_from_text
 from tests.support import ONE_POOL as POOLS
 
 

@@ -8,10 +8,10 @@ import uuid
 
 import redis
 
+from gateway.redis.script_client import ScriptClient
 from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes
 from gateway.tenants.answers import verdict_of
 from gateway.tenants.limits import ADMIT
-from gateway.tenants.script_client import ScriptClient
 
 
 def _scope(name: str, rpm: int = 0, tpm: int = 0, par: int = 0, budget: int = -1) -> str:

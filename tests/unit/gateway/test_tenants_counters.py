@@ -13,8 +13,8 @@ import redis
 import redis.asyncio as aioredis
 
 from backends.models import Backend, Pool
+from gateway.config.settings import AuthOptions, LedgerOptions
 from gateway.ledger.factory import build_ledger
-from gateway.settings import AuthOptions, LedgerOptions
 from gateway.tenants.admission import Tenant, Tenants
 from gateway.tenants.answers import HeaderPlan, decoded, rate_headers
 from gateway.tenants.keys import KeyRecord, Limits, TeamRecord, hash_key

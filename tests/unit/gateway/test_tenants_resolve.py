@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.errors import GatewayError
+from gateway.config.settings import AuthOptions, LedgerOptions
 from gateway.ledger.factory import build_ledger
-from gateway.settings import AuthOptions, LedgerOptions
+from gateway.openai.errors import GatewayError
 from gateway.tenants.admission import Tenants
 from gateway.tenants.keys import KeyRecord, hash_key
 from gateway.tenants.store_redis import RedisTenantStore

@@ -1,4 +1,4 @@
-"""The hot path's lean Redis client (gateway/tenants/script_client.py) against the real Redis: pipelined
+"""The hot path's lean Redis client (gateway/redis/script_client.py) against the real Redis: pipelined
 calls answered in order, NOSCRIPT answered by EVAL, errors, a connection Redis closes, a Redis that does
 not answer, one that cannot be reached."""
 
@@ -10,7 +10,7 @@ import uuid
 
 import redis
 
-from gateway.tenants.script_client import ScriptClient, ScriptReplyError, bulk
+from gateway.redis.script_client import ScriptClient, ScriptReplyError, bulk
 
 
 def _echo_script() -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import upstream_failed
+from gateway.openai.errors import upstream_failed
 from gateway.openai.responses import Usage
 from gateway.request.typed_sse import TypedSseRelay, typed_usage
 

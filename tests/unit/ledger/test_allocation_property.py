@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.models import Backend, Pool
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.allocation import allocate_bucket, request_allocation
 from gateway.ledger.base import LedgerBase
 from gateway.ledger.costs import IDLE_ROW, paid_nusd
@@ -27,7 +28,6 @@ from gateway.ledger.keys import Keys
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import DIMENSIONS, GPU_DIMENSIONS, UsageRecord
 from gateway.ledger.redis_store import RedisLedger
-from gateway.settings import LedgerOptions
 
 REDIS_PORT = 6379
 T0 = 1_800_000_000.0

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.memory import InMemoryLedger
-from gateway.settings import LedgerOptions
 from gateway.telemetry.metrics import Metrics
 from tests.unit.ledger.test_ledger_contract import NOW, T0, _backends, rec
 

@@ -7,8 +7,8 @@ from dataclasses import asdict
 import pytest
 
 from backends.yamlfile import ConfigError
+from gateway.config.settings import settings_from_text
 from gateway.ledger.costs import build_rows, format_cost_table, window_buckets
-from gateway.settings import settings_from_text
 from tests.unit.ledger.test_ledger_contract import _backends
 
 

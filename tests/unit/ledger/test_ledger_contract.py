@@ -18,13 +18,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from backends.models import Backend, Pool
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.base import LedgerBase
 from gateway.ledger.keys import Keys
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import DIMENSIONS, UsageRecord
 from gateway.ledger.redis_store import RedisLedger
 from gateway.ledger.spill import LedgerSpill
-from gateway.settings import LedgerOptions
 from tests.redis_cluster import RedisCluster
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.config.settings import LedgerOptions
 from gateway.ledger.redis_store import RedisLedger
-from gateway.settings import LedgerOptions
+from gateway.openai.errors import GatewayError
 from tests.support import free_port
 from tests.unit.ledger.test_ledger_contract import rec
 

@@ -67,7 +67,7 @@ def test_the_load_generator_drops_idle_connections_before_the_gateway_does() -> 
     # Reusing a connection at the moment the gateway closes it for idling fails the request with a
     # connection error that is the harness's, not the gateway's: after each burst of `bursty` hundreds of
     # connections sit idle (21 such errors at 45/s in real time before the client dropped them first).
-    from gateway.settings import ConnectionLimits
+    from gateway.config.settings import ConnectionLimits
     from loadtest.runner import CLIENT_KEEPALIVE_S
 
     assert ConnectionLimits().keep_alive_timeout / 2 > CLIENT_KEEPALIVE_S

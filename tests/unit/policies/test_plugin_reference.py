@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from backends.models import BackendConfig, PoolConfig, build_backends
-from gateway import cli
+from gateway.cli import main as cli
 from policies import registry
 from policies.config import parse_policy
 from policies.engine import PolicyEngine

@@ -9,7 +9,7 @@ import pytest
 
 from backends.models import Backend, BackendConfig, PoolConfig, build_backends
 from backends.yamlfile import ConfigError
-from gateway import cli
+from gateway.cli import main as cli
 from policies.config import load_policy
 from policies.engine import PolicyEngine
 from policies.presets import PRESETS_DIR, preset_names

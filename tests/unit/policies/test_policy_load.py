@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from backends.yamlfile import ConfigError
+from gateway.admin.policy_reload import PolicyWatcher
 from gateway.app import SwitchyardPlugin
-from gateway.policy_reload import PolicyWatcher
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from policies.config import load_policy
 from policies.engine import PolicyEngine, load_engine
 from tests.unit.policies.test_policy_config import _fleet

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gateway.settings import ServerOptions, Tracing
+from gateway.config.settings import ServerOptions, Tracing
 
 COLLECTOR = Path(__file__).resolve().parents[3] / "deploy" / "otel-collector.yaml"
 

@@ -21,10 +21,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from gateway.config.settings import Tracing as TracingOptions
 from gateway.ledger.records import UsageRecord
 from gateway.request.classify import Caller
 from gateway.request.context import UNTRACED, RequestContext
-from gateway.settings import Tracing as TracingOptions
 from gateway.telemetry.otlp_http import OtlpHttpExporter, encode_request
 from gateway.telemetry.span_export import to_readable_spans
 from gateway.telemetry.tracing import (

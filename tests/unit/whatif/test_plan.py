@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from backends.sim.fleet_spec import load_fleet_spec
-from gateway.cli import main
-from gateway.settings import load_settings
+from gateway.cli.main import main
+from gateway.config.settings import load_settings
 from loadtest.scenario import Slo, parse_scenario
 from loadtest.whatif.accesslog import read_log
 from loadtest.whatif.compare import replay_policy, whatif_scenario

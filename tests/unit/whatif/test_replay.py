@@ -110,7 +110,7 @@ def test_the_html_report_shows_the_difference_and_the_limits(tmp_path: Path) -> 
 
 
 def test_whatif_takes_the_fleet_from_a_gateway_config(tmp_path: Path) -> None:
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     config = tmp_path / "gateway.yaml"
     config.write_text(

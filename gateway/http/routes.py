@@ -1,0 +1,267 @@
+"""The OpenAI-compatible HTTP edge: thin handlers that hand the body to the pipeline and send its reply."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, asgi, get
+from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
+
+from backends.catalog import Catalog
+from gateway.http.asgi_io import (
+    ClientGone,
+    DisconnectWatch,
+    read_body,
+    send_anthropic_error,
+    send_body,
+    send_error,
+    send_stream,
+)
+from gateway.http.credentials import API_KEY, AUTHORIZATION, authorization, duplicate_header
+from gateway.openai.errors import GatewayError, invalid_request, model_not_found
+from gateway.openai.responses import Model, ModelList
+from gateway.request.classify import Caller
+from gateway.request.context import RequestContext
+from gateway.request.parse import Endpoint
+from gateway.request.pipeline import Pipeline, Reply
+
+ErrorSender = Callable[[Any, GatewayError, str], Awaitable[None]]
+
+log = logging.getLogger("switchyard")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_FORWARDED_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate"}
+_encoder = msgspec.json.Encoder()
+
+
+def valid_request_id(text: str) -> bool:
+    return _REQUEST_ID.match(text) is not None
+
+
+_ID_HEX = 32
+"""128 random bits per request id, in hex."""
+_ID_BATCH = 128
+_random_hex = ""
+_random_at = 0
+
+
+def new_request_id() -> str:
+    """128 random bits from the OS: the ledger counts a request once by this id, so no client may guess
+    or choose another request's id (a client's `x-request-id` is only echoed and logged). The bits are
+    read from the OS 128 ids at a time (one syscall), and each is used once."""
+    global _random_hex, _random_at
+    at = _random_at
+    if at >= len(_random_hex):
+        _random_hex, at = os.urandom(_ID_HEX // 2 * _ID_BATCH).hex(), 0
+    _random_at = at + _ID_HEX
+    return "req-" + _random_hex[at : at + _ID_HEX]
+
+
+def _forget_random_bits() -> None:
+    """A forked worker must not reuse the bits its parent read."""
+    global _random_hex, _random_at
+    _random_hex, _random_at = "", 0
+
+
+os.register_at_fork(after_in_child=_forget_random_bits)
+
+
+def read_caller(scope: Any) -> Caller:
+    """Read the few request headers the gateway uses straight from the ASGI scope, in one pass; 400 for
+    a credential header sent twice (gateway/http/credentials.py)."""
+    caller = Caller(request_id=new_request_id(), authorization=None, forwarded={}, headers=scope["headers"])
+    api_key = False
+    for name, value in scope["headers"]:
+        if name == AUTHORIZATION:
+            if caller.authorization is not None:
+                raise duplicate_header(name)
+            caller.authorization = value.decode("latin-1")
+        elif not name.startswith(b"x-") and name not in _FORWARDED_HEADERS:
+            continue
+        elif name == b"x-request-id":
+            text = value.decode("latin-1")
+            if valid_request_id(text):
+                caller.client_request_id = text
+        elif name in _FORWARDED_HEADERS:
+            caller.forwarded[_FORWARDED_HEADERS[name]] = value.decode("latin-1")
+        elif name == b"x-switchyard-priority":
+            caller.priority = value.decode("latin-1")
+        elif name == b"x-switchyard-class":
+            caller.explicit_class = value.decode("latin-1")
+        elif name == b"x-switchyard-tenant":
+            caller.tenant = value.decode("latin-1")
+        elif name == b"x-session-id":
+            caller.session = value.decode("latin-1")
+        elif name == API_KEY:
+            if api_key:
+                raise duplicate_header(name)
+            api_key = True
+    caller.forwarded["x-request-id"] = caller.request_id
+    return caller
+
+
+def read_anthropic_caller(scope: Any) -> Caller:
+    """As `read_caller`; Anthropic's clients send their key as `x-api-key`, taken as a bearer token. Both
+    it and `Authorization` is a 400: a proxy that checks one must not see the gateway bill the other."""
+    caller = read_caller(scope)
+    for name, value in scope["headers"]:
+        if name == API_KEY:
+            if caller.authorization is not None:
+                raise invalid_request(
+                    "The request has both `authorization` and `x-api-key`; send exactly one.",
+                    param="x-api-key",
+                    code="duplicate_header",
+                )
+            caller.authorization = "Bearer " + value.decode("latin-1").strip()
+            break
+    return caller
+
+
+_ALLOW = {"allow": "POST"}
+_INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
+
+
+def openai_handlers(
+    pipeline: Pipeline,
+    catalog: Catalog,
+    max_body_bytes: int,
+    responses_handle: Callable[[RequestContext], Awaitable[Reply]] | None = None,
+) -> list[BaseRouteHandler]:
+    """The `/v1` endpoints, bound to one pipeline; `/v1/responses` through `responses_handle` (the
+    gateway's response store, gateway/responses/api.py) when given."""
+
+    tenants = pipeline.tenants
+    authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
+
+    async def serve(
+        scope: Any,
+        receive: Any,
+        send: Any,
+        endpoint: Endpoint,
+        read: Callable[[Any], Caller] = read_caller,
+        send_error: ErrorSender = send_error,
+        handle: Callable[[RequestContext], Awaitable[Reply]] = pipeline.handle,
+    ) -> None:
+        try:
+            caller = read(scope)
+        except GatewayError as error:
+            await send_error(send, error, new_request_id())
+            return
+        if scope["method"] != "POST":
+            not_post = GatewayError(
+                405, f"Use POST for {scope['path']}.", "invalid_request_error", headers=_ALLOW
+            )
+            await send_error(send, not_post, caller.client_request_id or caller.request_id)
+            return
+        ctx = RequestContext(endpoint, caller)
+        watch: DisconnectWatch | None = None
+        try:
+            if authenticate is not None:
+                caller.key = await authenticate(caller.authorization)
+            ctx.body = await read_body(scope, receive, max_body_bytes)
+            watch = DisconnectWatch(receive)  # the client leaving cancels the request from here on
+            reply = await handle(ctx)
+        except GatewayError as error:
+            if watch is not None:
+                watch.stop()
+            if caller.key is not None and tenants is not None:  # a key means tenants authenticated it
+                error = tenants.with_rate_headers(error, caller.key, caller.admission)
+            pipeline.end(ctx, error)
+            await send_error(send, error, caller.client_request_id or caller.request_id)
+            return
+        except ClientGone:
+            return
+        except Exception as exc:
+            if watch is not None:
+                watch.stop()
+            log.exception("unhandled error in %s (request %s)", scope["path"], caller.request_id)
+            pipeline.end(ctx, exc)
+            internal = _INTERNAL_ERROR
+            if caller.key is not None and tenants is not None:
+                internal = tenants.with_rate_headers(internal, caller.key, caller.admission)
+            await send_error(send, internal, caller.client_request_id or caller.request_id)
+            return
+        except BaseException as exc:  # cancelled: the request still ends
+            if watch is not None:
+                watch.stop()
+                if isinstance(exc, asyncio.CancelledError) and watch.swallow():
+                    pipeline.client_left(ctx)  # the backend request was cancelled with this task
+                    return
+            pipeline.end(ctx, exc)
+            raise
+        if reply.stream is not None:
+            await send_stream(send, watch, reply.headers, reply.content_type, reply.stream, reply.raw_headers)
+            return
+        watch.stop()
+        try:
+            content_type = reply.content_type.encode("latin-1")
+            await send_body(send, 200, reply.headers, reply.body, content_type, reply.raw_headers)
+        except asyncio.CancelledError:
+            if not watch.swallow():  # the client left as its answer was being sent: it was accounted
+                raise
+
+    @asgi("/v1/chat/completions", name="chat-completions", copy_scope=False)
+    async def chat_completions(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "chat")
+
+    @asgi("/v1/completions", name="completions", copy_scope=False)
+    async def completions(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "completions")
+
+    @asgi("/v1/embeddings", name="embeddings", copy_scope=False)
+    async def embeddings(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "embeddings")
+
+    respond = responses_handle or pipeline.handle
+
+    @asgi("/v1/messages", name="messages", copy_scope=False)
+    async def messages(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "messages", read_anthropic_caller, send_anthropic_error)
+
+    @asgi("/v1/responses", name="responses", copy_scope=False)
+    async def responses(scope: Any, receive: Any, send: Any) -> None:
+        await serve(scope, receive, send, "responses", handle=respond)
+
+    created = int(time.time())
+    cards = [
+        Model(id=m, created=created, owned_by="switchyard", max_model_len=catalog.max_model_len(m))
+        for m in catalog.models()
+    ]
+    models_body = _encoder.encode(ModelList(data=cards))
+    model_bodies = {card.id: _encoder.encode(card) for card in cards}
+
+    async def usable(request: Request[Any, Any, Any]) -> list[str] | None:
+        """The models the caller's key may use (None: all); with `auth.mode: keys` a key is needed."""
+        if authenticate is None:
+            return None
+        tenant = await authenticate(authorization(request.scope["headers"]))
+        return tenant.key.models or None
+
+    @get("/v1/models", name="models")
+    async def models(request: Request[Any, Any, Any]) -> Response[bytes]:
+        allowed = await usable(request)
+        if allowed is None:
+            return Response(models_body, media_type="application/json")
+        own = ModelList(data=[card for card in cards if card.id in allowed])
+        return Response(_encoder.encode(own), media_type="application/json")
+
+    # `:path` because model names hold slashes (`meta-llama/Llama-3.1-8B-Instruct`), which the SDK sends
+    # as %2F and the ASGI path carries decoded.
+    @get("/v1/models/{model:path}", name="model")
+    async def model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response[bytes]:
+        allowed = await usable(request)
+        name = model.removeprefix("/")
+        body = model_bodies.get(name)
+        if body is None or (allowed is not None and name not in allowed):
+            raise model_not_found(name)
+        return Response(body, media_type="application/json")
+
+    return [chat_completions, completions, embeddings, messages, responses, models, model]

@@ -1,0 +1,258 @@
+"""One keep-alive HTTP/1.1 connection to a backend (an asyncio protocol, answers parsed by httptools), and
+the errors an exchange with a backend can end in. Pooled and used by gateway/upstream/client.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import httptools
+
+_READ_HIGH_WATER = 256 * 1024
+"""Buffered answer bytes above which the socket stops being read until the relay catches up."""
+
+
+class ConnectionOwner(Protocol):
+    """What a connection tells the pool it belongs to (gateway/upstream/client.py `Pool`)."""
+
+    def forget(self, conn: Connection) -> None: ...
+
+    def put_back(self, conn: Connection) -> None: ...
+
+
+class UpstreamError(Exception):
+    """The exchange with a backend failed before a complete answer."""
+
+
+class ConnectFailed(UpstreamError):
+    """No connection: refused, unreachable, or the name does not resolve."""
+
+
+class ConnectTimeout(UpstreamError):
+    """No connection within the connect timeout."""
+
+
+class ConnectionBroken(UpstreamError):
+    """The connection dropped or the backend sent something that is not HTTP/1.1."""
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection and the answer being read on it."""
+
+    __slots__ = (
+        "_answer_waiter",
+        "_body_waiter",
+        "_buffered",
+        "_chunks",
+        "_error",
+        "_header_name",
+        "_headers",
+        "_length_known",
+        "_loop",
+        "_parser",
+        "_paused",
+        "_pool",
+        "complete",
+        "got_bytes",
+        "idle_since",
+        "keep_alive",
+        "lost",
+        "status",
+        "transport",
+        "uses",
+    )
+
+    def __init__(self, pool: ConnectionOwner, loop: asyncio.AbstractEventLoop) -> None:
+        self._pool = pool
+        self._loop = loop
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.uses = 0
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self._headers: dict[str, str] = {}
+        self._header_name = ""
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._error: UpstreamError | None = None
+        self._answer_waiter: asyncio.Future[None] | None = None
+        self._body_waiter: asyncio.Future[None] | None = None
+        self._length_known = False
+        self.complete = False
+        self.keep_alive = False
+        self.got_bytes = False
+
+    # --- asyncio.Protocol -------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # typeshed types the argument BaseTransport for every protocol; a TCP connection's is a Transport
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ConnectionBroken("the backend switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionBroken(f"the backend's answer is not valid HTTP/1.1 ({exc})"))
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._pool.forget(self)
+        if self.complete:
+            return
+        if self.status and not self._length_known:
+            self.on_message_complete()  # an answer delimited by the end of the connection
+            return
+        why = f"{exc.__class__.__name__}: {exc}" if exc else "the backend closed the connection"
+        self._fail(ConnectionBroken(why))
+
+    def pause_writing(self) -> None:
+        return None
+
+    def resume_writing(self) -> None:
+        return None
+
+    # --- httptools callbacks -----------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        self._headers[key] = value.decode("latin-1")
+        if key == "content-length" or key == "transfer-encoding":
+            self._length_known = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        waiter = self._answer_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _READ_HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake_reader()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = not self.lost and self._parser.should_keep_alive()
+        self._wake_reader()
+
+    # --- the exchange ------------------------------------------------------------------------------------
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error
+        for waiter in (self._answer_waiter, self._body_waiter):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        self.abort()
+
+    def _wake_reader(self) -> None:
+        waiter = self._body_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def send(self, request: bytes) -> None:
+        """Write `request` and wait for the answer's status line and headers."""
+        self.uses += 1
+        transport = self.transport
+        if transport is None or self.lost or transport.is_closing():
+            raise ConnectionBroken("the connection closed before the request was sent")
+        self._answer_waiter = waiter = self._loop.create_future()
+        transport.write(request)
+        try:
+            await waiter
+        except BaseException:
+            self.abort()
+            raise
+        self._answer_waiter = None
+        if self._error is not None and not self.status:
+            raise self._error
+
+    async def read_some(self) -> bytes:
+        """The answer bytes that arrived since the last call, waiting for some; b"" at the end."""
+        while True:
+            chunks = self._chunks
+            if chunks:
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                if self._paused and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return data
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            self._body_waiter = waiter = self._loop.create_future()
+            try:
+                await waiter
+            except BaseException:
+                self.abort()
+                raise
+            finally:
+                self._body_waiter = None
+
+    def has_buffered(self) -> bool:
+        return bool(self._chunks)
+
+    def take_buffered(self) -> bytes:
+        """The answer bytes that arrived and were not read yet, without waiting."""
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        return data
+
+    async def read_all(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            data = await self.read_some()
+            if not data:
+                return data.join(parts) if len(parts) != 1 else parts[0]
+            parts.append(data)
+
+    def half_close(self) -> bool:
+        """Send our end of the connection (FIN) and keep reading: vLLM (uvicorn) and aiohttp servers take
+        it as a disconnect and close their side once what they had written is flushed. False when the
+        transport cannot (TLS) or the connection is gone."""
+        transport = self.transport
+        if transport is None or self.lost or not transport.can_write_eof():
+            return False
+        self.keep_alive = False
+        transport.write_eof()
+        return True
+
+    def abort(self) -> None:
+        """Drop the connection now; never pooled again (connection_lost follows and frees its slot)."""
+        transport = self.transport
+        if transport is not None and not self.lost:
+            self.lost = True
+            transport.abort()
+
+    def finished(self) -> bool:
+        """The caller is done with the answer: pool the connection if it can carry another (True), else
+        drop it (False)."""
+        if self.complete and self.keep_alive and not self.lost and self._error is None:
+            self._parser = httptools.HttpResponseParser(self)
+            self._reset()
+            self._pool.put_back(self)
+            return True
+        self.abort()
+        return False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._headers

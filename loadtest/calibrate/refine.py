@@ -1,0 +1,195 @@
+"""Refining the fitted profile by replaying the sweep's own levels on the simulator's scheduler.
+
+The linear fit (loadtest/calibrate/fit.py) reads each level as a steady state: newcomers spread evenly
+over the steps. A closed loop is not one: its requests start together, and when their outputs are of
+one length they end together, so the next ones arrive as a cohort whose prompts fill whole steps
+(`max_num_batched_tokens`) and wait behind each other. The simulator's scheduler
+(backends/sim/scheduler.py) replays that, so the profile is judged by what the simulator started from
+it would report for the very levels the sweep ran: each level is run on a virtual clock (no sleeping,
+the same admission, chunked prefill and KV-cache rules as `python -m backends.sim --calibrated`), and
+the step model and the front-end terms are moved, one at a time, while that lowers the error on what
+was measured: vLLM's own mean TTFT and inter-token latency, and the client's median and 90th-percentile
+TTFT (the front end's share; the front end takes one request at a time, so a cohort queues for it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from backends.calibrated import Limits, StepFit
+from backends.sim.metrics import EngineStats
+from backends.sim.perf import StepWork
+from backends.sim.profiles import EngineLimits
+from backends.sim.scheduler import Group, Scheduler
+from loadtest.stats import percentile
+
+PARAMETERS = (
+    "step_s",
+    "per_seq_s",
+    "per_prefill_token_s",
+    "per_context_token_s",
+    "admit_s",
+    "admit_busy_s",
+    "request_s",
+    "request_per_seq_s",
+)
+FACTORS = (0.6, 0.85, 1.15, 1.6)
+ROUNDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one sweep level sent, and what was measured (0 where nothing was)."""
+
+    concurrency: int
+    prompt_tokens: int
+    output_tokens: int
+    requests: int
+    engine_ttft_s: float
+    engine_itl_s: float
+    client_ttft_p50_s: float
+    client_ttft_p90_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Simulated:
+    engine_ttft_s: float
+    engine_itl_s: float
+    client_ttft_s: list[float]
+
+
+def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
+    """One level, closed loop on a virtual clock, as `BatchEngine` runs it: each of `concurrency`
+    clients sends its next request when its previous one ends; a request spends the front end's time
+    before the scheduler sees it, and the front end takes one request at a time (a cohort queues).
+    `cap`: at most two requests per client (a closed loop of one request size repeats itself after
+    that), which keeps the search quick."""
+    stats = EngineStats("calibration", limits.kv_capacity_tokens)
+    engine_limits = EngineLimits(limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
+    scheduler = Scheduler(engine_limits, limits.num_blocks, stats)
+    entering: list[tuple[float, int, Group]] = []
+    sent_at: dict[int, float] = {}
+    ttfts: list[float] = []
+    left = min(shape.requests, max(4, 2 * shape.concurrency)) if cap else shape.requests
+
+    front_free = 0.0
+
+    def send(at: float) -> None:
+        nonlocal left, front_free
+        left -= 1
+        running = stats.running
+        front = step.front_end(running)
+        leaves = at
+        if front > 0:  # the front end takes one request at a time
+            leaves = front_free = max(at, front_free) + front
+        group = Group(shape.prompt_tokens, [], [shape.output_tokens], ["length"], arrival=leaves)
+        group.ready = leaves + step.admission_wait(running)
+        sent_at[id(group)] = at
+        heapq.heappush(entering, (leaves, id(group), group))
+
+    for _ in range(min(shape.concurrency, left)):
+        send(0.0)
+    now = 0.0
+    while entering or scheduler.has_work():
+        while entering and entering[0][0] <= now:
+            scheduler.add(heapq.heappop(entering)[2])
+        if not scheduler.has_work():
+            now = entering[0][0]
+            continue
+        plan = scheduler.plan(now)
+        work: StepWork = plan.work
+        duration = step.step_seconds(
+            work.prefill_seqs + work.decode_seqs, work.prefill_tokens, work.decode_context
+        )
+        if duration <= 0:  # the head still in its admission wait, or nothing fits until an arrival
+            waiting = scheduler.waiting
+            ready = waiting[0].ready if waiting and waiting[0].ready > now else math.inf
+            now = min(ready, entering[0][0] if entering else math.inf)
+            if math.isinf(now):
+                break
+            continue
+        end = now + duration
+        for group in scheduler.apply(plan, end):
+            if group.generated == 1:
+                ttfts.append(end - sent_at[id(group)])
+            if group.done and left > 0:
+                send(end)
+        now = end
+    itl = stats.itl.total / stats.itl.count if stats.itl.count else 0.0
+    ttft = stats.ttft.total / stats.ttft.count if stats.ttft.count else 0.0
+    return Simulated(ttft, itl, ttfts)
+
+
+def _error(predicted: float, measured: float) -> float:
+    if measured <= 0:
+        return 0.0
+    return abs(math.log(max(predicted, 1e-6) / measured))
+
+
+def level_error(step: StepFit, limits: Limits, shape: Shape) -> float:
+    """The sum of the level's absolute log errors (a 20 % miss either way counts about alike): vLLM's
+    mean TTFT and inter-token latency, and the client's median and 90th-percentile TTFT."""
+    sim = simulate(step, limits, shape)
+    error = _error(sim.engine_ttft_s, shape.engine_ttft_s) + _error(sim.engine_itl_s, shape.engine_itl_s)
+    if sim.client_ttft_s:
+        error += _error(statistics.median(sim.client_ttft_s), shape.client_ttft_p50_s)
+        error += _error(percentile(sim.client_ttft_s, 90) or 0.0, shape.client_ttft_p90_s)
+    return error
+
+
+def total_error(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> float:
+    return sum(level_error(step, limits, shape) for shape in shapes) / max(1, len(shapes))
+
+
+def _seed(step: StepFit, name: str) -> float:
+    """A starting value for a term at zero: a tenth of a step at a typical size of what it multiplies."""
+    typical = {"per_seq_s": 4.0, "per_prefill_token_s": 256.0, "per_context_token_s": 1000.0}
+    base = step.step_s or 0.001
+    return base / 10 / typical.get(name, 1.0)
+
+
+def refine(
+    step: StepFit,
+    limits: Limits,
+    shapes: Sequence[Shape],
+    progress: Callable[[str], None] | None = None,
+    deadline: float | None = None,
+) -> tuple[StepFit, float, float]:
+    """Coordinate search from `step`: each term in turn scaled (or set to zero) while that lowers the
+    mean error; the steps shrink after a round that changed nothing, and the search ends after one at
+    the finest steps or when `deadline` (time.monotonic()) passes. The engine's and the front end's
+    terms are searched together: a front end that spaces a cohort out changes what the engine sees.
+    Returns the refined model and its mean error before and after."""
+    best = step
+    best_error = before = total_error(step, limits, shapes)
+    factors: Sequence[float] = FACTORS
+    for round_ in range(ROUNDS):
+        improved = False
+        for name in PARAMETERS:
+            value = getattr(best, name)
+            if value > 0:
+                candidates = [*(value * f for f in factors), 0.0]
+            else:
+                candidates = [_seed(best, name) * f for f in (1, 5)]
+            for candidate in candidates:
+                if deadline is not None and time.monotonic() > deadline:
+                    return best, before, best_error
+                trial = msgspec.structs.replace(best, **{name: candidate})
+                error = total_error(trial, limits, shapes)
+                # a better fit, or as good a one with a term less (one the levels cannot tell apart)
+                if error < best_error * 0.999 or (candidate == 0.0 and error <= best_error * 1.001):
+                    best, best_error, improved = trial, error, True
+        if progress is not None:
+            progress(f"refine round {round_ + 1}: mean error {best_error:.3f}")
+        if not improved:
+            if factors[0] > 0.9:
+                break
+            factors = [1 + (f - 1) / 3 for f in factors]
+    return best, before, best_error

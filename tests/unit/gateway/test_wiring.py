@@ -1,0 +1,84 @@
+"""The gateway's parts are built with what they use (gateway/app.py `SwitchyardPlugin`): the pipeline is
+handed its request limits, telemetry, tracing and clock when made, so two gateways in one process keep their
+own, and `/metrics` reads the pipeline's gauges when scraped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.app import SwitchyardPlugin
+from gateway.config.settings import settings_from_text
+from gateway.openai.errors import GatewayError
+from gateway.request.classify import Caller
+from gateway.request.context import RequestContext
+from gateway.request.pipeline import Pipeline
+from gateway.telemetry import Metrics
+from tests.support import ONE_POOL as POOLS
+
+QUIET = "telemetry: {access_log: {enabled: false}}\n"
+
+
+def _context(n: int) -> RequestContext:
+    ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": n}
+    ctx.body = json.dumps(body).encode()
+    return ctx
+
+
+def test_each_gateway_in_a_process_enforces_its_own_request_limits() -> None:
+    strict = SwitchyardPlugin(settings_from_text(QUIET + "gateway: {limits: {max_n: 2}}\n" + POOLS))
+    default = SwitchyardPlugin(settings_from_text(QUIET + POOLS))  # built second: must not loosen `strict`
+    default.pipeline.parse(ctx := _context(3))
+    assert ctx.parsed.n == 3
+    with pytest.raises(GatewayError) as refused:
+        strict.pipeline.parse(_context(3))
+    assert refused.value.body.param == "n"
+    strict.pipeline.parse(ctx := _context(2))
+    assert ctx.parsed.n == 2
+
+
+def test_the_pipeline_is_given_the_parts_built_beside_it() -> None:
+    plugin = SwitchyardPlugin(settings_from_text(QUIET + "policy: {clock_scale: 2}\n" + POOLS))
+    pipeline = plugin.pipeline
+    assert pipeline.request_limits is plugin.settings.server.limits
+    assert pipeline.catalog is plugin.catalog and pipeline.ledger is plugin.ledger
+    assert pipeline.telemetry is plugin.telemetry  # metrics are on by default
+    assert pipeline.recorded is not None and pipeline.tracing is None and pipeline.tenants is None
+    assert pipeline.clock_scale == 2.0
+    assert plugin.responses.limits is pipeline.request_limits
+
+
+def test_with_metrics_and_the_access_log_off_no_telemetry_is_wired_in() -> None:
+    plugin = SwitchyardPlugin(
+        settings_from_text("telemetry: {metrics: false, access_log: {enabled: false}}\n" + POOLS)
+    )
+    assert plugin.pipeline.telemetry is None and plugin.pipeline.recorded is None
+
+
+class _State:
+    """A gateway's state as a scrape reads it (what `Pipeline` offers)."""
+
+    def __init__(self, queued: int) -> None:
+        self.router: object = object()
+        self.queued = queued
+        self.tracing: object | None = None
+
+
+def test_a_scrape_reads_the_gateways_gauges_as_they_are_then() -> None:
+    metrics = Metrics([])
+    assert "switchyard_queued_requests" not in metrics.render().decode()  # no gateway: no gateway gauges
+    state = _State(queued=3)
+    assert "switchyard_queued_requests 3" in metrics.render(state).decode()
+    state.queued = 0
+    assert "switchyard_queued_requests 0" in metrics.render(state).decode()
+
+
+def test_the_pipelines_gauges_reach_metrics() -> None:
+    plugin = SwitchyardPlugin(settings_from_text(QUIET + POOLS))
+    pipeline: Pipeline = plugin.pipeline
+    metrics = plugin.telemetry.metrics
+    assert metrics is not None
+    pipeline.queued = 5  # as if five requests waited for room
+    assert "switchyard_queued_requests 5" in metrics.render(pipeline).decode()

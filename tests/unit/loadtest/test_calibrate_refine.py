@@ -1,0 +1,108 @@
+"""The calibration's refinement on the simulator's scheduler, and what the check asserts."""
+
+from __future__ import annotations
+
+import statistics
+
+import msgspec
+import pytest
+
+from backends.calibrated import Limits, StepFit
+from loadtest.calibrate.check import LevelRun, compare, failures
+from loadtest.calibrate.measure import Timed
+from loadtest.calibrate.refine import Shape, refine, simulate
+
+LIMITS = Limits(
+    block_size=128, num_blocks=2048, max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=512
+)
+TRUE = StepFit(
+    step_s=0.005,
+    per_seq_s=0.0003,
+    per_prefill_token_s=0.00012,
+    per_context_token_s=3e-7,
+    admit_s=0.006,
+    request_s=0.004,
+    request_per_seq_s=0.001,
+)
+
+
+def _shape(concurrency: int, prompt: int, output: int, requests: int) -> Shape:
+    """A level as the true model would have measured it."""
+    blank = Shape(concurrency, prompt, output, requests, 0.0, 0.0, 0.0, 0.0)
+    sim = simulate(TRUE, LIMITS, blank, cap=False)
+    ttfts = sorted(sim.client_ttft_s)
+    return Shape(
+        concurrency,
+        prompt,
+        output,
+        requests,
+        sim.engine_ttft_s,
+        sim.engine_itl_s,
+        statistics.median(ttfts),
+        ttfts[int(0.9 * (len(ttfts) - 1))],
+    )
+
+
+def test_one_request_at_a_time_is_admission_then_one_prefill_step_then_decode_steps() -> None:
+    sim = simulate(TRUE, LIMITS, Shape(1, 100, 8, 3, 0.0, 0.0, 0.0, 0.0), cap=False)
+    prefill = TRUE.step_seconds(1, 100, 0)
+    assert sim.engine_ttft_s == pytest.approx(TRUE.admit_s + prefill)
+    assert sim.client_ttft_s == pytest.approx([TRUE.request_s + TRUE.admit_s + prefill] * 3)
+    decode = [TRUE.step_seconds(1, 0, 100 + k) for k in range(1, 8)]  # context grows a token a step
+    assert sim.engine_itl_s == pytest.approx(statistics.fmean(decode))
+
+
+def test_a_cohort_that_overflows_the_token_budget_waits_a_step_behind_itself() -> None:
+    """Sixteen prompts of 244 tokens arrive together: 2,048 tokens a step prefill eight of them, the
+    other eight wait a whole prefill step, which a steady-state formula would not show."""
+    engine_only = msgspec.structs.replace(TRUE, request_s=0.0, request_per_seq_s=0.0)
+    sim = simulate(engine_only, LIMITS, Shape(16, 244, 32, 16, 0.0, 0.0, 0.0, 0.0), cap=False)
+    alone = TRUE.admit_s + TRUE.step_seconds(1, 244, 0)
+    firsts = sorted(sim.client_ttft_s)
+    assert firsts.count(firsts[0]) == 8 and firsts.count(firsts[-1]) == 8  # two prefill steps, eight each
+    assert firsts[-1] > 1.8 * firsts[0] and sim.engine_ttft_s > 5 * alone
+
+
+def test_the_front_end_takes_one_request_at_a_time() -> None:
+    """Four requests sent together leave the front end 10 ms apart; each is then prefilled in 1 ms."""
+    quick = StepFit(
+        step_s=0.001, per_seq_s=0.0, per_prefill_token_s=0.0, per_context_token_s=0.0, request_s=0.01
+    )
+    sim = simulate(quick, LIMITS, Shape(4, 16, 2, 4, 0.0, 0.0, 0.0, 0.0), cap=False)
+    assert sorted(sim.client_ttft_s) == pytest.approx([0.011, 0.021, 0.031, 0.041])
+    assert sim.engine_ttft_s == pytest.approx(0.001)  # vLLM's clock starts when the front end is done
+
+
+def test_refine_recovers_what_the_levels_were_measured_from() -> None:
+    shapes = [_shape(1, p, 8, 2) for p in (16, 488)]
+    shapes += [_shape(c, p, 16, 2 * c) for c in (2, 8) for p in (61, 244)]
+    start = msgspec.structs.replace(
+        TRUE, step_s=0.008, per_seq_s=0.0001, per_prefill_token_s=0.0002, admit_s=0.0, request_s=0.02
+    )
+    refined, before, after = refine(start, LIMITS, shapes)
+    assert after < before / 3
+    for shape in shapes:
+        sim = simulate(refined, LIMITS, shape, cap=False)
+        assert sim.engine_ttft_s == pytest.approx(shape.engine_ttft_s, rel=0.1)
+        assert sim.engine_itl_s == pytest.approx(shape.engine_itl_s, rel=0.1)
+        assert statistics.median(sim.client_ttft_s) == pytest.approx(shape.client_ttft_p50_s, rel=0.1)
+
+
+def test_refine_stops_at_its_deadline() -> None:
+    shapes = [_shape(4, 61, 32, 8)]
+    refined, before, after = refine(TRUE, LIMITS, shapes, deadline=0.0)
+    assert refined == TRUE and after == pytest.approx(before)
+
+
+def _timed(ttft: float, tpot: float) -> Timed:
+    return Timed(100, 16, 0.0, ttft, tpot, ttft + 15 * tpot)
+
+
+def test_the_check_asserts_the_client_figures_and_shows_the_servers() -> None:
+    real = [LevelRun([_timed(0.1, 0.01) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.01)]
+    close = [LevelRun([_timed(0.11, 0.011) for _ in range(5)], engine_ttft_s=0.2, engine_itl_s=0.05)]
+    far = [LevelRun([_timed(0.2, 0.011) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.01)]
+    rows = compare(real, close, [3])
+    assert [r.metric for r in rows if r.asserted] == ["client TTFT p50", "client TTFT p90", "client TPOT p50"]
+    assert not failures(rows)  # the servers' own means are off by 300 %, but only shown
+    assert [r.metric for r in failures(compare(real, far, [3]))] == ["client TTFT p50", "client TTFT p90"]
