@@ -141,28 +141,30 @@ NVIDIA_FIRST = "routes:\n  default:\n    prefer: {vendor: nvidia}\n    fallback:
 NVIDIA_ONLY = "routes:\n  default:\n    prefer: {vendor: nvidia}\n"
 
 
+def _nvidia_down(config: dict[str, Any]) -> dict[str, Any]:
+    """The whole NVIDIA pool down for as long as the test takes: its backends point at closed ports (a
+    simulated refusal lasts a fixed few seconds, which a slow machine can outlast before traffic starts)."""
+    for pool in config["pools"]:
+        if pool["vendor"] == "nvidia":
+            for backend in pool["backends"]:
+                backend["url"] = f"http://127.0.0.1:{free_port()}"
+    return config
+
+
 def test_preferred_pool_down_spills_where_allowed_and_503_where_not(fleet: Fleet, tmp_path: Path) -> None:
-    with cleared(fleet):
-        for name in ("h100-0", "h100-1"):
-            faults(fleet, name, refuse_connections_s=8)
-        with running_gateway(gateway_config(fleet, tmp_path / "a", NVIDIA_FIRST), tmp_path / "a") as base:
-            outcomes = asyncio.run(bench.drive(base, 30, 6, max_tokens=8))
-            assert all(o.ok for o in outcomes)
-            assert {o.backend for o in outcomes} <= {"mi300x-0", "mi300x-1"}
-            assert_ledger_matches(base, outcomes)
-        # The whole NVIDIA pool down for good (refusal above lasts only a few seconds, and a slow machine
-        # can outlast it): its backends point at closed ports.
-        config = gateway_config(fleet, tmp_path / "b", NVIDIA_ONLY)
-        for pool in config["pools"]:
-            if pool["vendor"] == "nvidia":
-                for backend in pool["backends"]:
-                    backend["url"] = f"http://127.0.0.1:{free_port()}"
-        with running_gateway(config, tmp_path / "b") as base:
-            client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
-            with pytest.raises(openai.InternalServerError) as caught:
-                client.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=4)  # type: ignore[arg-type]
-            assert caught.value.status_code == 503
-            assert "failed its health check" in caught.value.message
+    config = _nvidia_down(gateway_config(fleet, tmp_path / "a", NVIDIA_FIRST))
+    with running_gateway(config, tmp_path / "a") as base:
+        outcomes = asyncio.run(bench.drive(base, 30, 6, max_tokens=8))
+        assert all(o.ok for o in outcomes)
+        assert {o.backend for o in outcomes} <= {"mi300x-0", "mi300x-1"}
+        assert_ledger_matches(base, outcomes)
+    config = _nvidia_down(gateway_config(fleet, tmp_path / "b", NVIDIA_ONLY))
+    with running_gateway(config, tmp_path / "b") as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=4)  # type: ignore[arg-type]
+        assert caught.value.status_code == 503
+        assert "failed its health check" in caught.value.message
 
 
 async def _open_streams(base: str, count: int, max_tokens: int) -> tuple[openai.AsyncOpenAI, list[Any]]:
