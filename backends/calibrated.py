@@ -3,8 +3,11 @@
 The profile is a linear step-time model of vLLM's continuous batching plus the scheduler limits the server
 runs with, fitted by least squares on what the server itself reported (loadtest/calibrate/):
 
-    step seconds    = step_s + per_seq_s * sequences + per_prefill_token_s * prefill tokens
+    step seconds    = step_s + per_seq_s * sequences + prefill(prefill tokens)
                       + per_context_token_s * decode context tokens
+    prefill(n)      = per_prefill_token_s * n, or, when the profile measured a curve (`prefill`), that
+                      curve interpolated at n (from (0, 0)) and extended beyond its last point with
+                      per_prefill_token_s; n is the step's total, all its requests' chunks together
     before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
     the server's front end (HTTP, tokenisation), which takes one request at a time (vLLM's API server is
     one process: requests that arrive together queue for it),
@@ -17,6 +20,7 @@ each with the fit's prediction) and the fit's error on them, so an operator sees
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -39,6 +43,7 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     step_s: _NonNeg
     per_seq_s: _NonNeg
     per_prefill_token_s: _NonNeg
+    """Per prompt token prefilled in a step; with a `prefill` curve, per token beyond its last point."""
     per_context_token_s: _NonNeg
     request_s: _NonNeg = 0.0
     request_per_seq_s: _NonNeg = 0.0
@@ -50,6 +55,30 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     admit_busy_s: _NonNeg = 0.0
     """A newcomer's further wait when it reaches a busy engine (any sequence running) before it is
     scheduled, counted in its TTFT: the server's front end competing with the streams it serves."""
+    prefill: list[tuple[_Count, _NonNeg]] = []
+    """The measured prefill curve, `[tokens, seconds]` by tokens: what prefilling that many prompt tokens
+    adds to a step (on top of step_s and per_seq_s). Prefill is not linear on real hardware (launch
+    costs and under-filled matmuls make short prompts dear per token); empty: per_prefill_token_s alone."""
+
+    def __post_init__(self) -> None:
+        tokens = [t for t, _ in self.prefill]
+        seconds = [s for _, s in self.prefill]
+        if any(a >= b for a, b in itertools.pairwise(tokens)):
+            raise ValueError("prefill: the curve's token counts must increase")
+        if any(a > b for a, b in itertools.pairwise(seconds)):
+            raise ValueError("prefill: the curve's seconds must not decrease")
+
+    def prefill_seconds(self, tokens: float) -> float:
+        """What prefilling `tokens` prompt tokens adds to a step: the step's total, however many requests'
+        chunks make it up (one pass over the batch, not one per request)."""
+        if tokens <= 0:
+            return 0.0
+        below_t, below_s = 0, 0.0
+        for at, seconds in self.prefill:
+            if tokens <= at:
+                return below_s + (seconds - below_s) * (tokens - below_t) / (at - below_t)
+            below_t, below_s = at, seconds
+        return below_s + self.per_prefill_token_s * (tokens - below_t)
 
     def front_end(self, running: int) -> float:
         """Seconds from a request's arrival until the engine sees it, with `running` sequences in flight."""
@@ -64,7 +93,7 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return (
             self.step_s
             + self.per_seq_s * seqs
-            + self.per_prefill_token_s * prefill_tokens
+            + self.prefill_seconds(prefill_tokens)
             + self.per_context_token_s * decode_context
         )
 
@@ -141,15 +170,24 @@ class CalibratedProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         return self.step.step_seconds(sequences, 0, sequences * context)
 
     @property
+    def _prefill_per_token(self) -> float:
+        """Seconds per prompt token in a step that prefills all the tokens a step may hold (the rate of a
+        long prompt, or of a cohort's; per_prefill_token_s when there is no curve)."""
+        if not self.step.prefill:
+            return self.step.per_prefill_token_s
+        full = self.limits.max_num_batched_tokens
+        return self.step.prefill_seconds(full) / full
+
+    @property
     def prefill_tokens_per_second(self) -> float:
-        per_token = self.step.per_prefill_token_s
+        per_token = self._prefill_per_token
         return 1.0 / per_token if per_token > 0 else float("inf")
 
     @property
     def prefill_tokens_per_step(self) -> float:
         """Prompt tokens prefilled in the time of one single-sequence decode step (the batch scheduler's
         exchange rate, as the catalogue's `prefill_tokens_per_step`)."""
-        per_token = self.step.per_prefill_token_s
+        per_token = self._prefill_per_token
         decode = self.tpot_seconds(1, PRIOR_PROMPT_TOKENS)
         return decode / per_token if per_token > 0 else float("inf")
 
@@ -163,6 +201,8 @@ class CalibratedProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
 def dump_profile(profile: CalibratedProfile) -> str:
     data = msgspec.to_builtins(profile)
+    if not profile.step.prefill:
+        del data["step"]["prefill"]  # a profile without a curve is written as before it had one
     header = (
         f"# {profile.accelerator} / {profile.model}: measured by `switchyard calibrate` (docs/calibrate.md)\n"
     )

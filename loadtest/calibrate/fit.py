@@ -13,12 +13,19 @@ level's requests), written as a row of the model's features:
 Least squares on relative error (each row divided by its measurement, so a 3 ms step counts as much as
 a 300 ms one), with no coefficient below zero (a coefficient that comes out negative is fixed at zero
 and the rest refitted).
+
+Prefill is not linear in the prompt on real hardware (on vLLM's CPU build 16 tokens took 12-15 ms, 128
+tokens 27 ms, 256 and 488 tokens 31-33 ms), so the profile also gets a measured curve (`prefill_curve`):
+from every request the sweep sent alone, its prompt's share of the step.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from backends.calibrated import StepFit
 
 FEATURES = ("step_s", "per_seq_s", "per_prefill_token_s", "per_context_token_s")
 
@@ -47,6 +54,37 @@ def decode_row(concurrency: float, prompt_tokens: float, output_tokens: float, i
 
 def predict(coefficients: Sequence[float], features: Sequence[float]) -> float:
     return sum(c * x for c, x in zip(coefficients, features, strict=True))
+
+
+def prefill_curve(
+    step: StepFit, alone: Sequence[tuple[int, float]], max_tokens: int
+) -> list[tuple[int, float]]:
+    """The prefill curve (StepFit.prefill) under which `step` reproduces what requests sent one at a time
+    measured, `alone`: (prompt tokens, vLLM's mean TTFT). A request alone waits its admission and then
+    runs one step of one sequence that prefills its whole prompt (when the prompt fits in a step,
+    `max_tokens`; a longer one is chunked over several steps and left to per_prefill_token_s), so its
+    prompt's share is that TTFT less the rest of the step. The median per size, then made non-decreasing
+    (a longer prompt that measured faster is pooled with the shorter ones: noise)."""
+    by_size: dict[int, list[float]] = {}
+    for tokens, ttft_s in alone:
+        if 0 < tokens <= max_tokens and ttft_s > 0:
+            by_size.setdefault(tokens, []).append(ttft_s)
+    rest = step.admission_wait(0) + step.step_s + step.per_seq_s
+    sizes = sorted(by_size)
+    shares = _non_decreasing([max(0.0, statistics.median(by_size[t]) - rest) for t in sizes])
+    return list(zip(sizes, shares, strict=True))
+
+
+def _non_decreasing(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks: list[tuple[float, int]] = []  # (sum, count) of each pooled run
+    for value in values:
+        total, count = value, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] > total / count:
+            below_total, below_count = blocks.pop()
+            total, count = total + below_total, count + below_count
+        blocks.append((total, count))
+    return [total / count for total, count in blocks for _ in range(count)]
 
 
 ROBUST_ROUNDS = 8

@@ -28,6 +28,7 @@ from backends.sim.metrics import EngineStats
 from backends.sim.perf import StepWork
 from backends.sim.profiles import EngineLimits
 from backends.sim.scheduler import Group, Scheduler
+from loadtest.calibrate.fit import prefill_curve
 from loadtest.stats import percentile
 
 PARAMETERS = (
@@ -148,6 +149,13 @@ def total_error(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> float
     return sum(level_error(step, limits, shape) for shape in shapes) / max(1, len(shapes))
 
 
+def with_prefill_curve(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> StepFit:
+    """`step` with the prefill curve its one-request-at-a-time levels give (fit.prefill_curve)."""
+    alone = [(s.prompt_tokens, s.engine_ttft_s) for s in shapes if s.concurrency == 1]
+    curve = prefill_curve(step, alone, limits.max_num_batched_tokens)
+    return msgspec.structs.replace(step, prefill=curve)
+
+
 def _seed(step: StepFit, name: str) -> float:
     """A starting value for a term at zero: a tenth of a step at a typical size of what it multiplies."""
     typical = {"per_seq_s": 4.0, "per_prefill_token_s": 256.0, "per_context_token_s": 1000.0}
@@ -166,7 +174,8 @@ def refine(
     mean error; the steps shrink after a round that changed nothing, and the search ends after one at
     the finest steps or when `deadline` (time.monotonic()) passes. The engine's and the front end's
     terms are searched together: a front end that spaces a cohort out changes what the engine sees.
-    Returns the refined model and its mean error before and after."""
+    A step with a prefill curve has it refitted to every trial (with_prefill_curve). Returns the
+    refined model and its mean error before and after."""
     best = step
     best_error = before = total_error(step, limits, shapes)
     factors: Sequence[float] = FACTORS
@@ -182,6 +191,8 @@ def refine(
                 if deadline is not None and time.monotonic() > deadline:
                     return best, before, best_error
                 trial = msgspec.structs.replace(best, **{name: candidate})
+                if trial.prefill:
+                    trial = with_prefill_curve(trial, limits, shapes)
                 error = total_error(trial, limits, shapes)
                 # a better fit, or as good a one with a term less (one the levels cannot tell apart)
                 if error < best_error * 0.999 or (candidate == 0.0 and error <= best_error * 1.001):

@@ -4,7 +4,8 @@ The sweep, in order, each level stopping the run early when the time budget woul
 
 1. what the server says about itself: `max_model_len` (/v1/models), KV-cache block size and blocks
    (`vllm:cache_config_info`), token ids to build prompts from (/tokenize);
-2. prefill: one request at a time, prompts from short to the longest the context holds, a short output;
+2. prefill: one request at a time, prompts from short to the longest the context holds, a short output
+   (with the other levels that send one request at a time, the profile's prefill curve);
 3. load: closed-loop concurrency 1, 2, 4, ... (never above `max_concurrency`) for a short and a long
    prompt, until output throughput stops growing (two levels in a row under 10 % more than the best);
    then a long
@@ -42,7 +43,7 @@ from loadtest.calibrate.levels import (
     shape_of,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
-from loadtest.calibrate.refine import refine, simulate
+from loadtest.calibrate.refine import refine, simulate, with_prefill_curve
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
@@ -286,16 +287,22 @@ class Calibration:
                 rows.append((level, "tpot", row))
         coefficients = fit([row for _, _, row in rows])
         request_s, request_per_seq_s = front_end(self.levels)
+        terms: dict[str, float] = dict(zip(FEATURES, coefficients, strict=True))
         linear = StepFit(
-            **dict(zip(FEATURES, coefficients, strict=True)),
+            step_s=terms["step_s"],
+            per_seq_s=terms["per_seq_s"],
+            per_prefill_token_s=terms["per_prefill_token_s"],
+            per_context_token_s=terms["per_context_token_s"],
             request_s=request_s,
             request_per_seq_s=request_per_seq_s,
         )
         limits = self._limits(max_model_len, block_size, num_blocks)
         shapes = [shape_of(level) for level in self.levels if level.kind != "prefix" and level.timed]
+        # the prefill curve from the levels that sent one request at a time, kept fitted as the rest moves
+        curved = with_prefill_curve(linear, limits, shapes)
         # the sweep's own levels replayed (loadtest/calibrate/refine.py): what is left of the budget, or 15 s
         deadline = max(self.started + self.options.budget_s, time.monotonic() + 15.0)
-        step, before, after = refine(linear, limits, shapes, self.say, deadline)
+        step, before, after = refine(curved, limits, shapes, self.say, deadline)
         self.say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
         points = []
         replayed = [level for level in self.levels if level.kind != "prefix" and level.timed]

@@ -91,6 +91,7 @@ class BlockNames:
                 at = ((b + 1) * block_size - 1) / per_hash
                 k = int(at)
                 hashes.append(hash((prefix[k - 1 if k and at - k < 0.5 else k], b)))
-        own = request.index + 1
-        hashes.extend(hash((-own, b)) for b in range(len(hashes), full))
+        # the request's own blocks (not a tuple of a negative index: hash(-1) == hash(-2) in CPython, which
+        # made the second request of every replay find the first one's blocks in the cache)
+        hashes.extend(hash(("own", request.index, b)) for b in range(len(hashes), full))
         return hashes

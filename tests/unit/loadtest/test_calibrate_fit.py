@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import math
 
+import msgspec
 import pytest
 
+from backends.calibrated import StepFit
 from loadtest.calibrate.agreement import ClassSlo, attained
 from loadtest.calibrate.check import Summary, summarise
 from loadtest.calibrate.cli import parse_duration
-from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_row
+from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_curve, prefill_row
 from loadtest.calibrate.levels import ladder
 from loadtest.calibrate.measure import Timed, histogram_mean, parse_metrics
 
@@ -120,3 +123,39 @@ def test_attained_needs_both_bounds() -> None:
     assert not attained(0.2, 0.005, slo)
     assert not attained(0.05, 0.02, slo)
     assert not attained(None, 0.005, slo)
+
+
+CURVED_STEP = StepFit(
+    step_s=0.004, per_seq_s=0.0005, per_prefill_token_s=0.00004, per_context_token_s=0.0, admit_s=0.002
+)
+
+
+def concave_ttft(prompt: float) -> float:
+    """A lone request's TTFT whose prefill flattens out, as the CPU build's did (12 ms at 16 tokens, 32 ms
+    at 488)."""
+    return 0.002 + 0.0045 + 0.026 * (1 - math.exp(-prompt / 100))
+
+
+def test_a_prefill_curve_from_concave_points_reproduces_them_and_what_lies_between() -> None:
+    sizes = (16, 32, 64, 128, 256, 488)
+    curve = prefill_curve(CURVED_STEP, [(p, concave_ttft(p)) for p in sizes], 2048)
+    step = msgspec.structs.replace(CURVED_STEP, prefill=curve)
+    for prompt in (*sizes, 24, 48, 96, 192, 372):
+        predicted = step.admission_wait(0) + step.step_seconds(1, prompt, 0)
+        assert predicted == pytest.approx(concave_ttft(prompt), rel=0.03)
+    linear = fit([prefill_row(p, concave_ttft(p) - 0.002) for p in sizes])  # one slope, as before
+    errors = [abs(0.002 + predict(linear, (1, 1, p, 0)) - concave_ttft(p)) / concave_ttft(p) for p in sizes]
+    assert max(errors) > 0.15  # what the curve is for
+
+
+def test_a_prefill_curve_never_falls_and_keeps_to_one_step_prompts() -> None:
+    """Noise: 488 tokens measured faster than 256 (the two are pooled), two levels of one size (their
+    median), a prompt longer than a step holds (chunked: left to the per-token slope), a level with no
+    measurement."""
+    alone = [(16, 0.010), (256, 0.030), (488, 0.026), (64, 0.014), (64, 0.016), (64, 0.030), (4096, 0.2)]
+    curve = prefill_curve(CURVED_STEP, [*alone, (128, 0.0)], 2048)
+    rest = 0.002 + 0.004 + 0.0005
+    assert [t for t, _ in curve] == [16, 64, 256, 488]
+    assert [s for _, s in curve] == pytest.approx([0.010 - rest, 0.016 - rest, 0.028 - rest, 0.028 - rest])
+    assert prefill_curve(CURVED_STEP, [(16, 0.001)], 2048) == [(16, 0.0)]  # never below zero
+    assert prefill_curve(CURVED_STEP, [], 2048) == []

@@ -10,7 +10,7 @@ import pytest
 from backends.calibrated import Limits, StepFit
 from loadtest.calibrate.check import LevelRun, compare, failures
 from loadtest.calibrate.measure import Timed
-from loadtest.calibrate.refine import Shape, refine, simulate
+from loadtest.calibrate.refine import Shape, refine, simulate, with_prefill_curve
 
 LIMITS = Limits(
     block_size=128, num_blocks=2048, max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=512
@@ -26,10 +26,10 @@ TRUE = StepFit(
 )
 
 
-def _shape(concurrency: int, prompt: int, output: int, requests: int) -> Shape:
+def _shape(concurrency: int, prompt: int, output: int, requests: int, true: StepFit = TRUE) -> Shape:
     """A level as the true model would have measured it."""
     blank = Shape(concurrency, prompt, output, requests, 0.0, 0.0, 0.0, 0.0)
-    sim = simulate(TRUE, LIMITS, blank, cap=False)
+    sim = simulate(true, LIMITS, blank, cap=False)
     ttfts = sorted(sim.client_ttft_s)
     return Shape(
         concurrency,
@@ -86,6 +86,29 @@ def test_refine_recovers_what_the_levels_were_measured_from() -> None:
         assert sim.engine_ttft_s == pytest.approx(shape.engine_ttft_s, rel=0.1)
         assert sim.engine_itl_s == pytest.approx(shape.engine_itl_s, rel=0.1)
         assert statistics.median(sim.client_ttft_s) == pytest.approx(shape.client_ttft_p50_s, rel=0.1)
+
+
+def test_refine_keeps_a_concave_prefill_curve_fitted_to_the_lone_requests() -> None:
+    """A server whose prefill flattens out (as the CPU build's): the curve from its lone requests makes
+    the refined model reproduce them within a few %, where one slope misses the mid-sized prompts."""
+    curve = [(16, 0.004), (64, 0.012), (128, 0.018), (256, 0.021), (488, 0.023)]
+    true = msgspec.structs.replace(TRUE, prefill=curve, per_prefill_token_s=0.00002)
+    shapes = [_shape(1, p, 8, 2, true) for p in (16, 32, 64, 128, 256, 488)]
+    shapes += [_shape(c, p, 16, 2 * c, true) for c in (2, 8) for p in (61, 244)]
+    start = msgspec.structs.replace(TRUE, step_s=0.006, per_prefill_token_s=0.00005, admit_s=0.0)
+    curved, _, curved_error = refine(with_prefill_curve(start, LIMITS, shapes), LIMITS, shapes)
+    linear, _, linear_error = refine(start, LIMITS, shapes)
+    assert curved.prefill and not linear.prefill and curved_error < linear_error / 2
+
+    def lone_errors(step: StepFit) -> list[float]:
+        sims = [simulate(step, LIMITS, s, cap=False).engine_ttft_s for s in shapes[:6]]
+        return [abs(sim - s.engine_ttft_s) / s.engine_ttft_s for sim, s in zip(sims, shapes, strict=False)]
+
+    assert max(lone_errors(curved)) < 0.03 and max(lone_errors(linear)) > 0.15
+    for shape in shapes[6:]:  # the lone levels cannot tell the admission wait from the curve's height
+        sim = simulate(curved, LIMITS, shape, cap=False)
+        assert sim.engine_ttft_s == pytest.approx(shape.engine_ttft_s, rel=0.15)
+        assert sim.engine_itl_s == pytest.approx(shape.engine_itl_s, rel=0.15)
 
 
 def test_refine_stops_at_its_deadline() -> None:

@@ -19,7 +19,9 @@ from policies.engine import PolicyEngine
 MODEL = "tiny-llama"
 
 
-def _profile(path: Path, request_s: float, admit_busy_s: float) -> Path:
+def _profile(
+    path: Path, request_s: float, admit_busy_s: float, prefill: list[tuple[int, float]] | None = None
+) -> Path:
     profile = CalibratedProfile(
         accelerator="mi300x",
         model=MODEL,
@@ -30,6 +32,7 @@ def _profile(path: Path, request_s: float, admit_busy_s: float) -> Path:
             per_context_token_s=0.0,
             request_s=request_s,
             admit_busy_s=admit_busy_s,
+            prefill=prefill or [],
         ),
         limits=Limits(
             block_size=16, num_blocks=1024, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=512
@@ -83,3 +86,17 @@ def test_replayed_ttft_counts_the_front_end_and_the_busy_engines_wait(tmp_path: 
     shares = replayed_attainment(log, calibrated_fleet(tmp_path / "front.yaml", MODEL, 512, "calibrated"),
                                  policy_file("balanced"), slos)  # fmt: skip
     assert shares["chat"] == pytest.approx(2 / 3)
+
+
+def test_replay_prefills_on_the_profiles_curve_at_each_steps_total(tmp_path: Path) -> None:
+    """A measured prefill curve: a 100-token prompt alone, then one more (A) whose prefill step two
+    others (B, C) arrive during; B and C are prefilled together in the next step, at the curve's value for
+    200 tokens (not twice its value for 100)."""
+    log = _log(tmp_path / "a.jsonl", [0.0, 10.0, 10.001, 10.001])
+    curve = [(50, 0.006), (200, 0.010)]
+    alone = 0.002 + 0.006 + 0.004 * 50 / 150  # one step of one sequence prefilling 100 tokens
+    ttfts = _ttfts(log, _profile(tmp_path / "curve.yaml", 0.0, 0.0, curve))
+    assert ttfts[:2] == pytest.approx([alone, alone])
+    assert ttfts[2:] == pytest.approx([alone + 0.002 + 0.010 - 0.001] * 2)
+    linear = _ttfts(log, _profile(tmp_path / "linear.yaml", 0.0, 0.0))
+    assert linear[2:] == pytest.approx([0.002 + 100 * 0.0001 + 0.002 + 200 * 0.0001 - 0.001] * 2)
