@@ -129,9 +129,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         """`span_exporter` (tests) turns tracing on and exports in-process instead of through the child."""
         self.settings = settings
         server = settings.server
-        self.catalog = catalog = Catalog(settings.backends)
-        for backend in catalog.backends:
-            backend.breaker.options = server.breaker
+        self.catalog = catalog = Catalog(settings.backends)  # built with their breaker options (settings.py)
         transport = BackendClient(server.max_connections_per_backend, KEEPALIVE_SECONDS)
         upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
         self.ledger = ledger = ledger or build_ledger(settings.ledger, catalog.backends)

@@ -82,3 +82,13 @@ def test_the_pipelines_gauges_reach_metrics() -> None:
     assert metrics is not None
     pipeline.queued = 5  # as if five requests waited for room
     assert "switchyard_queued_requests 5" in metrics.render(pipeline).decode()
+
+
+def test_each_backend_is_built_with_the_configured_breaker_options() -> None:
+    plugin = SwitchyardPlugin(
+        settings_from_text(QUIET + "gateway: {breaker: {failure_threshold: 7, open_s: 2.5}}\n" + POOLS)
+    )
+    options = plugin.settings.server.breaker
+    assert (options.failure_threshold, options.open_s) == (7, 2.5)
+    assert plugin.catalog.backends, "the pool has a backend"
+    assert all(b.breaker.options is options for b in plugin.catalog.backends)
