@@ -30,6 +30,7 @@ from gateway.lifespan import lifespan
 from gateway.openai.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
+from gateway.request.prompt_size import PromptSizer
 from gateway.responses.api import build_responses, responses_controller, responses_lifespan
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admission import Tenants
@@ -131,12 +132,15 @@ class SwitchyardPlugin(InitPluginProtocol):
         server = settings.server
         self.catalog = catalog = Catalog(settings.backends)  # built with their breaker options (settings.py)
         transport = BackendClient(server.max_connections_per_backend, KEEPALIVE_SECONDS)
-        upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
+        self.upstream = upstream = Upstream(
+            transport, server.timeouts, server.max_connections_per_backend, server.retries
+        )
         self.ledger = ledger = ledger or build_ledger(settings.ledger, catalog.backends)
         self.tenants = tenants = build_tenants(settings, ledger)
         self.tracing = tracing = build_tracing(settings.telemetry.tracing, span_exporter)
         self.telemetry = telemetry = build_telemetry(settings, catalog, ledger)
         observed = telemetry.metrics is not None or telemetry.access_log is not None
+        self.prompt_sizer = prompt_sizer = PromptSizer()
         self.pipeline = pipeline = Pipeline(
             catalog,
             router or default_router(settings),
@@ -147,14 +151,15 @@ class SwitchyardPlugin(InitPluginProtocol):
             telemetry=telemetry if observed else None,  # off: the request path skips it with one check
             tracing=tracing,
             clock_scale=settings.policy_options.clock_scale,
+            prompt_sizer=prompt_sizer,
         )
-        self.batches = build_batches(settings, pipeline, tenants)
+        self.batches = build_batches(settings, pipeline, catalog, tenants)
         self.responses = build_responses(settings, pipeline, tenants)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        pipeline, tenants = self.pipeline, self.tenants
+        pipeline, catalog, ledger, tenants = self.pipeline, self.catalog, self.ledger, self.tenants
         forwarding = openai_handlers(
-            pipeline, self.catalog, self.settings.server.max_body_bytes, self.responses.handle
+            pipeline, catalog, tenants, self.settings.server.max_body_bytes, self.responses.handle
         )
         app_config.route_handlers.extend(forwarding)
         self.fast_routes = {
@@ -171,13 +176,21 @@ class SwitchyardPlugin(InitPluginProtocol):
             throttle = LoginThrottle(
                 tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
             )
-        admin = admin_router(pipeline, self.ledger, tenants, throttle)
+        admin = admin_router(
+            pipeline,
+            catalog=catalog,
+            upstream=self.upstream,
+            ledger=ledger,
+            prompt_sizer=self.prompt_sizer,
+            tenants=tenants,
+            throttle=throttle,
+        )
         app_config.route_handlers.extend(
             [
                 responses_controller(self.responses),
-                health_controller(self.catalog, self.ledger),
+                health_controller(catalog, ledger),
                 admin,
-                console_controller(pipeline, tenants, admin, throttle),
+                console_controller(catalog, ledger, tenants, admin, throttle),
             ]
         )
         if self.telemetry.metrics is not None:
@@ -185,7 +198,7 @@ class SwitchyardPlugin(InitPluginProtocol):
             app_config.route_handlers.append(metrics_controller(self.telemetry.metrics, pipeline, extra))
         app_config.lifespan.append(responses_lifespan(self.responses))
         app_config.lifespan.append(
-            lifespan(self.settings, pipeline, self.catalog, self.ledger, self.telemetry, self.tracing)
+            lifespan(self.settings, pipeline, self.upstream, catalog, ledger, self.telemetry, self.tracing)
         )
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))

@@ -23,6 +23,7 @@ from gateway.config.settings import Settings
 from gateway.fleet_sync import start_fleet_sync
 from gateway.ledger.records import Ledger
 from gateway.request.context import Tracer
+from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry import Telemetry
 
@@ -35,18 +36,20 @@ YOUNG_GC_THRESHOLD = 20_000
 def lifespan(
     settings: Settings,
     pipeline: Pipeline,
+    upstream: Upstream,
     catalog: Catalog,
     ledger: Ledger,
     telemetry: Telemetry,
     tracing: Tracer | None,
 ):
     """Start and stop what `pipeline` (the request path) and the parts built beside it need running: its
-    connection pool, the health checks and scrapes of `catalog`'s backends, the policy watcher, `ledger`;
-    at the end the last lines of `telemetry` and the last spans of `tracing` are written out."""
+    connection pool (`upstream`), the health checks and scrapes of `catalog`'s backends, the policy
+    watcher, `ledger`; at the end the last lines of `telemetry` and the last spans of `tracing` are
+    written out."""
 
     @asynccontextmanager
     async def run(app: Litestar) -> AsyncIterator[None]:
-        await pipeline.upstream.start()
+        await upstream.start()
         health = settings.server.health
         checker = HealthChecker(
             catalog.backends,
@@ -55,7 +58,7 @@ def lifespan(
         )
         await checker.start()
         scraper = MetricsScraper(
-            pipeline.upstream.session,
+            upstream.session,
             catalog.backends,
             interval=settings.server.scrape.interval,
             timeout=settings.server.scrape.timeout,
@@ -104,7 +107,7 @@ def lifespan(
             for backend in catalog.backends:
                 backend.breaker.close()
             await pipeline.settle_pending()  # streams cut short, still asking their backend for a count
-            await pipeline.upstream.close()
+            await upstream.close()
             await ledger.close()  # flushes what is still buffered, logs what it could not
             telemetry.close()  # the access log's last lines
             if tracing is not None:

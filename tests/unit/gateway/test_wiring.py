@@ -5,8 +5,11 @@ own, and `/metrics` reads the pipeline's gauges when scraped."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
+from litestar import Controller, Litestar
 
 from gateway.app import SwitchyardPlugin
 from gateway.config.settings import settings_from_text
@@ -92,3 +95,31 @@ def test_each_backend_is_built_with_the_configured_breaker_options() -> None:
     assert (options.failure_threshold, options.open_s) == (7, 2.5)
     assert plugin.catalog.backends, "the pool has a backend"
     assert all(b.breaker.options is options for b in plugin.catalog.backends)
+
+
+def _controllers(app: Litestar) -> dict[str, Controller]:
+    """The controller instances an app serves from, by class name."""
+    found: dict[str, Controller] = {}
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", []):
+            owner = getattr(handler.fn, "__self__", None)
+            if isinstance(owner, Controller):
+                found[type(owner).__name__] = owner
+    return found
+
+
+def test_route_groups_are_given_the_parts_the_app_built_not_read_off_the_pipeline(tmp_path: Path) -> None:
+    batches = f"batches: {{enabled: true, directory: '{tmp_path}'}}\n"
+    plugin = SwitchyardPlugin(settings_from_text(QUIET + batches + POOLS))
+    served: dict[str, Any] = _controllers(Litestar(plugins=[plugin]))
+    backends, policy, console = (
+        served["BackendsController"],
+        served["PolicyController"],
+        served["ConsoleController"],
+    )
+    assert backends.catalog is plugin.catalog and backends.upstream is plugin.upstream
+    assert policy.catalog is plugin.catalog and policy.prompt_sizer is plugin.prompt_sizer
+    assert plugin.pipeline.prompt_sizer is plugin.prompt_sizer, "the explanation estimates as routing does"
+    assert console.console.catalog is plugin.catalog
+    assert plugin.batches is not None
+    assert plugin.batches.catalog is plugin.catalog and plugin.batches.tenants is plugin.tenants
