@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, Request, Response
@@ -16,6 +17,7 @@ from litestar.plugins import InitPluginProtocol
 from backends.catalog import Catalog
 from gateway.admin.login_throttle import LoginThrottle
 from gateway.admin.ops import health_controller, metrics_controller
+from gateway.admin.policy_reload import PolicyWatcher
 from gateway.admin.port import ON_ADMIN_PORT, AdminPortSplit
 from gateway.admin.router import admin_router
 from gateway.batch.wiring import batch_controllers, batch_lifespan, build_batches
@@ -105,6 +107,15 @@ def default_router(settings: Settings) -> Router:
     return settings.policy if settings.policy is not None else LeastInflight()
 
 
+def policy_watcher(settings: Settings, pipeline: Pipeline, catalog: Catalog) -> PolicyWatcher | None:
+    """What reloads the policy file into `pipeline` as it changes (the lifespan runs it); None for settings
+    built in code without one."""
+    if settings.policy is None:
+        return None
+    path = Path(settings.policy.loaded.source)
+    return PolicyWatcher(path, pipeline, catalog, settings.policy_options.reload_interval)
+
+
 def build_telemetry(settings: Settings, catalog: Catalog, ledger: Ledger) -> Telemetry:
     """Metrics and the access log as `settings.telemetry` says; what is off is left out entirely."""
     options = settings.telemetry
@@ -153,6 +164,7 @@ class SwitchyardPlugin(InitPluginProtocol):
             clock_scale=settings.policy_options.clock_scale,
             prompt_sizer=prompt_sizer,
         )
+        self.policy_watcher = policy_watcher(settings, pipeline, catalog)
         self.batches = build_batches(settings, pipeline, catalog, tenants)
         self.responses = build_responses(settings, pipeline, tenants)
 
@@ -182,6 +194,7 @@ class SwitchyardPlugin(InitPluginProtocol):
             upstream=self.upstream,
             ledger=ledger,
             prompt_sizer=self.prompt_sizer,
+            policy_watcher=self.policy_watcher,
             tenants=tenants,
             throttle=throttle,
         )
@@ -198,7 +211,16 @@ class SwitchyardPlugin(InitPluginProtocol):
             app_config.route_handlers.append(metrics_controller(self.telemetry.metrics, pipeline, extra))
         app_config.lifespan.append(responses_lifespan(self.responses))
         app_config.lifespan.append(
-            lifespan(self.settings, pipeline, self.upstream, catalog, ledger, self.telemetry, self.tracing)
+            lifespan(
+                self.settings,
+                pipeline,
+                self.upstream,
+                catalog,
+                self.policy_watcher,
+                ledger,
+                self.telemetry,
+                self.tracing,
+            )
         )
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))

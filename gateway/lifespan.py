@@ -11,7 +11,6 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from litestar import Litestar
 
@@ -38,14 +37,15 @@ def lifespan(
     pipeline: Pipeline,
     upstream: Upstream,
     catalog: Catalog,
+    policy_watcher: PolicyWatcher | None,
     ledger: Ledger,
     telemetry: Telemetry,
     tracing: Tracer | None,
 ):
     """Start and stop what `pipeline` (the request path) and the parts built beside it need running: its
-    connection pool (`upstream`), the health checks and scrapes of `catalog`'s backends, the policy
-    watcher, `ledger`; at the end the last lines of `telemetry` and the last spans of `tracing` are
-    written out."""
+    connection pool (`upstream`), the health checks and scrapes of `catalog`'s backends, `policy_watcher`
+    (when a policy file is watched), `ledger`; at the end the last lines of `telemetry` and the last
+    spans of `tracing` are written out."""
 
     @asynccontextmanager
     async def run(app: Litestar) -> AsyncIterator[None]:
@@ -64,12 +64,8 @@ def lifespan(
             timeout=settings.server.scrape.timeout,
         )
         await scraper.start()
-        watcher = None
-        if settings.policy is not None:
-            path = Path(settings.policy.loaded.source)
-            watcher = PolicyWatcher(path, pipeline, catalog, settings.policy_options.reload_interval)
-            watcher.start()
-            app.state.policy_watcher = watcher
+        if policy_watcher is not None:
+            policy_watcher.start()
         await ledger.start()
         fleet = start_fleet_sync(
             settings.ledger.redis_url, settings.ledger.key_prefix, pipeline, catalog, ledger
@@ -98,8 +94,8 @@ def lifespan(
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()  # an app stopped inside a longer-lived process (tests) can be collected
-            if watcher is not None:
-                await watcher.stop()
+            if policy_watcher is not None:
+                await policy_watcher.stop()
             await scraper.stop()
             if fleet is not None:
                 await fleet.stop()

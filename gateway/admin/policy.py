@@ -77,10 +77,12 @@ class PolicyController(Controller):
     catalog: Catalog
     prompt_sizer: PromptSizer
     """The pipeline's: what it has learned of prompt sizes, so an explanation estimates as routing does."""
+    watcher: PolicyWatcher | None
+    """What reloads the policy file; None when no file is watched."""
 
     @get("/policy", name="policy")
     async def policy(self, request: Request[Any, Any, Any]) -> PolicyState:
-        return policy_state(self.pipeline.router, getattr(request.app.state, "policy_watcher", None))
+        return policy_state(self.pipeline.router, self.watcher)
 
     @post("/explain", name="explain", status_code=200)
     async def explain_request(
@@ -98,6 +100,8 @@ class PolicyController(Controller):
 
 
 def policy_controller(
-    pipeline: Pipeline, catalog: Catalog, prompt_sizer: PromptSizer
+    pipeline: Pipeline, catalog: Catalog, prompt_sizer: PromptSizer, watcher: PolicyWatcher | None
 ) -> type[PolicyController]:
-    return per_app(PolicyController, pipeline=pipeline, catalog=catalog, prompt_sizer=prompt_sizer)
+    return per_app(
+        PolicyController, pipeline=pipeline, catalog=catalog, prompt_sizer=prompt_sizer, watcher=watcher
+    )

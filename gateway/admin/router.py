@@ -10,6 +10,7 @@ from gateway.admin.keys import admin_guard, keys_controller
 from gateway.admin.login_throttle import LoginThrottle
 from gateway.admin.ops import backends_controller, usage_controller
 from gateway.admin.policy import policy_controller
+from gateway.admin.policy_reload import PolicyWatcher
 from gateway.ledger.records import Ledger
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
@@ -24,6 +25,7 @@ def admin_router(
     upstream: Upstream,
     ledger: Ledger,
     prompt_sizer: PromptSizer,
+    policy_watcher: PolicyWatcher | None,
     tenants: Tenants | None,
     throttle: LoginThrottle | None,
 ) -> Router:
@@ -35,7 +37,7 @@ def admin_router(
         usage_controller(ledger),
         costs_controller(ledger),
         backends_controller(catalog, upstream, pipeline),
-        policy_controller(pipeline, catalog, prompt_sizer),
+        policy_controller(pipeline, catalog, prompt_sizer, policy_watcher),
     ]
     if tenants is None:
         return Router(path="/", route_handlers=controllers)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from litestar import Controller, Litestar
+from litestar.testing import AsyncTestClient
 
 from gateway.app import SwitchyardPlugin
 from gateway.config.settings import settings_from_text
@@ -119,7 +120,18 @@ def test_route_groups_are_given_the_parts_the_app_built_not_read_off_the_pipelin
     )
     assert backends.catalog is plugin.catalog and backends.upstream is plugin.upstream
     assert policy.catalog is plugin.catalog and policy.prompt_sizer is plugin.prompt_sizer
+    assert policy.watcher is plugin.policy_watcher is not None  # the preset's file is watched
     assert plugin.pipeline.prompt_sizer is plugin.prompt_sizer, "the explanation estimates as routing does"
     assert console.console.catalog is plugin.catalog
     assert plugin.batches is not None
     assert plugin.batches.catalog is plugin.catalog and plugin.batches.tenants is plugin.tenants
+
+
+async def test_the_policy_endpoint_reports_the_watcher_the_app_was_given() -> None:
+    plugin = SwitchyardPlugin(settings_from_text(QUIET + POOLS))
+    watcher = plugin.policy_watcher
+    assert watcher is not None
+    async with AsyncTestClient(Litestar(plugins=[plugin])) as client:
+        watcher.rejected, watcher.last_error = 1, "a bad edit"  # as if a reload had been refused
+        state = (await client.get("/admin/v1/policy")).json()
+    assert (state["reloads"], state["rejected_reloads"], state["last_reload_error"]) == (0, 1, "a bad edit")
