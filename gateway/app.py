@@ -206,9 +206,12 @@ class SwitchyardPlugin(InitPluginProtocol):
                 console_controller(catalog, ledger, tenants, admin, throttle),
             ]
         )
-        if self.telemetry.metrics is not None:
+        metrics = self.telemetry.metrics
+        if metrics is not None:
             extra = budget_series(tenants, throttle) if tenants is not None else None
-            app_config.route_handlers.append(metrics_controller(self.telemetry.metrics, pipeline, extra))
+            app_config.route_handlers.append(
+                metrics_controller(metrics, self.telemetry.flush, pipeline, extra)
+            )
         app_config.lifespan.append(responses_lifespan(self.responses))
         app_config.lifespan.append(
             lifespan(

@@ -193,11 +193,14 @@ class MetricsController(Controller):
 
     path = "/metrics"
     metrics: Metrics
+    flush: Callable[[], None]
+    """Counts the request records still batched (`Telemetry.flush`): called first thing at every scrape."""
     gateway: GatewayState
     extra: Callable[[Any], str] | None
 
     @get("/", name="metrics", media_type=CONTENT_TYPE)
     async def prometheus(self, state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+        self.flush()
         text = self.metrics.render(self.gateway)
         if self.extra is not None:
             text += self.extra(request.scope).encode()
@@ -221,6 +224,9 @@ def backends_controller(catalog: Catalog, upstream: Upstream, pipeline: Pipeline
 
 
 def metrics_controller(
-    metrics: Metrics, gateway: GatewayState, extra: Callable[[Any], str] | None = None
+    metrics: Metrics,
+    flush: Callable[[], None],
+    gateway: GatewayState,
+    extra: Callable[[Any], str] | None = None,
 ) -> type[MetricsController]:
-    return per_app(MetricsController, metrics=metrics, gateway=gateway, extra=extra)
+    return per_app(MetricsController, metrics=metrics, flush=flush, gateway=gateway, extra=extra)

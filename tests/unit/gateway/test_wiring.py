@@ -20,6 +20,7 @@ from gateway.request.context import RequestContext
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry import Metrics
 from tests.support import ONE_POOL as POOLS
+from tests.unit.telemetry.test_logs_and_tracing import record
 
 QUIET = "telemetry: {access_log: {enabled: false}}\n"
 
@@ -135,3 +136,17 @@ async def test_the_policy_endpoint_reports_the_watcher_the_app_was_given() -> No
         watcher.rejected, watcher.last_error = 1, "a bad edit"  # as if a reload had been refused
         state = (await client.get("/admin/v1/policy")).json()
     assert (state["reloads"], state["rejected_reloads"], state["last_reload_error"]) == (0, 1, "a bad edit")
+
+
+async def test_a_scrape_counts_the_requests_the_telemetry_still_has_batched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gateway.telemetry.BATCH_S", 3600.0)  # only the scrape may count them
+    plugin = SwitchyardPlugin(settings_from_text(QUIET + POOLS))
+    metrics = plugin.telemetry.metrics
+    assert metrics is not None
+    async with AsyncTestClient(Litestar(plugins=[plugin])) as client:
+        plugin.telemetry.recorded(record(), None)  # type: ignore[arg-type]  # the access log is off
+        assert "switchyard_requests_total{" not in metrics.render().decode(), "batched, not counted yet"
+        scraped = (await client.get("/metrics")).text
+    assert 'switchyard_requests_total{model="m",class="interactive"' in scraped
