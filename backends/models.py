@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, InitVar, dataclass, field, replace
 from typing import Annotated
 
 import msgspec
 
 from backends.accelerators import GUESS, Vendor, calibrated, find, guess_note, priors
-from backends.breaker import Breaker
+from backends.breaker import Breaker, BreakerOptions
 from backends.calibrated import StepFit
 from backends.drift import ProfileDrift
 from backends.model_size import REFERENCE_PARAMS_B, params_b_from_names
@@ -157,17 +157,26 @@ class Backend:
     """Its circuit breaker (backends/breaker.py), fed by the request path."""
     drift: ProfileDrift = field(default_factory=lambda: ProfileDrift())
     """Measured latency over its pool profile's prediction (backends/drift.py)."""
+    _: KW_ONLY
+    breaker_options: InitVar[BreakerOptions | None] = None
+    """Its breaker's thresholds (`gateway.breaker`); the defaults without."""
 
-    def __post_init__(self) -> None:
-        self.breaker = Breaker(self)
+    def __post_init__(self, breaker_options: BreakerOptions | None) -> None:
+        self.breaker = Breaker(self, breaker_options)
 
     @property
     def vendor(self) -> Vendor:
         return self.pool.vendor
 
 
-def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = None) -> list[Backend]:
-    """Turn validated pool configs into run-time backends, resolving API keys from the environment."""
+def build_backends(
+    pools: list[PoolConfig],
+    environ: dict[str, str] | None = None,
+    *,
+    breaker: BreakerOptions | None = None,
+) -> list[Backend]:
+    """Turn validated pool configs into run-time backends, resolving API keys from the environment; each
+    backend's breaker has the options `breaker` (the defaults without)."""
     env = os.environ if environ is None else environ
     backends: list[Backend] = []
     for pool_config in pools:
@@ -230,6 +239,7 @@ def build_backends(pools: list[PoolConfig], environ: dict[str, str] | None = Non
                     max_model_len=cfg.max_model_len,
                     pool=pool,
                     api_key=env.get(cfg.api_key_env) if cfg.api_key_env else None,
+                    breaker_options=breaker,
                 )
             )
     return backends

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, Request, Response
@@ -16,6 +17,7 @@ from litestar.plugins import InitPluginProtocol
 from backends.catalog import Catalog
 from gateway.admin.login_throttle import LoginThrottle
 from gateway.admin.ops import health_controller, metrics_controller
+from gateway.admin.policy_reload import PolicyWatcher
 from gateway.admin.port import ON_ADMIN_PORT, AdminPortSplit
 from gateway.admin.router import admin_router
 from gateway.batch.wiring import batch_controllers, batch_lifespan, build_batches
@@ -30,6 +32,7 @@ from gateway.lifespan import lifespan
 from gateway.openai.errors import GatewayError, body_too_large, unsupported_endpoint
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
+from gateway.request.prompt_size import PromptSizer
 from gateway.responses.api import build_responses, responses_controller, responses_lifespan
 from gateway.telemetry import AccessLog, Metrics, Telemetry, build_tracing
 from gateway.tenants.admission import Tenants
@@ -104,6 +107,15 @@ def default_router(settings: Settings) -> Router:
     return settings.policy if settings.policy is not None else LeastInflight()
 
 
+def policy_watcher(settings: Settings, pipeline: Pipeline, catalog: Catalog) -> PolicyWatcher | None:
+    """What reloads the policy file into `pipeline` as it changes (the lifespan runs it); None for settings
+    built in code without one."""
+    if settings.policy is None:
+        return None
+    path = Path(settings.policy.loaded.source)
+    return PolicyWatcher(path, pipeline, catalog, settings.policy_options.reload_interval)
+
+
 def build_telemetry(settings: Settings, catalog: Catalog, ledger: Ledger) -> Telemetry:
     """Metrics and the access log as `settings.telemetry` says; what is off is left out entirely."""
     options = settings.telemetry
@@ -129,16 +141,17 @@ class SwitchyardPlugin(InitPluginProtocol):
         """`span_exporter` (tests) turns tracing on and exports in-process instead of through the child."""
         self.settings = settings
         server = settings.server
-        self.catalog = catalog = Catalog(settings.backends)
-        for backend in catalog.backends:
-            backend.breaker.options = server.breaker
+        self.catalog = catalog = Catalog(settings.backends)  # built with their breaker options (settings.py)
         transport = BackendClient(server.max_connections_per_backend, KEEPALIVE_SECONDS)
-        upstream = Upstream(transport, server.timeouts, server.max_connections_per_backend, server.retries)
+        self.upstream = upstream = Upstream(
+            transport, server.timeouts, server.max_connections_per_backend, server.retries
+        )
         self.ledger = ledger = ledger or build_ledger(settings.ledger, catalog.backends)
         self.tenants = tenants = build_tenants(settings, ledger)
         self.tracing = tracing = build_tracing(settings.telemetry.tracing, span_exporter)
         self.telemetry = telemetry = build_telemetry(settings, catalog, ledger)
         observed = telemetry.metrics is not None or telemetry.access_log is not None
+        self.prompt_sizer = prompt_sizer = PromptSizer()
         self.pipeline = pipeline = Pipeline(
             catalog,
             router or default_router(settings),
@@ -149,14 +162,16 @@ class SwitchyardPlugin(InitPluginProtocol):
             telemetry=telemetry if observed else None,  # off: the request path skips it with one check
             tracing=tracing,
             clock_scale=settings.policy_options.clock_scale,
+            prompt_sizer=prompt_sizer,
         )
-        self.batches = build_batches(settings, pipeline, tenants)
+        self.policy_watcher = policy_watcher(settings, pipeline, catalog)
+        self.batches = build_batches(settings, pipeline, catalog, tenants)
         self.responses = build_responses(settings, pipeline, tenants)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        pipeline, tenants = self.pipeline, self.tenants
+        pipeline, catalog, ledger, tenants = self.pipeline, self.catalog, self.ledger, self.tenants
         forwarding = openai_handlers(
-            pipeline, self.catalog, self.settings.server.max_body_bytes, self.responses.handle
+            pipeline, catalog, tenants, self.settings.server.max_body_bytes, self.responses.handle
         )
         app_config.route_handlers.extend(forwarding)
         self.fast_routes = {
@@ -173,21 +188,42 @@ class SwitchyardPlugin(InitPluginProtocol):
             throttle = LoginThrottle(
                 tenants.client, "{syt:" + tenants.prefix + "}", tenants.options.redis_timeout
             )
-        admin = admin_router(pipeline, self.ledger, tenants, throttle)
+        admin = admin_router(
+            pipeline,
+            catalog=catalog,
+            upstream=self.upstream,
+            ledger=ledger,
+            prompt_sizer=self.prompt_sizer,
+            policy_watcher=self.policy_watcher,
+            tenants=tenants,
+            throttle=throttle,
+        )
         app_config.route_handlers.extend(
             [
                 responses_controller(self.responses),
-                health_controller(self.catalog, self.ledger),
+                health_controller(catalog, ledger),
                 admin,
-                console_controller(pipeline, tenants, admin, throttle),
+                console_controller(catalog, ledger, tenants, admin, throttle),
             ]
         )
-        if self.telemetry.metrics is not None:
+        metrics = self.telemetry.metrics
+        if metrics is not None:
             extra = budget_series(tenants, throttle) if tenants is not None else None
-            app_config.route_handlers.append(metrics_controller(self.telemetry.metrics, pipeline, extra))
+            app_config.route_handlers.append(
+                metrics_controller(metrics, self.telemetry.flush, pipeline, extra)
+            )
         app_config.lifespan.append(responses_lifespan(self.responses))
         app_config.lifespan.append(
-            lifespan(self.settings, pipeline, self.catalog, self.ledger, self.telemetry, self.tracing)
+            lifespan(
+                self.settings,
+                pipeline,
+                self.upstream,
+                catalog,
+                self.policy_watcher,
+                ledger,
+                self.telemetry,
+                self.tracing,
+            )
         )
         if tenants is not None:
             app_config.lifespan.append(tenants_lifespan(tenants))

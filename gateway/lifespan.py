@@ -11,7 +11,6 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from litestar import Litestar
 
@@ -23,6 +22,7 @@ from gateway.config.settings import Settings
 from gateway.fleet_sync import start_fleet_sync
 from gateway.ledger.records import Ledger
 from gateway.request.context import Tracer
+from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry import Telemetry
 
@@ -35,18 +35,21 @@ YOUNG_GC_THRESHOLD = 20_000
 def lifespan(
     settings: Settings,
     pipeline: Pipeline,
+    upstream: Upstream,
     catalog: Catalog,
+    policy_watcher: PolicyWatcher | None,
     ledger: Ledger,
     telemetry: Telemetry,
     tracing: Tracer | None,
 ):
     """Start and stop what `pipeline` (the request path) and the parts built beside it need running: its
-    connection pool, the health checks and scrapes of `catalog`'s backends, the policy watcher, `ledger`;
-    at the end the last lines of `telemetry` and the last spans of `tracing` are written out."""
+    connection pool (`upstream`), the health checks and scrapes of `catalog`'s backends, `policy_watcher`
+    (when a policy file is watched), `ledger`; at the end the last lines of `telemetry` and the last
+    spans of `tracing` are written out."""
 
     @asynccontextmanager
     async def run(app: Litestar) -> AsyncIterator[None]:
-        await pipeline.upstream.start()
+        await upstream.start()
         health = settings.server.health
         checker = HealthChecker(
             catalog.backends,
@@ -55,18 +58,14 @@ def lifespan(
         )
         await checker.start()
         scraper = MetricsScraper(
-            pipeline.upstream.session,
+            upstream.session,
             catalog.backends,
             interval=settings.server.scrape.interval,
             timeout=settings.server.scrape.timeout,
         )
         await scraper.start()
-        watcher = None
-        if settings.policy is not None:
-            path = Path(settings.policy.loaded.source)
-            watcher = PolicyWatcher(path, pipeline, catalog, settings.policy_options.reload_interval)
-            watcher.start()
-            app.state.policy_watcher = watcher
+        if policy_watcher is not None:
+            policy_watcher.start()
         await ledger.start()
         fleet = start_fleet_sync(
             settings.ledger.redis_url, settings.ledger.key_prefix, pipeline, catalog, ledger
@@ -95,8 +94,8 @@ def lifespan(
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()  # an app stopped inside a longer-lived process (tests) can be collected
-            if watcher is not None:
-                await watcher.stop()
+            if policy_watcher is not None:
+                await policy_watcher.stop()
             await scraper.stop()
             if fleet is not None:
                 await fleet.stop()
@@ -104,7 +103,7 @@ def lifespan(
             for backend in catalog.backends:
                 backend.breaker.close()
             await pipeline.settle_pending()  # streams cut short, still asking their backend for a count
-            await pipeline.upstream.close()
+            await upstream.close()
             await ledger.close()  # flushes what is still buffered, logs what it could not
             telemetry.close()  # the access log's last lines
             if tracing is not None:

@@ -19,6 +19,7 @@ from gateway.admin.keys import visible_rows
 from gateway.http.controllers import per_app
 from gateway.ledger.records import DIMENSIONS, Dimension, Ledger
 from gateway.openai.errors import GatewayError, invalid_request
+from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
 from gateway.telemetry.metrics import CONTENT_TYPE, GatewayState, Metrics
 
@@ -140,10 +141,13 @@ class BackendsController(Controller):
     """`GET /admin/v1/backends`; `POST /admin/v1/backends/{name}/drain` and `/undrain`."""
 
     path = "/admin/v1/backends"
+    catalog: Catalog
+    upstream: Upstream
     pipeline: Pipeline
+    """Read for its back-pressure queues, one made for each class when its first request waits."""
 
     def find(self, name: str) -> Backend:
-        by_name = {b.name: b for b in self.pipeline.catalog.backends}  # an operator's action: no hurry
+        by_name = {b.name: b for b in self.catalog.backends}  # an operator's action: no hurry
         backend = by_name.get(name)
         if backend is None:
             known = ", ".join(sorted(by_name))
@@ -152,16 +156,14 @@ class BackendsController(Controller):
 
     @get("/", name="backends")
     async def backends(self, state: State) -> dict[str, Any]:
-        pipeline = self.pipeline
-        upstream = pipeline.upstream
         fleet = state.get("fleet")
         return {
             "fleet": fleet.fleet_view() if fleet is not None else {"sync": "off"},
-            "data": [backend_state(b) for b in pipeline.catalog.backends],
-            "retry_budget": upstream.budget.stats(),
+            "data": [backend_state(b) for b in self.catalog.backends],
+            "retry_budget": self.upstream.budget.stats(),
             "queues": {
                 name: {"waiting": len(q), "served": q.served, "refused": q.refused}
-                for name, q in sorted(pipeline.queues.items())
+                for name, q in sorted(self.pipeline.queues.items())
             },
         }
 
@@ -191,11 +193,14 @@ class MetricsController(Controller):
 
     path = "/metrics"
     metrics: Metrics
+    flush: Callable[[], None]
+    """Counts the request records still batched (`Telemetry.flush`): called first thing at every scrape."""
     gateway: GatewayState
     extra: Callable[[Any], str] | None
 
     @get("/", name="metrics", media_type=CONTENT_TYPE)
     async def prometheus(self, state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+        self.flush()
         text = self.metrics.render(self.gateway)
         if self.extra is not None:
             text += self.extra(request.scope).encode()
@@ -214,11 +219,14 @@ def usage_controller(ledger: Ledger) -> type[UsageController]:
     return per_app(UsageController, ledger=ledger)
 
 
-def backends_controller(pipeline: Pipeline) -> type[BackendsController]:
-    return per_app(BackendsController, pipeline=pipeline)
+def backends_controller(catalog: Catalog, upstream: Upstream, pipeline: Pipeline) -> type[BackendsController]:
+    return per_app(BackendsController, catalog=catalog, upstream=upstream, pipeline=pipeline)
 
 
 def metrics_controller(
-    metrics: Metrics, gateway: GatewayState, extra: Callable[[Any], str] | None = None
+    metrics: Metrics,
+    flush: Callable[[], None],
+    gateway: GatewayState,
+    extra: Callable[[Any], str] | None = None,
 ) -> type[MetricsController]:
-    return per_app(MetricsController, metrics=metrics, gateway=gateway, extra=extra)
+    return per_app(MetricsController, metrics=metrics, flush=flush, gateway=gateway, extra=extra)

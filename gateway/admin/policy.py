@@ -8,6 +8,7 @@ import msgspec
 from litestar import Controller, Request, get, post
 from litestar.params import FromQuery
 
+from backends.catalog import Catalog
 from gateway.admin.policy_reload import PolicyWatcher
 from gateway.http.controllers import per_app
 from gateway.http.routes import read_caller
@@ -15,6 +16,7 @@ from gateway.openai.errors import invalid_request, model_not_found
 from gateway.request.classify import classify
 from gateway.request.parse import UPSTREAM_PATHS, parse
 from gateway.request.pipeline import Pipeline
+from gateway.request.prompt_size import PromptSizer
 from policies.engine import PolicyEngine
 from policies.explain import Explained, explain
 from policies.framework import Router
@@ -71,10 +73,16 @@ class PolicyController(Controller):
 
     path = "/admin/v1"
     pipeline: Pipeline
+    """Read for the policy serving now (a reload swaps it)."""
+    catalog: Catalog
+    prompt_sizer: PromptSizer
+    """The pipeline's: what it has learned of prompt sizes, so an explanation estimates as routing does."""
+    watcher: PolicyWatcher | None
+    """What reloads the policy file; None when no file is watched."""
 
     @get("/policy", name="policy")
     async def policy(self, request: Request[Any, Any, Any]) -> PolicyState:
-        return policy_state(self.pipeline.router, getattr(request.app.state, "policy_watcher", None))
+        return policy_state(self.pipeline.router, self.watcher)
 
     @post("/explain", name="explain", status_code=200)
     async def explain_request(
@@ -83,14 +91,17 @@ class PolicyController(Controller):
         """Route the posted OpenAI request body without sending it: class, candidates, scores, choice."""
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")
-        pipeline = self.pipeline
         parsed = parse(endpoint, await request.body())
-        profile = classify(parsed, read_caller(request.scope), pipeline.prompt_sizer)
-        serving = pipeline.catalog.serving(profile.model)
+        profile = classify(parsed, read_caller(request.scope), self.prompt_sizer)
+        serving = self.catalog.serving(profile.model)
         if not serving:
             raise model_not_found(profile.model)
-        return explain(pipeline.router, profile, serving)
+        return explain(self.pipeline.router, profile, serving)
 
 
-def policy_controller(pipeline: Pipeline) -> type[PolicyController]:
-    return per_app(PolicyController, pipeline=pipeline)
+def policy_controller(
+    pipeline: Pipeline, catalog: Catalog, prompt_sizer: PromptSizer, watcher: PolicyWatcher | None
+) -> type[PolicyController]:
+    return per_app(
+        PolicyController, pipeline=pipeline, catalog=catalog, prompt_sizer=prompt_sizer, watcher=watcher
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from backends.catalog import Catalog
 from backends.models import Backend
 from gateway.batch.headroom import (
     BatchLoad,
@@ -32,8 +33,13 @@ BATCH_CLASS = "batch"
 
 
 class FleetRoom:
-    def __init__(self, pipeline: Pipeline, limits: HeadroomLimits, resume_after_s: float = 0.0) -> None:
+    def __init__(
+        self, catalog: Catalog, pipeline: Pipeline, limits: HeadroomLimits, resume_after_s: float = 0.0
+    ) -> None:
+        self.catalog = catalog
         self.pipeline = pipeline
+        """Read each time for what changes as the gateway runs: the policy serving now (a reload swaps it)
+        and the requests waiting for room (back-pressure)."""
         self.limits = limits
         self.resume_after_s = resume_after_s
         self._paused_at: dict[Backend, float] = {}
@@ -100,7 +106,7 @@ class FleetRoom:
         queued, held = self.pipeline.queued, self._held()
         return [
             assess(b, self._load(b, held), self._online_of(b), queued, self.limits)
-            for b in self.pipeline.catalog.serving(model)
+            for b in self.catalog.serving(model)
         ]
 
     def plan(self, model: str) -> list[Backend]:

@@ -22,7 +22,7 @@ from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.parse import Endpoint
 from gateway.request.pipeline import Pipeline, Reply
-from gateway.tenants.admission import Tenant
+from gateway.tenants.admission import Tenant, Tenants
 from policies.framework import Decision
 
 _decoder = msgspec.json.Decoder()
@@ -100,11 +100,14 @@ def error_line(custom_id: str | None, code: str, message: str) -> LineResult:
     return LineResult(result_line(custom_id, None, None, {"code": code, "message": message}), failed=True)
 
 
-async def send_to(pipeline: Pipeline, ctx: RequestContext, backend: Backend | None) -> Reply:
-    """`Pipeline.handle` for a non-streaming line, sent to `backend` when it can take the line."""
+async def send_to(
+    pipeline: Pipeline, tenants: Tenants | None, ctx: RequestContext, backend: Backend | None
+) -> Reply:
+    """`Pipeline.handle` for a non-streaming line, sent to `backend` when it can take the line; `tenants`
+    are the pipeline's (None in open mode)."""
     pipeline.parse(ctx)
     pipeline.classify(ctx)
-    key, tenants = ctx.caller.key, pipeline.tenants
+    key = ctx.caller.key
     if key is not None:
         assert tenants is not None  # a key is set only when the tenants seam is on
         tenants.check(key, ctx.profile)
@@ -121,6 +124,7 @@ async def send_to(pipeline: Pipeline, ctx: RequestContext, backend: Backend | No
 
 async def run_line(
     pipeline: Pipeline,
+    tenants: Tenants | None,
     raw: bytes,
     endpoint: str,
     request_id: str,
@@ -148,7 +152,7 @@ async def run_line(
     if contexts is not None:
         contexts[request_id] = ctx
     try:
-        reply = await send_to(pipeline, ctx, backend)
+        reply = await send_to(pipeline, tenants, ctx, backend)
     except GatewayError as exc:
         pipeline.end(ctx, exc)  # the request path ends a request that raised where it is served from
         status, code = exc.status, exc.body.code

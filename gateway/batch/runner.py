@@ -52,7 +52,7 @@ class BatchRunner:
             options.ramp_lines,
             max_online_slowdown=options.max_online_slowdown,
         )
-        self.room = FleetRoom(service.pipeline, limits, options.resume_after_s)
+        self.room = FleetRoom(service.catalog, service.pipeline, limits, options.resume_after_s)
         self.token = service.replica
         self.batches: dict[str, StoredBatch] = {}
         """Batches in progress, as last read."""
@@ -250,6 +250,7 @@ class BatchRunner:
             attempt = await state.attempt(batch_id, line)
             result = await run_line(
                 service.pipeline,
+                service.tenants,
                 lines[line],
                 stored.batch.endpoint,
                 f"{batch_id}-{line}",

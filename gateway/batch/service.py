@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from backends.catalog import Catalog
 from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.memory_state import MemoryBatchState
 from gateway.batch.objects import StoredBatch
@@ -25,6 +26,8 @@ class BatchService:
     state: BatchState
     files: FileStore
     pipeline: Pipeline
+    catalog: Catalog
+    """The backends the lines are placed on (the pipeline's)."""
     tenants: Tenants | None
     """The keys the batches run as (the pipeline's); None in open mode."""
     replica: str = field(
@@ -46,7 +49,9 @@ class BatchService:
         return await tenants.resolve(stored.owner)
 
 
-def build_batches(settings: Settings, pipeline: Pipeline, tenants: Tenants | None) -> BatchService | None:
+def build_batches(
+    settings: Settings, pipeline: Pipeline, catalog: Catalog, tenants: Tenants | None
+) -> BatchService | None:
     options: BatchOptions = settings.batches
     if not options.enabled:
         return None
@@ -59,7 +64,7 @@ def build_batches(settings: Settings, pipeline: Pipeline, tenants: Tenants | Non
         state = RedisBatchState(client, settings.ledger.key_prefix)
     else:
         state = MemoryBatchState()
-    return BatchService(options, state, _file_store(settings), pipeline, tenants)
+    return BatchService(options, state, _file_store(settings), pipeline, catalog, tenants)
 
 
 def _file_store(settings: Settings) -> FileStore:

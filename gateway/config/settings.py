@@ -364,7 +364,7 @@ def settings_from_text(text: str, source: str = "<config>") -> Settings:
             f"batches.s3.{unset}: environment variable `{getattr(s3, unset)}` is not set",
             hint="export the bucket's access key before starting the gateway",
         )
-    backends = build_backends(config.pools)
+    backends = build_backends(config.pools, breaker=config.gateway.breaker)
     return Settings(
         source=source,
         server=config.gateway,

@@ -17,6 +17,7 @@ from litestar import Controller, Request, Response, Router, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect
 
+from backends.catalog import Catalog
 from gateway.admin.login_throttle import LoginThrottle, client_address, retry_after
 from gateway.console import data, pages
 from gateway.console.keys_page import keys_fragment, keys_page
@@ -30,10 +31,10 @@ from gateway.console.session import (
     same_origin,
 )
 from gateway.http.controllers import per_app
+from gateway.ledger.records import Ledger
 from gateway.openai.errors import GatewayError
 from gateway.redis.client import REDIS_ERRORS
 from gateway.request.parse import UPSTREAM_PATHS
-from gateway.request.pipeline import Pipeline
 from gateway.tenants.admission import Tenants
 
 log = logging.getLogger("switchyard.console")
@@ -68,8 +69,8 @@ def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 class Console:
-    def __init__(self, pipeline: Pipeline, tenants: Tenants | None, admin: Router) -> None:
-        self.pipeline = pipeline
+    def __init__(self, catalog: Catalog, ledger: Ledger, tenants: Tenants | None, admin: Router) -> None:
+        self.catalog = catalog
         self.tenants = tenants
         admin_hash = tenants.admin_hash if tenants is not None else None
         self.sessions = None
@@ -78,7 +79,7 @@ class Console:
             self.sessions = Sessions(admin_hash, revocations=ended)
         self.api = data.AdminApi(h for by_method in admin.route_handler_method_map.values()
                                  for h in by_method.values())  # fmt: skip
-        self.series = data.CostSeries(pipeline.ledger)
+        self.series = data.CostSeries(ledger)
         self.recent = data.Recent(ttl=10.0)
 
     async def session(self, request: Req) -> str | None:
@@ -119,7 +120,7 @@ class Console:
     def backend_extra(self) -> dict[str, dict[str, Any]]:
         return {
             b.name: {"accelerator": b.pool.accelerator, "ttft": b.observed.ttft, "tpot": b.observed.tpot}
-            for b in self.pipeline.catalog.backends
+            for b in self.catalog.backends
         }
 
     async def fleet_fragment(self, request: Req) -> str:
@@ -321,13 +322,17 @@ class ConsoleController(Controller):
 
 
 def console_controller(
-    pipeline: Pipeline, tenants: Tenants | None, admin: Router, throttle: LoginThrottle | None = None
+    catalog: Catalog,
+    ledger: Ledger,
+    tenants: Tenants | None,
+    admin: Router,
+    throttle: LoginThrottle | None = None,
 ) -> type[ConsoleController]:
     """The console over the app's `admin` router (it calls its handlers: what the JSON API answers). With
     `throttle`, the admin API's, one count of failed logins for both."""
     return per_app(
         ConsoleController,
-        console=Console(pipeline, tenants, admin),
+        console=Console(catalog, ledger, tenants, admin),
         throttle=throttle if throttle is not None else LoginThrottle(),
         assets={p.name: p.read_bytes() for p in STATIC.iterdir() if p.suffix in _TYPES},
     )

@@ -8,7 +8,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request, Response, asgi, get
@@ -32,6 +32,9 @@ from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.parse import Endpoint
 from gateway.request.pipeline import Pipeline, Reply
+
+if TYPE_CHECKING:
+    from gateway.tenants.admission import Tenants
 
 ErrorSender = Callable[[Any, GatewayError, str], Awaitable[None]]
 
@@ -132,13 +135,13 @@ _INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
 def openai_handlers(
     pipeline: Pipeline,
     catalog: Catalog,
+    tenants: Tenants | None,
     max_body_bytes: int,
     responses_handle: Callable[[RequestContext], Awaitable[Reply]] | None = None,
 ) -> list[BaseRouteHandler]:
-    """The `/v1` endpoints, bound to one pipeline; `/v1/responses` through `responses_handle` (the
-    gateway's response store, gateway/responses/api.py) when given."""
+    """The `/v1` endpoints, bound to one pipeline and its `tenants` (None in open mode); `/v1/responses`
+    through `responses_handle` (the gateway's response store, gateway/responses/api.py) when given."""
 
-    tenants = pipeline.tenants
     authenticate = tenants.authenticate if tenants is not None and tenants.options.mode == "keys" else None
 
     async def serve(

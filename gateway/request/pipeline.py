@@ -78,6 +78,7 @@ class Pipeline:
         telemetry: Observer | None = None,
         tracing: Tracer | None = None,
         clock_scale: float = 1.0,
+        prompt_sizer: PromptSizer | None = None,
     ) -> None:
         self.catalog = catalog
         self.router = router
@@ -103,7 +104,7 @@ class Pipeline:
         """OpenTelemetry tracing; None when off (then no span is ever made)."""
         self.tenants = tenants
         """Keys, limits and budgets (gateway/tenants/); None when `auth.mode` is open."""
-        self.prompt_sizer = PromptSizer()
+        self.prompt_sizer = prompt_sizer if prompt_sizer is not None else PromptSizer()
         """Prompt tokens from characters, learned from what the backends count (`_account` teaches it)."""
         self.clock_scale = clock_scale
         """Backend seconds per gateway second (`policy.clock_scale`): what observe() feeds routing and

@@ -47,8 +47,6 @@ class Telemetry:
         """The parsed requests beside `_records`, only with the access log (it hashes their prompts' start
         and may log their bodies when flushed, off the request path)."""
         self._timer = BatchTimer(BATCH_S, self.flush)
-        if metrics is not None:
-            metrics.before_render = self.flush
 
     def recorded(self, record: UsageRecord, parsed: ParsedRequest) -> None:
         records = self._records

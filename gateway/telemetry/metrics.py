@@ -115,8 +115,6 @@ class Metrics:
         self._errors: dict[tuple[str, int, str], int] = {}
         self._ledger = ledger
         self.started = time.time()
-        self.before_render: Callable[[], None] | None = None
-        """Called first thing at every scrape (the batched request records are counted then)."""
 
     # --- the request path -------------------------------------------------------------------------------
 
@@ -167,9 +165,8 @@ class Metrics:
     # --- the scrape -------------------------------------------------------------------------------------
 
     def render(self, gateway: GatewayState | None = None) -> bytes:
-        """The text Prometheus scrapes; with `gateway`, its routing, back-pressure and tracing gauges too."""
-        if self.before_render is not None:
-            self.before_render()
+        """The text Prometheus scrapes; with `gateway`, its routing, back-pressure and tracing gauges too.
+        Counts only the records handed to `record`: a scrape flushes the telemetry's batch first."""
         out: list[str] = []
         add = out.append
 

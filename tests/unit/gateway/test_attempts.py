@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from backends.breaker import CLOSED, OPEN
+from backends.breaker import CLOSED, OPEN, BreakerOptions
 from backends.models import Backend, Pool
 from gateway.config.settings import Retries, Timeouts
 from gateway.openai.errors import GatewayError
@@ -29,7 +29,7 @@ OK = Scripted(chunks=[b'{"usage": {"prompt_tokens": 3, "completion_tokens": 1, "
 FAILED_502 = Scripted(status=502, chunks=[b'{"error": {"message": "bad gateway"}}'])
 
 
-def backend(name: str, api_key: str | None = None) -> Backend:
+def backend(name: str, api_key: str | None = None, breaker: BreakerOptions | None = None) -> Backend:
     return Backend(
         name=name,
         url=f"mem://{name}",
@@ -37,6 +37,7 @@ def backend(name: str, api_key: str | None = None) -> Backend:
         max_model_len=4096,
         pool=POOL,
         api_key=api_key,
+        breaker_options=breaker,
     )
 
 

@@ -43,10 +43,8 @@ class MarkerTransport(MemoryTransport):
 
 
 def fleet(count: int = 4) -> list[Backend]:
-    backends = [backend(f"b{i}") for i in range(count)]
-    for b in backends:
-        b.breaker.options = BreakerOptions(failure_threshold=5, open_s=12.0)
-    return backends
+    options = BreakerOptions(failure_threshold=5, open_s=12.0)
+    return [backend(f"b{i}", breaker=options) for i in range(count)]
 
 
 def request(upstream: Upstream, candidates: list[Backend], content: str = "hi", **extra: object):

@@ -211,8 +211,8 @@ def test_unmeasured_cost_falls_back_to_the_accelerator_floor() -> None:
 def test_fleet_room_counts_its_own_lines_and_those_the_scrape_has_not_seen() -> None:
     backend = _backend(running=6, kv=0.30, ttft=0.1, tpot=0.01)
     catalog = SimpleNamespace(serving=lambda model: [backend])
-    pipeline = SimpleNamespace(router=None, catalog=catalog, queued=0)
-    room = FleetRoom(pipeline, LIMITS)  # type: ignore[arg-type]
+    pipeline = SimpleNamespace(router=None, queued=0)
+    room = FleetRoom(catalog, pipeline, LIMITS)  # type: ignore[arg-type]
     # No policy: no online route limits KV below the default 95%; (95% - 20% - 30%) / 5% = 9.
     assert room.plan("m") == [backend] * 9
     for _ in range(3):
@@ -239,25 +239,23 @@ def _policy_router(routes: dict[str, Route]) -> Any:
 def test_a_backend_paused_on_predicted_latency_resumes_only_after_a_quiet_spell() -> None:
     backend = _backend(running=6, kv=0.30, ttft=0.7, tpot=0.01)  # past 0.75 x 800 ms
     routes = {"chat": _route(prefer="any", slo={"ttft_ms": 800}, saturation={"max_kv_cache_usage": 0.95})}
-    pipeline = SimpleNamespace(
-        router=_policy_router(routes), catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
-    )
-    held = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
-    at_once = FleetRoom(pipeline, LIMITS, resume_after_s=0)  # type: ignore[arg-type]
+    catalog = SimpleNamespace(serving=lambda model: [backend])
+    pipeline = SimpleNamespace(router=_policy_router(routes), queued=0)
+    held = FleetRoom(catalog, pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    at_once = FleetRoom(catalog, pipeline, LIMITS, resume_after_s=0)  # type: ignore[arg-type]
     assert held.plan("m") == [] and at_once.plan("m") == []
     backend.observed.ttft = 0.1  # the average dipped a moment ago
     assert held.plan("m") == []
     assert len(at_once.plan("m")) == 9
-    never_paused = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    never_paused = FleetRoom(catalog, pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
     assert len(never_paused.plan("m")) == 9
 
 
 def test_a_backend_paused_on_a_queue_resumes_once_a_scrape_shows_it_empty() -> None:
     backend = _backend(running=6, kv=0.30, waiting=1, ttft=0.1, tpot=0.01)
-    pipeline = SimpleNamespace(
-        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
-    )
-    room = FleetRoom(pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
+    catalog = SimpleNamespace(serving=lambda model: [backend])
+    pipeline = SimpleNamespace(router=None, queued=0)
+    room = FleetRoom(catalog, pipeline, LIMITS, resume_after_s=3600)  # type: ignore[arg-type]
     assert room.plan("m") == []
     backend.load.waiting = 0  # a long prompt filled a step's token budget for a moment
     assert len(room.plan("m")) == 9
@@ -329,10 +327,9 @@ def _line_context(backend: Backend, holding: bool) -> Any:
 
 def test_fleet_room_counts_online_requests_as_in_flight_less_its_lines_holding_a_slot() -> None:
     backend = _backend(MI300X, running=6, kv=0.30, ttft=0.1, tpot=0.01, inflight=5)
-    pipeline = SimpleNamespace(
-        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
-    )
-    room = FleetRoom(pipeline, LIMITS)  # type: ignore[arg-type]
+    catalog = SimpleNamespace(serving=lambda model: [backend])
+    pipeline = SimpleNamespace(router=None, queued=0)
+    room = FleetRoom(catalog, pipeline, LIMITS)  # type: ignore[arg-type]
     room.shape = LineShape(prompt_tokens=1000, output_tokens=200)  # 1.9% of a step per line on MI300X
     for line in range(2):
         room.started(backend)
@@ -408,10 +405,9 @@ def test_requests_hold_and_release_their_backends_count_by_class() -> None:
 def test_fleet_room_sees_online_classes_but_not_its_own_lines() -> None:
     backend = _backend(H100, running=6, kv=0.30, ttft=0.1, tpot=0.015, inflight=5)
     backend.inflight_by_class.update({"chat": 3, "batch": 2})
-    pipeline = SimpleNamespace(
-        router=None, catalog=SimpleNamespace(serving=lambda model: [backend]), queued=0
-    )
-    room = FleetRoom(pipeline, LIMITS)  # type: ignore[arg-type]
+    catalog = SimpleNamespace(serving=lambda model: [backend])
+    pipeline = SimpleNamespace(router=None, queued=0)
+    room = FleetRoom(catalog, pipeline, LIMITS)  # type: ignore[arg-type]
     for line in range(2):
         room.started(backend)
         room.contexts[line] = _line_context(backend, holding=True)

@@ -45,7 +45,7 @@ class _Greeting(Controller):
 
 def test_a_controller_declares_its_collaborators_and_gets_exactly_those() -> None:
     assert collaborators(_Greeting) == {"name", "shout"}
-    assert collaborators(MetricsController) == {"metrics", "gateway", "extra"}
+    assert collaborators(MetricsController) == {"metrics", "flush", "gateway", "extra"}
     with pytest.raises(TypeError, match=r"missing \['shout'\], unknown \[\]"):
         per_app(_Greeting, name="x")
     with pytest.raises(TypeError, match=r"missing \[\], unknown \['nmae'\]"):
@@ -63,7 +63,8 @@ async def test_a_function_given_is_called_as_given_not_as_a_method() -> None:
         assert (await client.get("/hello")).json() == {"hello": "ADA!"}
 
     seen: list[Any] = []
-    extra = per_app(MetricsController, metrics=object(), gateway=object(), extra=seen.append).extra
+    bound = per_app(MetricsController, metrics=object(), flush=object, gateway=object(), extra=seen.append)
+    extra = bound.extra
     extra({"type": "http"})
     assert seen == [{"type": "http"}], "the scope only: no controller passed as a first argument"
 

@@ -16,9 +16,11 @@ POOL = Pool(
 
 
 def _backend() -> Backend:
-    b = Backend(name="b", url="http://127.0.0.1:1", models=frozenset({"m"}), max_model_len=4096, pool=POOL)
-    b.breaker.options = BreakerOptions(failure_threshold=3, open_s=0.05, half_open_probes=1, close_after=2)
-    return b
+    options = BreakerOptions(failure_threshold=3, open_s=0.05, half_open_probes=1, close_after=2)
+    return Backend(
+        name="b", url="http://127.0.0.1:1", models=frozenset({"m"}), max_model_len=4096, pool=POOL,
+        breaker_options=options,
+    )  # fmt: skip
 
 
 async def test_breaker_opens_half_opens_with_limited_probes_and_closes():

@@ -66,7 +66,8 @@ class _KeptOpen(io.BytesIO):
 
 
 async def test_records_are_batched_then_counted_and_logged_in_order() -> None:
-    """The request path only appends; a scrape, the batch timer or shutdown makes the cells and lines."""
+    """The request path only appends; a flush (a scrape's first step, gateway/admin/ops.py), the batch timer
+    or shutdown makes the cells and lines."""
     out = _KeptOpen()
     metrics = Metrics([])
     telemetry = Telemetry(metrics, AccessLog(out, include_prompts=True))
@@ -76,7 +77,9 @@ async def test_records_are_batched_then_counted_and_logged_in_order() -> None:
         done.request_id = f"req-{n}"
         telemetry.recorded(done, SimpleNamespace(body=body, prompt_prefix=lambda chars: ""))  # type: ignore[arg-type]
     assert out.getvalue() == b""  # nothing made on the request path
-    rendered = metrics.render().decode()  # a scrape counts what is batched first
+    assert "switchyard_requests_total{" not in metrics.render().decode()
+    telemetry.flush()
+    rendered = metrics.render().decode()
     labels = 'model="m",class="interactive",route="r",pool="h100",vendor="nvidia",status="200"'
     assert f"switchyard_requests_total{{{labels}}} 3" in rendered
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
