@@ -91,7 +91,7 @@ class PolicyController(Controller):
         """Route the posted OpenAI request body without sending it: class, candidates, scores, choice."""
         if endpoint not in UPSTREAM_PATHS:
             raise invalid_request(f"`endpoint` must be one of {', '.join(UPSTREAM_PATHS)}.", param="endpoint")
-        parsed = parse(endpoint, await request.body())
+        parsed = parse(endpoint, await request.body(), self.pipeline.request_limits)
         profile = classify(parsed, read_caller(request.scope), self.prompt_sizer)
         serving = self.catalog.serving(profile.model)
         if not serving:

@@ -138,6 +138,16 @@ async def test_the_policy_endpoint_reports_the_watcher_the_app_was_given() -> No
     assert (state["reloads"], state["rejected_reloads"], state["last_reload_error"]) == (0, 1, "a bad edit")
 
 
+async def test_an_explanation_checks_the_request_against_the_gateways_own_limits() -> None:
+    plugin = SwitchyardPlugin(settings_from_text(QUIET + "gateway: {limits: {max_n: 2}}\n" + POOLS))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with AsyncTestClient(Litestar(plugins=[plugin])) as client:
+        refused = await client.post("/admin/v1/explain", json={**body, "n": 3})
+        explained = await client.post("/admin/v1/explain", json={**body, "n": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+    assert explained.status_code == 200, explained.text
+
+
 async def test_a_scrape_counts_the_requests_the_telemetry_still_has_batched(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
