@@ -1,9 +1,10 @@
 """Re-run a calibration check from a recording (loadtest/calibrate/recording.py), without the real server.
 
-    python -m loadtest.calibrate.offline DIR [--http] [--refine-s 60]
+    python -m loadtest.calibrate.offline DIR [--http] [--refine-s 60] [--linear-decode]
 
 It fits the profile from the recorded sweep exactly as `switchyard calibrate` does (the fit sees the
-sweep only), writes it to DIR/offline-profile.yaml, runs the recorded held-apart load on the simulator's
+sweep only), writes it to DIR/offline-profile.yaml (`--linear-decode`: without the decode curve, to
+DIR/offline-linear.yaml), runs the recorded held-apart load on the simulator's
 scheduler on a virtual clock (`--http`: on `python -m backends.sim` servers of the profile and of the
 built-in MI300X one, as the test does), prints the comparison with the recorded real run, and replays the
 recorded access log with `whatif` for the SLO attainment per class. Exit status 0 when every level and
@@ -30,6 +31,7 @@ from loadtest.calibrate.check import (
     Job,
     LevelRun,
     Target,
+    bursts,
     calibrated_timing,
     compare,
     failures,
@@ -49,9 +51,16 @@ WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
 SCRAPE_S = 1.0
 
 
-def refit(recording: Recording, refine_s: float) -> CalibratedProfile:
+def refit(recording: Recording, refine_s: float, decode_curve: bool = True) -> CalibratedProfile:
     deadline = time.monotonic() + refine_s
-    return fit_profile(recording.options, recording.geometry, recording.levels, deadline, print)
+    return fit_profile(
+        recording.options,
+        recording.geometry,
+        recording.levels,
+        deadline,
+        lambda _: None,
+        decode_curve=decode_curve,
+    )
 
 
 def virtual_run(
@@ -94,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--http", action="store_true", help="time the simulated legs on simulator servers")
     parser.add_argument("--refine-s", type=float, default=60.0, help="the refinement's time (default 60)")
+    parser.add_argument(
+        "--linear-decode", action="store_true", help="fit without the decode curve (per_seq_s alone)"
+    )
     args = parser.parse_args(argv)
     directory: Path = args.directory
     recording = load(directory)
     print(f"recording {directory}: load average {recording.loadavg} when its real legs ended")
-    profile_path = directory / "offline-profile.yaml"
-    profile_path.write_text(dump_profile(refit(recording, args.refine_s)))
+    profile_path = directory / ("offline-linear.yaml" if args.linear_decode else "offline-profile.yaml")
+    profile_path.write_text(dump_profile(refit(recording, args.refine_s, not args.linear_decode)))
     profile = load_profile(profile_path)
     failed = False
     if args.http:
@@ -114,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     asserted = [row for row in rows if row.asserted]
     print(f"{len(asserted) - len(failures(rows))} of {len(asserted)} within {TOLERANCE:.0%}")
     failed |= bool(failures(rows))
+    for note in bursts(recording.real, recording.widths):
+        print(f"note: {note}")
     log, policy = directory / ACCESS_LOG, directory / POLICY
     slos = slos_from_log(log)
     real = logged_attainment(log, slos)

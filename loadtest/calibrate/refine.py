@@ -200,10 +200,14 @@ def with_curves(step: StepFit, limits: Limits, shapes: Sequence[Shape], passes: 
     return step
 
 
-def with_measured_curves(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> StepFit:
+def with_measured_curves(
+    step: StepFit, limits: Limits, shapes: Sequence[Shape], decode: bool = True
+) -> StepFit:
     """`step` (a linear fit) with a prefill curve and, where it replays the levels better than the
-    per-sequence line, a decode curve."""
+    per-sequence line (and `decode`), a decode curve."""
     curved = with_prefill_curve(step, limits, shapes)
+    if not decode:
+        return curved
     both = with_prefill_curve(with_decode_curve(curved, limits, shapes, passes=3), limits, shapes)
     if both.decode and total_error(both, limits, shapes) < total_error(curved, limits, shapes):
         return both

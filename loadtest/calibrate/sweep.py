@@ -303,10 +303,12 @@ def fit_profile(
     deadline: float,
     say: Callable[[str], None],
     source: Source | None = None,
+    decode_curve: bool = True,
 ) -> CalibratedProfile:
-    """The profile the sweep's `levels` give: the linear fit, the prefill curve, then the refinement on
-    the simulator's scheduler until `deadline` (time.monotonic()). Pure: a recording's levels give the
-    same profile offline (loadtest/calibrate/offline.py)."""
+    """The profile the sweep's `levels` give: the linear fit, the curves, then the refinement on the
+    simulator's scheduler until `deadline` (time.monotonic()). A recording's levels give the same
+    profile offline (loadtest/calibrate/offline.py); `decode_curve=False`: the per-sequence line only
+    (to compare the two on one recording)."""
     rows: list[tuple[Level, str, Row]] = []
     for level in levels:
         if level.kind == "prefill" and level.engine_ttft_s > 0:
@@ -329,7 +331,7 @@ def fit_profile(
     shapes = [shape_of(level) for level in levels if level.kind != "prefix" and level.timed]
     # the prefill curve from the levels that sent one request at a time, the decode curve from every
     # level's inter-token latency where it beats the per-sequence line; both kept fitted as the rest moves
-    curved = with_measured_curves(linear, limits, shapes)
+    curved = with_measured_curves(linear, limits, shapes, decode_curve)
     step, before, after = refine(curved, limits, shapes, say, deadline)
     say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
     points = []

@@ -40,6 +40,7 @@ from loadtest.calibrate.check import (
     Job,
     LevelRun,
     Target,
+    bursts,
     calibrated_timing,
     compare,
     failures,
@@ -196,6 +197,9 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     wrong = compare(real, wrong_run, WIDTHS)
     print(f"\ncalibrated profile ({profile_path}):\n{format_rows(calibrated)}")
     print(f"\nbuilt-in MI300X profile:\n{format_rows(wrong)}")
+    for note in bursts(real, WIDTHS):
+        print(f"note: {note}")
+    print(f"load average {os.getloadavg()}")
 
     slos = slos_from_log(log)
     real_shares = logged_attainment(log, slos)

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from backends.calibrated import Limits, StepFit
-from loadtest.calibrate.check import LevelRun, compare, failures
+from loadtest.calibrate.check import LevelRun, bursts, compare, failures
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.refine import (
     Shape,
@@ -160,3 +160,10 @@ def test_a_decode_curve_follows_a_server_whose_steps_do_not_grow_in_a_line() -> 
 def test_with_measured_curves_keeps_the_line_when_the_levels_have_one_concurrency() -> None:
     shapes = [_shape(1, p, 8, 2) for p in (16, 128, 488)]
     assert with_measured_curves(TRUE, LIMITS, shapes).decode == []
+
+
+def test_a_level_whose_tokens_came_in_bursts_is_named() -> None:
+    steady = LevelRun([_timed(0.1, 0.004) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.005)
+    burst = LevelRun([_timed(0.3, 0.0001) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.005)
+    notes = bursts([steady, burst], [3, 6])
+    assert len(notes) == 1 and notes[0].startswith("x6:")
