@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.calibrate.levels import BURST
 from loadtest.calibrate.measure import (
     Metrics,
     Server,
@@ -201,10 +202,6 @@ def format_rows(rows: Sequence[Row], tolerance: float = TOLERANCE) -> str:
             f"{row.error:7.1%}{mark}"
         )
     return "\n".join(lines)
-
-
-BURST = 0.5
-"""A level whose client saw tokens at less than this share of the server's own inter-token latency."""
 
 
 def bursts(runs: Sequence[LevelRun], concurrency: Sequence[int]) -> list[str]:
