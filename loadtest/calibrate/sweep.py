@@ -49,9 +49,13 @@ TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 GROWTH = 1.10
 WATCH_INTERVAL_S = 1.0
-"""How often a level polls /metrics for the running and waiting gauges, as often as a gateway scrapes by
-default: a scrape holds vLLM's API server for some 10-25 ms (its histograms rendered), which a request or
-a token arriving meanwhile waits out, so the front end is measured as it runs behind a gateway."""
+"""When a level first polls /metrics for the running and waiting gauges. A scrape holds vLLM's API server
+for some 10-25 ms on a quiet machine (its histograms rendered; far longer on a busy one), which a request
+or a token arriving meanwhile waits out, and the gateway in front of the server scrapes it as well (once
+a second by default): a sweep that polled as often again would measure a front end slower than the one
+the gateway's traffic meets."""
+WATCH_EVERY_S = 5.0
+"""How often it polls after that."""
 PHASES = (0.2, 0.3, 0.2, 0.2)
 """The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
 rest: prefix reuse); a phase that ends early leaves its time to the next."""
@@ -247,11 +251,14 @@ class Calibration:
         return level
 
     async def _watch(self, level: Level, stop: asyncio.Event) -> None:
-        """Polls the gauges every WATCH_INTERVAL_S, the first time one interval in (not while the level's
-        first requests arrive)."""
+        """Polls the gauges WATCH_INTERVAL_S into the level (not while its first requests arrive), then every
+        WATCH_EVERY_S: a queue that forms in a closed loop stays for the whole level, so one poll sees it,
+        and every poll holds the API server (see WATCH_INTERVAL_S)."""
+        wait = WATCH_INTERVAL_S
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), WATCH_INTERVAL_S)
+                await asyncio.wait_for(stop.wait(), wait)
+            wait = WATCH_EVERY_S
             if stop.is_set():
                 break
             with contextlib.suppress(Exception):

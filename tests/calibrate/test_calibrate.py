@@ -11,6 +11,10 @@ MI300X profile. Per level the client's TTFT p50 and p90 and time per output toke
 20 %, and the what-if replay of the real gateway's access log on the profile must agree with the run's
 SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must fail
 the same comparison, so the test can fail.
+
+With SWITCHYARD_CALIBRATE_RECORD=DIR it records the real measurements (the sweep, the held-apart load and
+its real run, the access log, the policy) to DIR before comparing anything, and
+`python -m loadtest.calibrate.offline DIR` re-runs the fit, the simulated legs and the replay from them.
 """
 
 from __future__ import annotations
