@@ -3,8 +3,10 @@
 The profile is a linear step-time model of vLLM's continuous batching plus the scheduler limits the server
 runs with, fitted by least squares on what the server itself reported (loadtest/calibrate/):
 
-    step seconds    = step_s + per_seq_s * sequences + prefill(prefill tokens)
+    step seconds    = step_s + seqs(sequences) + prefill(prefill tokens)
                       + per_context_token_s * decode context tokens
+    seqs(b)         = per_seq_s * b, or, when the profile measured a decode curve (`decode`), that curve
+                      interpolated at b (from (0, 0)) and extended beyond its last point with per_seq_s
     prefill(n)      = per_prefill_token_s * n, or, when the profile measured a curve (`prefill`), that
                       curve interpolated at n (from (0, 0)) and extended beyond its last point with
                       per_prefill_token_s; n is the step's total, all its requests' chunks together
@@ -60,25 +62,29 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     adds to a step (on top of step_s and per_seq_s). Prefill is not linear on real hardware (launch
     costs and under-filled matmuls make short prompts dear per token); empty: per_prefill_token_s alone."""
 
+    decode: list[tuple[_Count, _NonNeg]] = []
+    """The measured decode curve, `[sequences, seconds]` by sequences: what that many sequences in a step
+    add to it (on top of step_s, the prefill and the context term), in place of per_seq_s a sequence.
+    A real server's step does not grow in a line with its batch (a CPU's threads, a GPU's kernels fill
+    up in steps), so a line through the levels on either side misses the ones between; empty:
+    per_seq_s alone."""
+
     def __post_init__(self) -> None:
-        tokens = [t for t, _ in self.prefill]
-        seconds = [s for _, s in self.prefill]
-        if any(a >= b for a, b in itertools.pairwise(tokens)):
-            raise ValueError("prefill: the curve's token counts must increase")
-        if any(a > b for a, b in itertools.pairwise(seconds)):
-            raise ValueError("prefill: the curve's seconds must not decrease")
+        _check_curve("prefill", "token counts", self.prefill)
+        _check_curve("decode", "sequence counts", self.decode)
 
     def prefill_seconds(self, tokens: float) -> float:
         """What prefilling `tokens` prompt tokens adds to a step: the step's total, however many requests'
         chunks make it up (one pass over the batch, not one per request)."""
         if tokens <= 0:
             return 0.0
-        below_t, below_s = 0, 0.0
-        for at, seconds in self.prefill:
-            if tokens <= at:
-                return below_s + (seconds - below_s) * (tokens - below_t) / (at - below_t)
-            below_t, below_s = at, seconds
-        return below_s + self.per_prefill_token_s * (tokens - below_t)
+        return _interpolate(self.prefill, tokens, self.per_prefill_token_s)
+
+    def sequence_seconds(self, seqs: float) -> float:
+        """What `seqs` sequences in a step add to it: the decode curve read at `seqs`, or per_seq_s each."""
+        if not self.decode:
+            return self.per_seq_s * seqs
+        return _interpolate(self.decode, seqs, self.per_seq_s)
 
     def front_end(self, running: int) -> float:
         """Seconds from a request's arrival until the engine sees it, with `running` sequences in flight."""
@@ -92,10 +98,29 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             return 0.0
         return (
             self.step_s
-            + self.per_seq_s * seqs
+            + self.sequence_seconds(seqs)
             + self.prefill_seconds(prefill_tokens)
             + self.per_context_token_s * decode_context
         )
+
+
+def _check_curve(name: str, what: str, curve: list[tuple[int, float]]) -> None:
+    xs = [x for x, _ in curve]
+    seconds = [s for _, s in curve]
+    if any(a >= b for a, b in itertools.pairwise(xs)):
+        raise ValueError(f"{name}: the curve's {what} must increase")
+    if any(a > b for a, b in itertools.pairwise(seconds)):
+        raise ValueError(f"{name}: the curve's seconds must not decrease")
+
+
+def _interpolate(curve: list[tuple[int, float]], x: float, slope: float) -> float:
+    """`curve` read at `x`: between its points from (0, 0), beyond its last one with `slope`."""
+    below_x, below_s = 0, 0.0
+    for at, seconds in curve:
+        if x <= at:
+            return below_s + (seconds - below_s) * (x - below_x) / (at - below_x)
+        below_x, below_s = at, seconds
+    return below_s + slope * (x - below_x)
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -201,8 +226,9 @@ class CalibratedProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
 def dump_profile(profile: CalibratedProfile) -> str:
     data = msgspec.to_builtins(profile)
-    if not profile.step.prefill:
-        del data["step"]["prefill"]  # a profile without a curve is written as before it had one
+    for curve in ("prefill", "decode"):
+        if not getattr(profile.step, curve):
+            del data["step"][curve]  # a profile without a curve is written as before it had one
     header = (
         f"# {profile.accelerator} / {profile.model}: measured by `switchyard calibrate` (docs/calibrate.md)\n"
     )

@@ -20,6 +20,7 @@ import time
 from typing import Protocol
 
 from backends.sim.accounting import RequestRun
+from backends.sim.frontend import FrontEnd
 from backends.sim.kvcache import block_hashes
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import PerfModel
@@ -171,7 +172,7 @@ class BatchEngine:
         self._task: asyncio.Task[None] | None = None
         self._step_end: float | None = None  # simulated end of the step in flight
         self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
-        self._front_free = 0.0  # when the front end is done with the requests it holds
+        self._front = FrontEnd()  # a calibrated server's, one request at a time
 
     def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run:
         block = self.hardware.limits.block_size
@@ -196,7 +197,7 @@ class BatchEngine:
         running = self.scheduler.stats.running
         front_end = self.hardware.front_end(running)  # a calibrated server's HTTP and tokenisation time
         if front_end > 0:  # the front end takes one request at a time
-            leaves = self._front_free = max(now, self._front_free) + front_end
+            leaves = self._front.leave(now, front_end)
             group.arrival = leaves
             group.ready = leaves + self.hardware.admission_wait(running)
             loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
+from loadtest.stats import percentile
 from loadtest.whatif.accesslog import read_log
 from loadtest.whatif.replay import Replay
 from loadtest.whatif.simfleet import build_fleet
@@ -39,6 +40,24 @@ def _shares(results: Iterable[tuple[str, bool]]) -> dict[str, float]:
         tally[0] += ok
         tally[1] += 1
     return {cls: hits / total for cls, (hits, total) in sorted(counts.items())}
+
+
+def slos_from_log(log: Path) -> dict[str, ClassSlo]:
+    """Per class, bounds at the real run's own 80th percentiles of TTFT and time per output token, so
+    about a fifth of each class misses and a replay that is off in either direction shows it."""
+    ttfts: dict[str, list[float]] = {}
+    tpots: dict[str, list[float]] = {}
+    for request in read_log(log).requests:
+        line = request.line
+        if line.ttft_s is None or not line.duration_s or line.completion_tokens < 2:
+            continue
+        ttfts.setdefault(line.request_class, []).append(line.ttft_s)
+        tpots.setdefault(line.request_class, []).append(
+            (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
+        )
+    return {
+        cls: ClassSlo(percentile(ttfts[cls], 80) or 0.0, percentile(tpots[cls], 80) or 0.0) for cls in ttfts
+    }
 
 
 def logged_attainment(log: Path, slos: dict[str, ClassSlo]) -> dict[str, float]:

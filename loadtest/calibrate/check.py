@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.calibrate.levels import BURST
 from loadtest.calibrate.measure import (
     Metrics,
     Server,
@@ -201,6 +202,23 @@ def format_rows(rows: Sequence[Row], tolerance: float = TOLERANCE) -> str:
             f"{row.error:7.1%}{mark}"
         )
     return "\n".join(lines)
+
+
+def bursts(runs: Sequence[LevelRun], concurrency: Sequence[int]) -> list[str]:
+    """The levels whose client got the streamed tokens in bursts: its time per output token far below the
+    server's own inter-token latency, so tokens waited somewhere between the engine and the client (an
+    API server or a client starved of CPU) and the client's TTFT holds much of the generation. No model
+    of the server reproduces that; the note says which levels to read with care."""
+    notes = []
+    for width, run in zip(concurrency, runs, strict=True):
+        tpot = summarise(run.timed).tpot_p50
+        if run.engine_itl_s > 0 and tpot < BURST * run.engine_itl_s:
+            notes.append(
+                f"x{width}: the client's tokens came in bursts (TPOT p50 {tpot * 1000:.2f} ms, the "
+                f"server's inter-token latency {run.engine_itl_s * 1000:.2f} ms): the machine starved the "
+                "API server or the client"
+            )
+    return notes
 
 
 def failures(rows: Sequence[Row], tolerance: float = TOLERANCE) -> list[Row]:

@@ -69,13 +69,13 @@ def prefill_curve(
     for tokens, ttft_s in alone:
         if 0 < tokens <= max_tokens and ttft_s > 0:
             by_size.setdefault(tokens, []).append(ttft_s)
-    rest = step.admission_wait(0) + step.step_s + step.per_seq_s
+    rest = step.admission_wait(0) + step.step_s + step.sequence_seconds(1)
     sizes = sorted(by_size)
-    shares = _non_decreasing([max(0.0, statistics.median(by_size[t]) - rest) for t in sizes])
+    shares = non_decreasing([max(0.0, statistics.median(by_size[t]) - rest) for t in sizes])
     return list(zip(sizes, shares, strict=True))
 
 
-def _non_decreasing(values: Sequence[float]) -> list[float]:
+def non_decreasing(values: Sequence[float]) -> list[float]:
     """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
     blocks: list[tuple[float, int]] = []  # (sum, count) of each pooled run
     for value in values:

@@ -12,6 +12,11 @@ from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.refine import Shape
 from loadtest.stats import percentile
 
+BURST = 0.5
+"""A client whose time per output token is below this share of the server's inter-token latency got its
+tokens in bursts: they waited between the engine and the client (an API server or a client starved of
+CPU), so its TTFT holds much of the generation and is no measurement of the server's front end."""
+
 
 @dataclass(slots=True)
 class Level:
@@ -38,13 +43,18 @@ class Level:
         return statistics.fmean(tpots) if tpots else 0.0
 
     @property
+    def bursty(self) -> bool:
+        return self.engine_itl_s > 0 and self.client_tpot_s < BURST * self.engine_itl_s
+
+    @property
     def client_ttft_s(self) -> float:
         return statistics.median(t.ttft_s for t in self.timed) if self.timed else 0.0
 
 
 def shape_of(level: Level) -> Shape:
-    """What the refinement replays of a level: its load, vLLM's means and the client's TTFT spread."""
-    ttfts = [t.ttft_s for t in level.timed]
+    """What the refinement replays of a level: its load, vLLM's means and the client's TTFT spread (none
+    when the client got its tokens in bursts: its TTFT is then no measurement of the server)."""
+    ttfts = [] if level.bursty else [t.ttft_s for t in level.timed]
     return Shape(
         concurrency=level.concurrency,
         prompt_tokens=level.prompt_tokens,
@@ -60,11 +70,12 @@ def shape_of(level: Level) -> Shape:
 def front_end(levels: Sequence[Level]) -> tuple[float, float]:
     """The front end's time before the engine sees a request: what the client's TTFT adds to vLLM's
     (median client TTFT minus vLLM's mean, per level) as a line in the other sequences running, fitted
-    robustly (Theil-Sen: the median of the slopes between levels), never below zero."""
+    robustly (Theil-Sen: the median of the slopes between levels), never below zero. A level whose client
+    got its tokens in bursts (`Level.bursty`) is left out."""
     points = [
         (lv.concurrency - 1, lv.client_ttft_s - lv.engine_ttft_s)
         for lv in levels
-        if lv.kind in ("prefill", "load") and lv.timed and lv.engine_ttft_s > 0
+        if lv.kind in ("prefill", "load") and lv.timed and lv.engine_ttft_s > 0 and not lv.bursty
     ]
     if not points:
         return 0.0, 0.0

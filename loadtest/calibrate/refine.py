@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import msgspec
 
 from backends.calibrated import Limits, StepFit
+from backends.sim.frontend import FrontEnd
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import StepWork
 from backends.sim.profiles import EngineLimits
 from backends.sim.scheduler import Group, Scheduler
+from loadtest.calibrate.fit import non_decreasing as _non_decreasing
 from loadtest.calibrate.fit import prefill_curve
 from loadtest.stats import percentile
 
@@ -64,38 +66,44 @@ class Simulated:
     engine_ttft_s: float
     engine_itl_s: float
     client_ttft_s: list[float]
+    client_tpot_s: list[float | None]
+    """Per request, in the order they ended their first step (None: a one-token output)."""
 
 
 def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
-    """One level, closed loop on a virtual clock, as `BatchEngine` runs it: each of `concurrency`
-    clients sends its next request when its previous one ends; a request spends the front end's time
-    before the scheduler sees it, and the front end takes one request at a time (a cohort queues).
-    `cap`: at most two requests per client (a closed loop of one request size repeats itself after
-    that), which keeps the search quick."""
+    """One sweep level, closed loop on a virtual clock (`closed_loop`). `cap`: at most two requests per
+    client (a closed loop of one request size repeats itself after that), which keeps the search quick."""
+    count = min(shape.requests, max(4, 2 * shape.concurrency)) if cap else shape.requests
+    return closed_loop(step, limits, [(shape.prompt_tokens, shape.output_tokens)] * count, shape.concurrency)
+
+
+def closed_loop(
+    step: StepFit, limits: Limits, jobs: Sequence[tuple[int, int]], concurrency: int
+) -> Simulated:
+    """`jobs` (prompt tokens, output tokens) in order, `concurrency` at a time, on a virtual clock, as
+    `BatchEngine` runs them: each client sends its next request when its previous one ends; a request
+    spends the front end's time before the scheduler sees it, and the front end takes one request at a
+    time (a cohort queues)."""
     stats = EngineStats("calibration", limits.kv_capacity_tokens)
     engine_limits = EngineLimits(limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
     scheduler = Scheduler(engine_limits, limits.num_blocks, stats)
     entering: list[tuple[float, int, Group]] = []
     sent_at: dict[int, float] = {}
     ttfts: list[float] = []
-    left = min(shape.requests, max(4, 2 * shape.concurrency)) if cap else shape.requests
-
-    front_free = 0.0
+    tpots: list[float | None] = []
+    queue = list(reversed(jobs))
+    front = FrontEnd()
 
     def send(at: float) -> None:
-        nonlocal left, front_free
-        left -= 1
+        prompt, output = queue.pop()
         running = stats.running
-        front = step.front_end(running)
-        leaves = at
-        if front > 0:  # the front end takes one request at a time
-            leaves = front_free = max(at, front_free) + front
-        group = Group(shape.prompt_tokens, [], [shape.output_tokens], ["length"], arrival=leaves)
+        leaves = front.leave(at, step.front_end(running))
+        group = Group(prompt, [], [output], ["length"], arrival=leaves)
         group.ready = leaves + step.admission_wait(running)
         sent_at[id(group)] = at
         heapq.heappush(entering, (leaves, id(group), group))
 
-    for _ in range(min(shape.concurrency, left)):
+    for _ in range(min(concurrency, len(queue))):
         send(0.0)
     now = 0.0
     while entering or scheduler.has_work():
@@ -120,12 +128,15 @@ def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> S
         for group in scheduler.apply(plan, end):
             if group.generated == 1:
                 ttfts.append(end - sent_at[id(group)])
-            if group.done and left > 0:
-                send(end)
+            if group.done:
+                steps = group.steps
+                tpots.append((end - group.first_token_at) / (steps - 1) if steps > 1 else None)
+                if queue:
+                    send(end)
         now = end
     itl = stats.itl.total / stats.itl.count if stats.itl.count else 0.0
     ttft = stats.ttft.total / stats.ttft.count if stats.ttft.count else 0.0
-    return Simulated(ttft, itl, ttfts)
+    return Simulated(ttft, itl, ttfts, tpots)
 
 
 def _error(predicted: float, measured: float) -> float:
@@ -156,6 +167,53 @@ def with_prefill_curve(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -
     return msgspec.structs.replace(step, prefill=curve)
 
 
+def with_decode_curve(step: StepFit, limits: Limits, shapes: Sequence[Shape], passes: int = 1) -> StepFit:
+    """`step` with the decode curve (StepFit.decode) under which the simulator's scheduler reproduces
+    each level's inter-token latency: per level, what its concurrency's sequences add to a step, moved
+    by what the replay misses (vLLM's mean inter-token latency less the replayed one); the median per
+    concurrency, made non-decreasing. A level's steps do not all hold its full batch (it fills and
+    drains), so each pass moves the curve part of the way; `passes` repeats it. Needs levels at two
+    concurrencies at least, else `step` unchanged."""
+    measured = [shape for shape in shapes if shape.engine_itl_s > 0]
+    widths = sorted({shape.concurrency for shape in measured})
+    if len(widths) < 2:
+        return step
+    for _ in range(passes):
+        targets: dict[int, list[float]] = {}
+        for shape in measured:
+            missed = shape.engine_itl_s - simulate(step, limits, shape).engine_itl_s
+            targets.setdefault(shape.concurrency, []).append(
+                step.sequence_seconds(shape.concurrency) + missed
+            )
+        seconds = _non_decreasing([max(0.0, statistics.median(targets[w])) for w in widths])
+        step = msgspec.structs.replace(step, decode=list(zip(widths, seconds, strict=True)))
+    return step
+
+
+def with_curves(step: StepFit, limits: Limits, shapes: Sequence[Shape], passes: int = 1) -> StepFit:
+    """`step` with whichever curves it has refitted: the decode curve first, then the prefill curve (a
+    request alone is one step of one sequence, which the decode curve prices)."""
+    if step.decode:
+        step = with_decode_curve(step, limits, shapes, passes)
+    if step.prefill:
+        step = with_prefill_curve(step, limits, shapes)
+    return step
+
+
+def with_measured_curves(
+    step: StepFit, limits: Limits, shapes: Sequence[Shape], decode: bool = True
+) -> StepFit:
+    """`step` (a linear fit) with a prefill curve and, where it replays the levels better than the
+    per-sequence line (and `decode`), a decode curve."""
+    curved = with_prefill_curve(step, limits, shapes)
+    if not decode:
+        return curved
+    both = with_prefill_curve(with_decode_curve(curved, limits, shapes, passes=3), limits, shapes)
+    if both.decode and total_error(both, limits, shapes) < total_error(curved, limits, shapes):
+        return both
+    return curved
+
+
 def _seed(step: StepFit, name: str) -> float:
     """A starting value for a term at zero: a tenth of a step at a typical size of what it multiplies."""
     typical = {"per_seq_s": 4.0, "per_prefill_token_s": 256.0, "per_context_token_s": 1000.0}
@@ -174,7 +232,7 @@ def refine(
     mean error; the steps shrink after a round that changed nothing, and the search ends after one at
     the finest steps or when `deadline` (time.monotonic()) passes. The engine's and the front end's
     terms are searched together: a front end that spaces a cohort out changes what the engine sees.
-    A step with a prefill curve has it refitted to every trial (with_prefill_curve). Returns the
+    A step's curves are refitted to every trial (with_curves). Returns the
     refined model and its mean error before and after."""
     best = step
     best_error = before = total_error(step, limits, shapes)
@@ -190,9 +248,7 @@ def refine(
             for candidate in candidates:
                 if deadline is not None and time.monotonic() > deadline:
                     return best, before, best_error
-                trial = msgspec.structs.replace(best, **{name: candidate})
-                if trial.prefill:
-                    trial = with_prefill_curve(trial, limits, shapes)
+                trial = with_curves(msgspec.structs.replace(best, **{name: candidate}), limits, shapes)
                 error = total_error(trial, limits, shapes)
                 # a better fit, or as good a one with a term less (one the levels cannot tell apart)
                 if error < best_error * 0.999 or (candidate == 0.0 and error <= best_error * 1.001):

@@ -27,7 +27,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -43,15 +43,19 @@ from loadtest.calibrate.levels import (
     shape_of,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
-from loadtest.calibrate.refine import refine, simulate, with_prefill_curve
+from loadtest.calibrate.refine import refine, simulate, with_measured_curves
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 GROWTH = 1.10
 WATCH_INTERVAL_S = 1.0
-"""How often a level polls /metrics for the running and waiting gauges, as often as a gateway scrapes by
-default: a scrape holds vLLM's API server for some 10-25 ms (its histograms rendered), which a request or
-a token arriving meanwhile waits out, so the front end is measured as it runs behind a gateway."""
+"""When a level first polls /metrics for the running and waiting gauges. A scrape holds vLLM's API server
+for some 10-25 ms on a quiet machine (its histograms rendered; far longer on a busy one), which a request
+or a token arriving meanwhile waits out, and the gateway in front of the server scrapes it as well (once
+a second by default): a sweep that polled as often again would measure a front end slower than the one
+the gateway's traffic meets."""
+WATCH_EVERY_S = 5.0
+"""How often it polls after that."""
 PHASES = (0.2, 0.3, 0.2, 0.2)
 """The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
 rest: prefix reuse); a phase that ends early leaves its time to the next."""
@@ -60,6 +64,16 @@ CPU_LIMITS = (128, 2048)
 """vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
 GPU_LIMITS = (1024, 8192)
 """vLLM's defaults on a GPU with 70 GiB or more that is not an A100 (profiles.engine_defaults)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """What the server says about itself (step 1 of the sweep)."""
+
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    vllm_version: str = ""
 
 
 @dataclass(slots=True)
@@ -93,6 +107,7 @@ class Calibration:
         self.started = 0.0
         self.requests = 0
         self.phase_end = 0.0
+        self.geometry: Geometry | None = None
         self._progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
 
     def elapsed(self) -> float:
@@ -136,6 +151,7 @@ class Calibration:
                 "(is it a vLLM server?)"
             ) from None
         version = await self._version()
+        self.geometry = Geometry(max_model_len, block_size, num_blocks, version)
         self.say(
             f"{server.url} serves {options.model}: max_model_len {max_model_len}, "
             f"{num_blocks} KV blocks of {block_size} tokens, vLLM {version or '?'}"
@@ -176,7 +192,17 @@ class Calibration:
         self.phase_end = self.started + budget
         if self.in_phase(1.0):
             await self._prefix(long)
-        return self._profile(max_model_len, block_size, num_blocks, version)
+        # the sweep's own levels replayed (loadtest/calibrate/refine.py): what is left of the budget, or 15 s
+        deadline = max(self.started + self.options.budget_s, time.monotonic() + 15.0)
+        source = Source(
+            url=self.options.url,
+            measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            seconds=round(self.elapsed(), 1),
+            requests=self.requests,
+            vllm_version=version,
+        )
+        assert self.geometry is not None
+        return fit_profile(self.options, self.geometry, self.levels, deadline, self.say, source)
 
     async def _version(self) -> str:
         with contextlib.suppress(Exception):
@@ -225,11 +251,14 @@ class Calibration:
         return level
 
     async def _watch(self, level: Level, stop: asyncio.Event) -> None:
-        """Polls the gauges every WATCH_INTERVAL_S, the first time one interval in (not while the level's
-        first requests arrive)."""
+        """Polls the gauges WATCH_INTERVAL_S into the level (not while its first requests arrive), then every
+        WATCH_EVERY_S: a queue that forms in a closed loop stays for the whole level, so one poll sees it,
+        and every poll holds the API server (see WATCH_INTERVAL_S)."""
+        wait = WATCH_INTERVAL_S
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), WATCH_INTERVAL_S)
+                await asyncio.wait_for(stop.wait(), wait)
+            wait = WATCH_EVERY_S
             if stop.is_set():
                 break
             with contextlib.suppress(Exception):
@@ -256,103 +285,103 @@ class Calibration:
         rate = level.prefix_hits / level.prefix_queries if level.prefix_queries else 0.0
         self.say(f"prefix  prompt {prompt_tokens:5} sent twice: {rate:.0%} of the repeat found in the cache")
 
-    def _limits(self, max_model_len: int, block_size: int, num_blocks: int) -> Limits:
-        options = self.options
-        defaults = CPU_LIMITS if options.accelerator == "cpu" else GPU_LIMITS
-        max_num_seqs = options.max_num_seqs
-        if max_num_seqs is None:
-            queued = [lv for lv in self.levels if lv.kind == "load" and lv.max_waiting > 0]
-            # a queue that formed while fewer than the sent requests ran: the server's max_num_seqs
-            seen = [int(lv.max_running) for lv in queued if 0 < lv.max_running < lv.concurrency]
-            max_num_seqs = min(seen) if seen else defaults[0]
-        return Limits(
-            block_size=block_size,
-            num_blocks=num_blocks,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=options.max_num_batched_tokens or max(defaults[1], max_model_len),
-            max_model_len=max_model_len,
-        )
 
-    def _profile(
-        self, max_model_len: int, block_size: int, num_blocks: int, version: str
-    ) -> CalibratedProfile:
-        rows: list[tuple[Level, str, Row]] = []
-        for level in self.levels:
-            if level.kind == "prefill" and level.engine_ttft_s > 0:
-                rows.append((level, "ttft", prefill_row(level.prompt_tokens, level.engine_ttft_s)))
-            if level.kind in ("prefill", "load") and level.engine_itl_s > 0:
-                row = decode_row(
-                    level.concurrency, level.prompt_tokens, level.output_tokens, level.engine_itl_s
-                )
-                rows.append((level, "tpot", row))
-        coefficients = fit([row for _, _, row in rows])
-        request_s, request_per_seq_s = front_end(self.levels)
-        terms: dict[str, float] = dict(zip(FEATURES, coefficients, strict=True))
-        linear = StepFit(
-            step_s=terms["step_s"],
-            per_seq_s=terms["per_seq_s"],
-            per_prefill_token_s=terms["per_prefill_token_s"],
-            per_context_token_s=terms["per_context_token_s"],
-            request_s=request_s,
-            request_per_seq_s=request_per_seq_s,
-        )
-        limits = self._limits(max_model_len, block_size, num_blocks)
-        shapes = [shape_of(level) for level in self.levels if level.kind != "prefix" and level.timed]
-        # the prefill curve from the levels that sent one request at a time, kept fitted as the rest moves
-        curved = with_prefill_curve(linear, limits, shapes)
-        # the sweep's own levels replayed (loadtest/calibrate/refine.py): what is left of the budget, or 15 s
-        deadline = max(self.started + self.options.budget_s, time.monotonic() + 15.0)
-        step, before, after = refine(curved, limits, shapes, self.say, deadline)
-        self.say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
-        points = []
-        replayed = [level for level in self.levels if level.kind != "prefix" and level.timed]
-        for level, shape in zip(replayed, shapes, strict=True):
-            sim = simulate(step, limits, shape, cap=False)
-            for kind, measured, predicted in (
-                ("ttft", shape.engine_ttft_s, sim.engine_ttft_s),
-                ("tpot", shape.engine_itl_s, sim.engine_itl_s),
-            ):
-                if measured > 0:
-                    points.append(
-                        Point(
-                            kind=kind,  # type: ignore[arg-type]
-                            concurrency=level.concurrency,
-                            prompt_tokens=level.prompt_tokens,
-                            output_tokens=level.output_tokens,
-                            measured_s=measured,
-                            predicted_s=predicted,
-                            requests=max(1, len(level.timed)),
-                        )
+def limits_of(options: Options, geometry: Geometry, levels: Sequence[Level]) -> Limits:
+    defaults = CPU_LIMITS if options.accelerator == "cpu" else GPU_LIMITS
+    max_num_seqs = options.max_num_seqs
+    if max_num_seqs is None:
+        queued = [lv for lv in levels if lv.kind == "load" and lv.max_waiting > 0]
+        # a queue that formed while fewer than the sent requests ran: the server's max_num_seqs
+        seen = [int(lv.max_running) for lv in queued if 0 < lv.max_running < lv.concurrency]
+        max_num_seqs = min(seen) if seen else defaults[0]
+    return Limits(
+        block_size=geometry.block_size,
+        num_blocks=geometry.num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens or max(defaults[1], geometry.max_model_len),
+        max_model_len=geometry.max_model_len,
+    )
+
+
+def fit_profile(
+    options: Options,
+    geometry: Geometry,
+    levels: Sequence[Level],
+    deadline: float,
+    say: Callable[[str], None],
+    source: Source | None = None,
+    decode_curve: bool = True,
+) -> CalibratedProfile:
+    """The profile the sweep's `levels` give: the linear fit, the curves, then the refinement on the
+    simulator's scheduler until `deadline` (time.monotonic()). A recording's levels give the same
+    profile offline (loadtest/calibrate/offline.py); `decode_curve=False`: the per-sequence line only
+    (to compare the two on one recording)."""
+    rows: list[tuple[Level, str, Row]] = []
+    for level in levels:
+        if level.kind == "prefill" and level.engine_ttft_s > 0:
+            rows.append((level, "ttft", prefill_row(level.prompt_tokens, level.engine_ttft_s)))
+        if level.kind in ("prefill", "load") and level.engine_itl_s > 0:
+            row = decode_row(level.concurrency, level.prompt_tokens, level.output_tokens, level.engine_itl_s)
+            rows.append((level, "tpot", row))
+    coefficients = fit([row for _, _, row in rows])
+    request_s, request_per_seq_s = front_end(levels)
+    terms: dict[str, float] = dict(zip(FEATURES, coefficients, strict=True))
+    linear = StepFit(
+        step_s=terms["step_s"],
+        per_seq_s=terms["per_seq_s"],
+        per_prefill_token_s=terms["per_prefill_token_s"],
+        per_context_token_s=terms["per_context_token_s"],
+        request_s=request_s,
+        request_per_seq_s=request_per_seq_s,
+    )
+    limits = limits_of(options, geometry, levels)
+    shapes = [shape_of(level) for level in levels if level.kind != "prefix" and level.timed]
+    # the prefill curve from the levels that sent one request at a time, the decode curve from every
+    # level's inter-token latency where it beats the per-sequence line; both kept fitted as the rest moves
+    curved = with_measured_curves(linear, limits, shapes, decode_curve)
+    step, before, after = refine(curved, limits, shapes, say, deadline)
+    say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
+    points = []
+    replayed = [level for level in levels if level.kind != "prefix" and level.timed]
+    for level, shape in zip(replayed, shapes, strict=True):
+        sim = simulate(step, limits, shape, cap=False)
+        for kind, measured, predicted in (
+            ("ttft", shape.engine_ttft_s, sim.engine_ttft_s),
+            ("tpot", shape.engine_itl_s, sim.engine_itl_s),
+        ):
+            if measured > 0:
+                points.append(
+                    Point(
+                        kind=kind,  # type: ignore[arg-type]
+                        concurrency=level.concurrency,
+                        prompt_tokens=level.prompt_tokens,
+                        output_tokens=level.output_tokens,
+                        measured_s=measured,
+                        predicted_s=predicted,
+                        requests=max(1, len(level.timed)),
                     )
-        errors = {kind: [p.error for p in points if p.kind == kind] or [0.0] for kind in ("ttft", "tpot")}
-        prefix = [lv for lv in self.levels if lv.kind == "prefix"]
-        hit_rate = (
-            prefix[0].prefix_hits / prefix[0].prefix_queries if prefix and prefix[0].prefix_queries else 0.0
-        )
-        return CalibratedProfile(
-            accelerator=self.options.accelerator,
-            model=self.options.model,
-            step=step,
-            limits=limits,
-            fit_error=FitError(
-                ttft_mean=statistics.fmean(errors["ttft"]),
-                ttft_max=max(errors["ttft"]),
-                tpot_mean=statistics.fmean(errors["tpot"]),
-                tpot_max=max(errors["tpot"]),
-            ),
-            saturated_tokens_per_second=max(
-                (lv.tokens_per_s for lv in self.levels if lv.kind == "load"), default=0.0
-            ),
-            prefix_cache_hit_rate=hit_rate,
-            source=Source(
-                url=self.options.url,
-                measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                seconds=round(self.elapsed(), 1),
-                requests=self.requests,
-                vllm_version=version,
-            ),
-            points=points,
-        )
+                )
+    errors = {kind: [p.error for p in points if p.kind == kind] or [0.0] for kind in ("ttft", "tpot")}
+    prefix = [lv for lv in levels if lv.kind == "prefix"]
+    hit_rate = (
+        prefix[0].prefix_hits / prefix[0].prefix_queries if prefix and prefix[0].prefix_queries else 0.0
+    )
+    return CalibratedProfile(
+        accelerator=options.accelerator,
+        model=options.model,
+        step=step,
+        limits=limits,
+        fit_error=FitError(
+            ttft_mean=statistics.fmean(errors["ttft"]),
+            ttft_max=max(errors["ttft"]),
+            tpot_mean=statistics.fmean(errors["tpot"]),
+            tpot_max=max(errors["tpot"]),
+        ),
+        saturated_tokens_per_second=max((lv.tokens_per_s for lv in levels if lv.kind == "load"), default=0.0),
+        prefix_cache_hit_rate=hit_rate,
+        source=source,
+        points=points,
+    )
 
 
 def _itl(before: Metrics, after: Metrics) -> float:

@@ -15,6 +15,7 @@ import msgspec
 
 from backends.models import Backend, PoolConfig, build_backends
 from backends.sim.fleet_spec import FleetSpec
+from backends.sim.frontend import FrontEnd
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import PerfModel
 from backends.sim.profiles import Hardware
@@ -39,8 +40,8 @@ class SimBackend:
     """Seconds the engine spent in steps (utilisation)."""
     plan: Any = None
     """The step in flight (`Scheduler.plan`), applied when it ends."""
-    front_free: float = 0.0
-    """When a calibrated server's front end is done with the requests it holds (it takes one at a time)."""
+    front: FrontEnd = field(default_factory=FrontEnd)
+    """A calibrated server's front end (it takes one request at a time)."""
 
     def __post_init__(self) -> None:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
@@ -56,9 +57,7 @@ class SimBackend:
         assert self.scheduler is not None and self.hardware is not None
         running = self.scheduler.stats.running
         front_end = self.hardware.front_end(running)
-        arrival = now
-        if front_end > 0:  # the front end takes one request at a time
-            arrival = self.front_free = max(now, self.front_free) + front_end
+        arrival = self.front.leave(now, front_end)
         group = Group(prompt_tokens, hashes, lengths, reasons, arrival=arrival)
         group.ready = arrival + self.hardware.admission_wait(running)
         self.scheduler.add(group)

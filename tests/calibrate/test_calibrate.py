@@ -11,6 +11,10 @@ MI300X profile. Per level the client's TTFT p50 and p90 and time per output toke
 20 %, and the what-if replay of the real gateway's access log on the profile must agree with the run's
 SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must fail
 the same comparison, so the test can fail.
+
+With SWITCHYARD_CALIBRATE_RECORD=DIR it records the real measurements (the sweep, the held-apart load and
+its real run, the access log, the policy) to DIR before comparing anything, and
+`python -m loadtest.calibrate.offline DIR` re-runs the fit, the simulated legs and the replay from them.
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ from backends.calibrated import CalibratedProfile, dump_profile, load_profile
 from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
 from loadtest.calibrate.agreement import (
-    ClassSlo,
     calibrated_fleet,
     logged_attainment,
     replayed_attainment,
+    slos_from_log,
 )
 from loadtest.calibrate.check import (
     TOLERANCE,
@@ -40,18 +44,19 @@ from loadtest.calibrate.check import (
     Job,
     LevelRun,
     Target,
+    bursts,
     calibrated_timing,
     compare,
     failures,
     format_rows,
     held_apart_jobs,
-    percentile,
     run_interleaved,
     run_level,
     start_simulator,
     stop_process,
     vocabulary_of,
 )
+from loadtest.calibrate.recording import Recording, save
 from loadtest.calibrate.sweep import Calibration, Options
 from tests.support import free_port, metric, running_gateway, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
@@ -78,26 +83,6 @@ def _policy(path: Path) -> Path:
         "  default: {strategy: {least-outstanding: 1}}\n"
     )
     return path
-
-
-def _slos_from(log: Path) -> dict[str, ClassSlo]:
-    """Per class, bounds at the real run's own 80th percentiles of TTFT and time per output token, so
-    about a fifth of each class misses and a replay that is off in either direction shows it."""
-    from loadtest.whatif.accesslog import read_log
-
-    ttfts: dict[str, list[float]] = {}
-    tpots: dict[str, list[float]] = {}
-    for request in read_log(log).requests:
-        line = request.line
-        if line.ttft_s is None or not line.duration_s or line.completion_tokens < 2:
-            continue
-        ttfts.setdefault(line.request_class, []).append(line.ttft_s)
-        tpots.setdefault(line.request_class, []).append(
-            (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
-        )
-    return {
-        cls: ClassSlo(percentile(ttfts[cls], 80) or 0.0, percentile(tpots[cls], 80) or 0.0) for cls in ttfts
-    }
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +131,7 @@ def _gateway_config(url: str, policy: Path, log: Path | None) -> dict[str, Any]:
 
 async def _calibrate_around(
     real: Target, levels: list[list[Job]]
-) -> tuple[CalibratedProfile, list[LevelRun]]:
+) -> tuple[CalibratedProfile, list[LevelRun], Calibration]:
     """`switchyard calibrate`'s sweep of the real server, with one level of the held-apart load run
     (through the gateway) after each of its phases: the check's real run and the sweep share the same
     minute of the machine, so a spell in which it ran slower lands on both. The fit never sees the
@@ -164,10 +149,11 @@ async def _calibrate_around(
         options = Options(
             url=real.metrics_url, model=MODEL, accelerator="cpu", budget_s=60.0, max_concurrency=16
         )
-        profile = await Calibration(options, print, between).run()
+        calibration = Calibration(options, print, between)
+        profile = await calibration.run()
         while pending:  # a budget that ended the sweep early leaves levels to run
             await between()
-    return profile, measured
+    return profile, measured, calibration
 
 
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
@@ -177,14 +163,27 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     policy = _policy(tmp_path / "policy.yaml")
     profile_path = tmp_path / "tiny.yaml"
     with running_gateway(_gateway_config(real_server, policy, gateway_log), tmp_path / "gw-real") as base:
-        fitted, real = asyncio.run(_calibrate_around(Target(base, real_server), levels))
+        fitted, real, calibration = asyncio.run(_calibrate_around(Target(base, real_server), levels))
+    if os.environ.get("SWITCHYARD_CALIBRATE_RECORD"):  # for `python -m loadtest.calibrate.offline DIR`
+        assert calibration.geometry is not None
+        recording = Recording(
+            calibration.options,
+            calibration.geometry,
+            calibration.levels,
+            SEED,
+            list(WIDTHS),
+            levels,
+            real,
+            list(os.getloadavg()),
+        )
+        save(recording, Path(os.environ["SWITCHYARD_CALIBRATE_RECORD"]), gateway_log, policy)
     profile_path.write_text(dump_profile(fitted))
     profile = load_profile(profile_path)
     info = sim_metrics(real_server)
     assert profile.limits.max_model_len == MAX_MODEL_LEN
     assert metric(info, "vllm:cache_config_info", block_size=str(profile.limits.block_size)) == 1
     assert metric(info, "vllm:cache_config_info", num_gpu_blocks=str(profile.limits.num_blocks)) == 1
-    assert profile.step.per_prefill_token_s > 0 and profile.points
+    assert (profile.step.prefill or profile.step.per_prefill_token_s > 0) and profile.points
 
     # The same load through a gateway each to the simulator of the fitted profile and to that of the
     # built-in MI300X profile, level by level (loadtest/calibrate/check.py).
@@ -202,8 +201,11 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     wrong = compare(real, wrong_run, WIDTHS)
     print(f"\ncalibrated profile ({profile_path}):\n{format_rows(calibrated)}")
     print(f"\nbuilt-in MI300X profile:\n{format_rows(wrong)}")
+    for note in bursts(real, WIDTHS):
+        print(f"note: {note}")
+    print(f"load average {os.getloadavg()}")
 
-    slos = _slos_from(log)
+    slos = slos_from_log(log)
     real_shares = logged_attainment(log, slos)
     replayed = replayed_attainment(
         log, calibrated_fleet(profile_path, MODEL, MAX_MODEL_LEN, POOL), policy, slos, SCRAPE_S

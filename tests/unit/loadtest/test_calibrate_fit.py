@@ -117,6 +117,25 @@ def test_front_end_time_grows_with_the_streams_running_and_resists_one_noisy_lev
     assert front_end([]) == (0.0, 0.0)
 
 
+def test_a_level_whose_client_got_its_tokens_in_bursts_tells_nothing_of_the_front_end() -> None:
+    """Its client's TTFT held the whole generation (tokens 0.02 ms apart where the server made one every
+    2.5 ms): the front end's fit and the refinement leave its client TTFT out, its server figures in."""
+    from loadtest.calibrate.levels import Level, front_end, shape_of
+
+    def level(concurrency: int, client_ttft: float, client_tpot: float) -> Level:
+        lv = Level("load", concurrency, 64, 32, engine_ttft_s=0.02, engine_itl_s=0.0025)
+        lv.timed = [Timed(64, 32, 0.0, client_ttft, client_tpot, 0.1) for _ in range(4)]
+        return lv
+
+    steady = [level(b, 0.030 + 0.002 * (b - 1), 0.0025) for b in (1, 2, 4, 8, 16)]
+    bursty = [level(b, 0.1 * b, 0.00002) for b in (1, 2, 4, 8, 16)]
+    assert not any(lv.bursty for lv in steady) and all(lv.bursty for lv in bursty)
+    assert front_end(steady + bursty) == pytest.approx(front_end(steady))
+    shape = shape_of(bursty[2])
+    assert (shape.client_ttft_p50_s, shape.client_ttft_p90_s) == (0.0, 0.0)
+    assert (shape.engine_ttft_s, shape.engine_itl_s) == (0.02, 0.0025)
+
+
 def test_attained_needs_both_bounds() -> None:
     slo = ClassSlo(ttft_s=0.1, tpot_s=0.01)
     assert attained(0.05, 0.005, slo)

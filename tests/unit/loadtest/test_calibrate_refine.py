@@ -8,9 +8,16 @@ import msgspec
 import pytest
 
 from backends.calibrated import Limits, StepFit
-from loadtest.calibrate.check import LevelRun, compare, failures
+from loadtest.calibrate.check import LevelRun, bursts, compare, failures
 from loadtest.calibrate.measure import Timed
-from loadtest.calibrate.refine import Shape, refine, simulate, with_prefill_curve
+from loadtest.calibrate.refine import (
+    Shape,
+    refine,
+    simulate,
+    with_decode_curve,
+    with_measured_curves,
+    with_prefill_curve,
+)
 
 LIMITS = Limits(
     block_size=128, num_blocks=2048, max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=512
@@ -129,3 +136,34 @@ def test_the_check_asserts_the_client_figures_and_shows_the_servers() -> None:
     assert [r.metric for r in rows if r.asserted] == ["client TTFT p50", "client TTFT p90", "client TPOT p50"]
     assert not failures(rows)  # the servers' own means are off by 300 %, but only shown
     assert [r.metric for r in failures(compare(real, far, [3]))] == ["client TTFT p50", "client TTFT p90"]
+
+
+def test_a_decode_curve_follows_a_server_whose_steps_do_not_grow_in_a_line() -> None:
+    """A server whose step is flat to 8 sequences and then jumps (as a CPU's threads fill): the levels at
+    1, 2, 4, 8 and 16 give a curve under which a level the sweep never ran (12 sequences, other
+    prompts) replays within 10 %, where the per-sequence line, fitted to the same levels, misses it."""
+    curve = [(1, 0.0004), (4, 0.0008), (8, 0.0012), (16, 0.009)]
+    true = msgspec.structs.replace(TRUE, decode=curve, per_seq_s=0.0005)
+    shapes = [_shape(1, p, 8, 2, true) for p in (16, 488)]
+    shapes += [_shape(c, p, 32, 2 * c, true) for c in (2, 4, 8, 16) for p in (61, 244)]
+    start = msgspec.structs.replace(TRUE, per_seq_s=0.0003)
+    curved, _, curved_error = refine(with_decode_curve(start, LIMITS, shapes, passes=3), LIMITS, shapes)
+    linear, _, linear_error = refine(start, LIMITS, shapes)
+    assert curved.decode and not linear.decode and curved_error < linear_error
+    assert [n for n, _ in curved.decode] == [1, 2, 4, 8, 16]
+    held_apart = _shape(12, 150, 40, 24, true)
+    for step, within in ((curved, True), (linear, False)):
+        itl = simulate(step, LIMITS, held_apart, cap=False).engine_itl_s
+        assert (abs(itl - held_apart.engine_itl_s) / held_apart.engine_itl_s < 0.10) is within
+
+
+def test_with_measured_curves_keeps_the_line_when_the_levels_have_one_concurrency() -> None:
+    shapes = [_shape(1, p, 8, 2) for p in (16, 128, 488)]
+    assert with_measured_curves(TRUE, LIMITS, shapes).decode == []
+
+
+def test_a_level_whose_tokens_came_in_bursts_is_named() -> None:
+    steady = LevelRun([_timed(0.1, 0.004) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.005)
+    burst = LevelRun([_timed(0.3, 0.0001) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.005)
+    notes = bursts([steady, burst], [3, 6])
+    assert len(notes) == 1 and notes[0].startswith("x6:")

@@ -1,0 +1,145 @@
+"""Re-run a calibration check from a recording (loadtest/calibrate/recording.py), without the real server.
+
+    python -m loadtest.calibrate.offline DIR [--http] [--refine-s 60] [--linear-decode]
+
+It fits the profile from the recorded sweep exactly as `switchyard calibrate` does (the fit sees the
+sweep only), writes it to DIR/offline-profile.yaml (`--linear-decode`: without the decode curve, to
+DIR/offline-linear.yaml), runs the recorded held-apart load on the simulator's
+scheduler on a virtual clock (`--http`: on `python -m backends.sim` servers of the profile and of the
+built-in MI300X one, as the test does), prints the comparison with the recorded real run, and replays the
+recorded access log with `whatif` for the SLO attainment per class. Exit status 0 when every level and
+every class agrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from backends.calibrated import CalibratedProfile, dump_profile, load_profile
+from loadtest.calibrate.agreement import (
+    calibrated_fleet,
+    logged_attainment,
+    replayed_attainment,
+    slos_from_log,
+)
+from loadtest.calibrate.check import (
+    TOLERANCE,
+    Job,
+    LevelRun,
+    Target,
+    bursts,
+    calibrated_timing,
+    compare,
+    failures,
+    format_rows,
+    run_interleaved,
+    start_simulator,
+    stop_process,
+)
+from loadtest.calibrate.measure import Timed
+from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
+from loadtest.calibrate.refine import closed_loop
+from loadtest.calibrate.sweep import fit_profile
+
+ATTAINMENT_POINTS = 0.05
+POOL = "calibrated"
+WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
+SCRAPE_S = 1.0
+
+
+def refit(recording: Recording, refine_s: float, decode_curve: bool = True) -> CalibratedProfile:
+    deadline = time.monotonic() + refine_s
+    return fit_profile(
+        recording.options,
+        recording.geometry,
+        recording.levels,
+        deadline,
+        lambda _: None,
+        decode_curve=decode_curve,
+    )
+
+
+def virtual_run(
+    profile: CalibratedProfile, levels: Sequence[list[Job]], widths: Sequence[int]
+) -> list[LevelRun]:
+    """The held-apart load on the simulator's scheduler on a virtual clock (refine.closed_loop)."""
+    runs = []
+    for jobs, width in zip(levels, widths, strict=True):
+        sizes = [(len(job.prompt), job.output_tokens) for job in jobs]
+        sim = closed_loop(profile.step, profile.limits, sizes, width)
+        timed = [
+            Timed(0, 0, 0.0, ttft, tpot, 0.0)
+            for ttft, tpot in zip(sim.client_ttft_s, sim.client_tpot_s, strict=True)
+        ]
+        runs.append(LevelRun(timed, sim.engine_ttft_s, sim.engine_itl_s))
+    return runs
+
+
+def http_runs(
+    profile_path: Path, recording: Recording, workdir: Path
+) -> tuple[list[LevelRun], list[LevelRun]]:
+    """The held-apart load on a simulator of the profile and one of the built-in MI300X profile."""
+    model, max_model_len = recording.options.model, recording.geometry.max_model_len
+    processes = []
+    try:
+        targets = []
+        for name, timing in (("calibrated", calibrated_timing(profile_path)), ("wrong", WRONG)):
+            process, url = start_simulator(timing, model, max_model_len, workdir / f"offline-{name}.log")
+            processes.append(process)
+            targets.append(Target(url, url))
+        calibrated, wrong = asyncio.run(run_interleaved(targets, model, recording.jobs, recording.widths))
+    finally:
+        for process in processes:
+            stop_process(process)
+    return calibrated, wrong
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.calibrate.offline", description=__doc__)
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--http", action="store_true", help="time the simulated legs on simulator servers")
+    parser.add_argument("--refine-s", type=float, default=60.0, help="the refinement's time (default 60)")
+    parser.add_argument(
+        "--linear-decode", action="store_true", help="fit without the decode curve (per_seq_s alone)"
+    )
+    args = parser.parse_args(argv)
+    directory: Path = args.directory
+    recording = load(directory)
+    print(f"recording {directory}: load average {recording.loadavg} when its real legs ended")
+    profile_path = directory / ("offline-linear.yaml" if args.linear_decode else "offline-profile.yaml")
+    profile_path.write_text(dump_profile(refit(recording, args.refine_s, not args.linear_decode)))
+    profile = load_profile(profile_path)
+    failed = False
+    if args.http:
+        simulated, wrong = http_runs(profile_path, recording, directory)
+        rows = compare(recording.real, wrong, recording.widths)
+        print(f"\nbuilt-in MI300X profile (simulator servers):\n{format_rows(rows)}")
+    else:
+        simulated = virtual_run(profile, recording.jobs, recording.widths)
+    rows = compare(recording.real, simulated, recording.widths)
+    print(f"\ncalibrated profile ({profile_path}, {'simulator server' if args.http else 'virtual clock'}):")
+    print(format_rows(rows))
+    asserted = [row for row in rows if row.asserted]
+    print(f"{len(asserted) - len(failures(rows))} of {len(asserted)} within {TOLERANCE:.0%}")
+    failed |= bool(failures(rows))
+    for note in bursts(recording.real, recording.widths):
+        print(f"note: {note}")
+    log, policy = directory / ACCESS_LOG, directory / POLICY
+    slos = slos_from_log(log)
+    real = logged_attainment(log, slos)
+    fleet = calibrated_fleet(profile_path, recording.options.model, recording.geometry.max_model_len, POOL)
+    replayed = replayed_attainment(log, fleet, policy, slos, SCRAPE_S)
+    print("\nSLO attainment per class (real run / replay on the profile):")
+    for cls, share in real.items():
+        off = abs(replayed.get(cls, 0.0) - share)
+        failed |= off > ATTAINMENT_POINTS
+        print(f"  {cls:6} {share:6.1%} {replayed.get(cls, 0.0):6.1%}  ({off * 100:.1f} points)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

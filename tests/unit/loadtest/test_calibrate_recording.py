@@ -1,0 +1,83 @@
+"""A calibration check's recording (loadtest/calibrate/recording.py) and the offline re-run from it
+(loadtest/calibrate/offline.py): the fit sees the recorded sweep only, the held-apart load is replayed on
+the simulator's scheduler and compared with the recorded real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from backends.calibrated import StepFit
+from loadtest.calibrate.check import Job, LevelRun, compare, failures
+from loadtest.calibrate.levels import Level
+from loadtest.calibrate.measure import Timed
+from loadtest.calibrate.offline import refit, virtual_run
+from loadtest.calibrate.recording import ACCESS_LOG, POLICY, RECORDING, Recording, load, save
+from loadtest.calibrate.refine import closed_loop
+from loadtest.calibrate.sweep import Geometry, Options, limits_of
+
+TRUE = StepFit(
+    step_s=0.004,
+    per_seq_s=0.0004,
+    per_prefill_token_s=0.00008,
+    per_context_token_s=2e-7,
+    admit_s=0.003,
+    request_s=0.002,
+)
+GEOMETRY = Geometry(max_model_len=512, block_size=128, num_blocks=2048, vllm_version="0.32.0")
+OPTIONS = Options(url="http://real:8000", model="tiny-llama", accelerator="cpu", max_concurrency=16)
+
+
+def _level(kind: str, concurrency: int, prompt: int, output: int, requests: int) -> Level:
+    """A sweep level as a server timed by TRUE would have measured it."""
+    limits = limits_of(OPTIONS, GEOMETRY, [])
+    sim = closed_loop(TRUE, limits, [(prompt, output)] * requests, concurrency)
+    timed = [
+        Timed(prompt, output, 0.0, ttft, tpot, 0.0)
+        for ttft, tpot in zip(sim.client_ttft_s, sim.client_tpot_s, strict=True)
+    ]
+    level = Level(kind, concurrency, prompt, output, timed)  # type: ignore[arg-type]
+    level.engine_ttft_s, level.engine_itl_s, level.wall_s = sim.engine_ttft_s, sim.engine_itl_s, 1.0
+    return level
+
+
+def _recording() -> Recording:
+    levels = [_level("prefill", 1, p, 8, 4) for p in (16, 64, 256, 488)]
+    levels += [_level("load", c, p, 32, max(16, 4 * c)) for p in (61, 244) for c in (1, 2, 4, 8, 16)]
+    jobs = [[Job([7] * (24 + 37 * i % 400), 16 + i % 48, "chat") for i in range(4 * w)] for w in (3, 6)]
+    limits = limits_of(OPTIONS, GEOMETRY, levels)
+    real = []
+    for level_jobs, width in zip(jobs, (3, 6), strict=True):
+        sim = closed_loop(TRUE, limits, [(len(j.prompt), j.output_tokens) for j in level_jobs], width)
+        timed = [
+            Timed(0, 0, 0.0, t, p, 0.0) for t, p in zip(sim.client_ttft_s, sim.client_tpot_s, strict=True)
+        ]
+        real.append(LevelRun(timed, sim.engine_ttft_s, sim.engine_itl_s))
+    return Recording(OPTIONS, GEOMETRY, levels, 7, [3, 6], jobs, real, [0.5, 0.4, 0.3])
+
+
+def test_a_recording_round_trips(tmp_path: Path) -> None:
+    recording = _recording()
+    log, policy = tmp_path / "access.jsonl", tmp_path / "policy.yaml"
+    log.write_text('{"request_class": "chat"}\n')
+    policy.write_text("name: p\n")
+    save(recording, tmp_path / "rec", log, policy)
+    assert load(tmp_path / "rec") == recording
+    assert (tmp_path / "rec" / ACCESS_LOG).read_text() == log.read_text()
+    assert (tmp_path / "rec" / POLICY).read_text() == "name: p\n"
+    assert json.loads((tmp_path / "rec" / RECORDING).read_bytes())["geometry"]["num_blocks"] == 2048
+
+
+def test_offline_the_fit_sees_the_sweep_and_predicts_the_held_apart_load() -> None:
+    """A server that is exactly the step model: the profile refitted from its recorded sweep predicts
+    the held-apart levels it never saw within the check's tolerance."""
+    recording = _recording()
+    profile = refit(recording, refine_s=20.0)
+    assert profile.limits.num_blocks == 2048 and profile.step.prefill
+    simulated = virtual_run(profile, recording.jobs, recording.widths)
+    rows = compare(recording.real, simulated, recording.widths)
+    assert not failures(rows), rows
+    wrong = msgspec.structs.replace(profile, step=msgspec.structs.replace(TRUE, step_s=0.02))
+    assert failures(compare(recording.real, virtual_run(wrong, recording.jobs, recording.widths), [3, 6]))
