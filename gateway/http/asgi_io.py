@@ -12,8 +12,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from gateway.http.response_write import send_head_and_body
+from gateway.http.response_write import cycle_sink, send_head_and_body
 from gateway.openai.errors import GatewayError, anthropic_error_json, body_too_large
+from gateway.request.relay import RelayedStream
 
 _CONTENT_TYPE = b"content-type"
 _CONTENT_LENGTH = b"content-length"
@@ -175,17 +176,36 @@ async def send_stream(
     stream: SentStream,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Send server-sent events as they come (`last` is set while the stream yields its final piece)."""
+    """Send server-sent events as they come (`last` is set while the stream yields its final piece).
+
+    A `RelayedStream` under uvicorn's protocol is pumped straight to its transport once the head is out
+    (`RelayedStream.pump`, `CycleSink`); anything else is iterated and sent as ASGI messages."""
     try:
         header_list = _header_list(headers, content_type.encode("latin-1"))
         if raw_headers:
             header_list += raw_headers
-        pieces = aiter(stream)
-        first = await anext(pieces, b"")  # sent with the head, in one write
+        pieces: AsyncIterator[bytes] | None = None
+        relayed = stream if isinstance(stream, RelayedStream) else None
+        if relayed is not None:
+            first = relayed.start()
+            if not first and not relayed.last:  # no whole event yet: the head waits for one, with it
+                pieces = relayed.rest()
+                first = await anext(pieces, b"")
+        else:
+            pieces = aiter(stream)
+            first = await anext(pieces, b"")  # sent with the head, in one write
         ended = stream.last
         if ended:  # the whole answer was in the backend's first chunk
             watch.stop()
         await send_head_and_body(send, 200, header_list, first, not ended)
+        if pieces is None:
+            if ended or relayed is None:
+                return
+            sink = cycle_sink(send, watch.stop)
+            if sink is not None:  # the rest straight to uvicorn's transport, piece by piece
+                await relayed.pump(sink)
+                return
+            pieces = relayed.rest()
         async for chunk in pieces:
             if stream.last:  # the backend's answer is all here: end the response with it, in one write
                 watch.stop()

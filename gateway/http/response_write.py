@@ -8,10 +8,12 @@ for the two messages in one write: the same bytes on the wire and the same cycle
 (tests/unit/gateway/test_response_write.py compares both with uvicorn's own path), the headers checked
 with one search over all names and one over all values. Anything else (another server, a cycle in another
 state, the access log on, a header uvicorn would act on or refuse) goes through `send` as two messages.
+The rest of a chunked stream is written the same way, piece by piece (`CycleSink`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import (
@@ -105,3 +107,56 @@ def _write(
         if not cycle.keep_alive:
             cycle.transport.close()
         cycle.on_response()
+
+
+class CycleSink:
+    """The rest of a chunked response written straight to uvicorn's transport (gateway/request/relay.py's
+    `ChunkSink`): each piece framed as uvicorn's `send` frames it (`size\\r\\n piece \\r\\n`, the last with
+    `0\\r\\n\\r\\n`), one write per piece, the cycle left as `send` leaves it. A client gone is written
+    nothing, as `send` does; a full transport (uvicorn's flow control paused) is waited on before more."""
+
+    __slots__ = ("_cycle", "_flow", "_on_end", "_transport")
+
+    def __init__(self, cycle: RequestResponseCycle, on_end: Callable[[], None]) -> None:
+        self._cycle = cycle
+        self._flow = cycle.flow
+        self._transport = cycle.transport
+        self._on_end = on_end
+
+    def write(self, data: bytes) -> bool:
+        if self._cycle.disconnected:
+            return False
+        self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return self._flow.write_paused
+
+    async def drain(self) -> None:
+        if self._flow.write_paused and not self._cycle.disconnected:
+            await self._flow.drain()
+
+    def end(self, data: bytes) -> None:
+        self._on_end()
+        cycle = self._cycle
+        if cycle.disconnected:
+            return
+        self._transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self._transport.close()
+        cycle.on_response()
+
+
+def cycle_sink(send: Any, on_end: Callable[[], None]) -> CycleSink | None:
+    """A `CycleSink` for the chunked response `send` has started (`on_end` runs before its last write),
+    or None when `send` is not uvicorn's or its response is in another state (then `send` it is)."""
+    cycle = getattr(send, "__self__", None)
+    if (
+        type(cycle) is not RequestResponseCycle
+        or not cycle.response_started
+        or cycle.response_complete
+        or cycle.chunked_encoding is not True
+        or cycle.access_log
+        or cycle.scope["method"] == "HEAD"
+    ):
+        return None
+    return CycleSink(cycle, on_end)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from backends.models import Backend
-from gateway.openai.errors import upstream_failed, upstream_timeout
+from gateway.openai.errors import GatewayError, upstream_failed, upstream_timeout
 from gateway.request.context import RequestContext
 from gateway.request.sse import SseRelay
 from gateway.upstream.connection import UpstreamError
@@ -91,6 +91,23 @@ class GapWatchdog:
         self._handle.cancel()
 
 
+class ChunkSink(Protocol):
+    """Where `RelayedStream.pump` writes: a response already started, written to without a message, a
+    coroutine or an await per piece while the client keeps up (gateway/http/response_write.py)."""
+
+    def write(self, data: bytes) -> bool:
+        """Send `data` (not empty) on; True when the client's side is full: `drain` before writing more."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until the client's side takes writes again (at once when it does)."""
+        ...
+
+    def end(self, data: bytes) -> None:
+        """Send the last piece (possibly empty) and end the response."""
+        ...
+
+
 class EventStream(Protocol):
     """What the HTTP layer sends as a stream: `RelayedStream`, or a wrapper of one (the Responses API's)."""
 
@@ -157,34 +174,37 @@ class RelayedStream:
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._events()
 
-    async def _events(self) -> AsyncIterator[bytes]:
+    def start(self) -> bytes:
+        """The first piece to send (from the chunk that opened the stream); `last` says it ends the answer.
+        `pump` relays the rest."""
+        out = self._sse.feed(self._stream.first_chunk)
+        self._first_fed = True
+        if self._stream.response.all_read():
+            return self._last(out)
+        return out
+
+    def rest(self) -> AsyncIterator[bytes]:
+        """After `start` (its piece not the last): the pieces iterating the stream yields after it."""
+        return self._events(started=True)
+
+    async def _events(self, started: bool = False) -> AsyncIterator[bytes]:
         stream, sse, watchdog, loop = self._stream, self._sse, self._watchdog, self._loop
         try:
             response = stream.response
-            out = sse.feed(stream.first_chunk)
-            self._first_fed = True
-            if response.all_read():
-                yield self._last(out)
-                return
-            if out:
-                yield out
+            if not started:
+                out = self.start()
+                if self.last:
+                    yield out
+                    return
+                if out:
+                    yield out
             read = response.readany
             while True:
                 watchdog.waiting_since = loop.time()
                 try:
                     data = await read()
                 except UpstreamError as exc:
-                    backend = stream.backend
-                    if watchdog.past_total:
-                        error = upstream_timeout(backend.name, 0, "the whole answer within its total timeout")
-                    elif watchdog.fired:
-                        error = upstream_timeout(backend.name, self._between_chunks, "a chunk")
-                        backend.breaker.failure("a stream stalled")
-                    else:
-                        error = upstream_failed(backend.name, f"stream broke ({exc.__class__.__name__})")
-                        backend.breaker.failure("a stream broke")
-                    sse.failed = error
-                    yield sse.error_event(error)
+                    yield sse.error_event(self._failed(exc))
                     return
                 watchdog.waiting_since = None
                 if not data:
@@ -201,6 +221,52 @@ class RelayedStream:
                     yield out
         finally:
             self.end()
+
+    async def pump(self, sink: ChunkSink) -> None:
+        """After `start` (its piece sent, not the last), relay the rest of the stream to `sink` and end the
+        response with its last piece: what iterating the stream yields, without an async generator and a
+        send message between the backend's read and the client's write. What arrived in one read is one
+        write; the next read waits while the client's side is full (back-pressure), as iterating does."""
+        sse, watchdog, loop = self._sse, self._watchdog, self._loop
+        response = self._stream.response
+        read = response.readany
+        write = sink.write
+        try:
+            await sink.drain()  # the head and first piece may have filled the client's side
+            while True:
+                watchdog.waiting_since = loop.time()
+                try:
+                    data = await read()
+                except UpstreamError as exc:
+                    sink.end(sse.error_event(self._failed(exc)))
+                    return
+                watchdog.waiting_since = None
+                if not data:
+                    self._completed = True
+                    sink.end(sse.flush())
+                    return
+                out = sse.feed(data)
+                if response.all_read():
+                    sink.end(self._last(out))
+                    return
+                if out and write(out):
+                    await sink.drain()
+        finally:
+            self.end()
+
+    def _failed(self, exc: UpstreamError) -> GatewayError:
+        """The error a read failing after the stream started ends it with (the breaker told)."""
+        backend, watchdog = self._stream.backend, self._watchdog
+        if watchdog.past_total:
+            error = upstream_timeout(backend.name, 0, "the whole answer within its total timeout")
+        elif watchdog.fired:
+            error = upstream_timeout(backend.name, self._between_chunks, "a chunk")
+            backend.breaker.failure("a stream stalled")
+        else:
+            error = upstream_failed(backend.name, f"stream broke ({exc.__class__.__name__})")
+            backend.breaker.failure("a stream broke")
+        self._sse.failed = error
+        return error
 
     def _last(self, out: bytes) -> bytes:
         """The final piece: what the relay holds back, with what the backend left unterminated."""

@@ -12,10 +12,15 @@ streamed (a chat.completion with usage), for the CPU per non-streamed answer.
 The machine may be shared, so throughput is not the figure: each phase loads one gateway alone with wrk
 and divides the gateway process's CPU time (utime + stime from /proc) by the chunks it relayed (answers
 x 512). Phases alternate old/new (and which goes first, round by round); the figure is the median over
-rounds, and `new/old` the median of the per-round ratios.
+rounds, and `new/old` the median of the per-round ratios. When the peers harness installed vllm-router
+(/tmp/peers-venvs, /work/shared/peers/setup.sh), it is measured in the same rounds as a third target,
+started as the harness's `vllm-router` preset (default policy) with one router per upstream shape, all
+pinned to the gateway's CPU (its CPU is its whole session's, every thread); `new/peer` and `old/peer` are
+the medians of the per-round ratios. `--peer ''` leaves it out.
 
 Usage: python -m loadtest.bench.stream_chunks [--baseline REF] [--rounds 5] [--duration 5]
        [--connections 64,8] [--shapes burst,paced,json] [--tokens 512] [--json out.json]
+       [--peer /tmp/peers-venvs/vllm-router/bin/vllm-router]
        (make bench-stream-chunks ARGS=...; needs wrk, nginx and its echo module, Redis)
 REF defaults to `main`; the baseline runs from `git archive REF` in a temporary directory.
 """
@@ -34,6 +39,8 @@ import sys
 import tarfile
 import tempfile
 import uuid
+from collections.abc import Callable
+from functools import partial
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -45,15 +52,18 @@ from loadtest.bench._util import (
     delete_prefix,
     pick_cpus,
     process_cpu_seconds,
+    session_cpu_seconds,
     start_gateway,
     which,
 )
 from loadtest.bench.peers_keys import _provision
 from loadtest.bench.stream_upstream import MODEL, TOKENS, start_nginx
-from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
+from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
+PEER = "/tmp/peers-venvs/vllm-router/bin/vllm-router"
+"""vllm-router as /work/shared/peers/setup.sh installs it (its `vllm-router` preset)."""
 
 
 def _config(port: int, upstreams: dict[str, str], prefix: str) -> dict[str, Any]:
@@ -180,8 +190,50 @@ def check_stream(url: str, key: str, shape: str) -> int:
     return len(raw)
 
 
+def _answers(url: str, key: str, shape: str) -> bool:
+    try:
+        check_stream(url, key, shape)
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def start_peers(
+    group: ProcessGroup, binary: str, upstreams: dict[str, str], shapes: list[str], key: str, cpu: int
+) -> dict[str, tuple[str, Child]]:
+    """One vllm-router per upstream shape (it balances over its workers, it does not route by model), as
+    the peers harness's `vllm-router` preset starts it; {shape: (URL, child)} once each relays an answer."""
+    peers = {}
+    for shape in shapes:
+        port = free_port()
+        argv = [
+            binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            upstreams[shape],
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+        ]
+        child = group.start(f"peer-{shape}", argv, cpu=cpu)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(partial(_answers, url, key, shape), timeout=60, what=url, child=child)
+        peers[shape] = (url, child)
+    return peers
+
+
 def run(
-    ref: str, rounds: int, duration: float, conns: list[int], shapes: list[str], paced_ms: float
+    ref: str,
+    rounds: int,
+    duration: float,
+    conns: list[int],
+    shapes: list[str],
+    paced_ms: float,
+    peer: str | None = None,
 ) -> dict[str, Any]:
     wrk = which("wrk")
     if wrk is None:
@@ -190,7 +242,7 @@ def run(
     prefix = "bench-chunks-" + uuid.uuid4().hex[:8]
     key = "sy-bench-chunks-" + uuid.uuid4().hex[:30]  # 43 characters after `sy-`, as real keys
     samples: dict[str, dict[str, list[float]]] = {}
-    ratios: dict[str, list[float]] = {}
+    ratios: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:
         work = Path(tmp)
         group = ProcessGroup(work)
@@ -217,49 +269,66 @@ def run(
                 gateways[name] = start_gateway(
                     group, f"gw-{name}", argv, port, gw_cpu, cwd=str(tree), env=env, timeout=60
                 )
+            peers = start_peers(group, peer, upstreams, shapes, key, gw_cpu) if peer else {}
             for shape in shapes:
                 script = work / f"{shape}.lua"
                 script.write_text(_wrk_script(key, shape))
+                targets = dict(gateways)
+                cpu_of: dict[str, Callable[[int], float]] = dict.fromkeys(gateways, process_cpu_seconds)
+                if shape in peers:
+                    targets["peer"] = peers[shape]
+                    cpu_of["peer"] = session_cpu_seconds  # the router's threads, in its own session
                 size = {}
-                for name, (url, _) in gateways.items():
+                for name, (url, _) in targets.items():
                     size[name] = check_stream(url, key, shape)
                     _wrk(wrk, url + "/v1/chat/completions", script, 8, 1, load_cpu, size[name])  # warm-up
                 for c in conns:
                     case = f"{shape} c={c}"
-                    samples[case] = {"old": [], "new": [], "old_rps": [], "new_rps": []}
-                    ratios[case] = []
+                    samples[case] = {f"{n}{k}": [] for n in targets for k in ("", "_rps")}
+                    ratios[case] = {f"new/{n}": [] for n in targets if n != "new"}
+                    if "peer" in targets:
+                        ratios[case]["old/peer"] = []
+                    names = list(targets)
                     for r in range(rounds):
-                        order = ("old", "new") if r % 2 == 0 else ("new", "old")
+                        order = names[r % len(names) :] + names[: r % len(names)]
+                        if r % 2:
+                            order.reverse()
                         per_chunk = {}
                         for name in order:
-                            url, child = gateways[name]
-                            before = process_cpu_seconds(child.pid)
+                            url, child = targets[name]
+                            before = cpu_of[name](child.pid)
                             answers = _wrk(
                                 wrk, url + "/v1/chat/completions", script, c, duration, load_cpu, size[name]
                             )
-                            spent = process_cpu_seconds(child.pid) - before
+                            spent = cpu_of[name](child.pid) - before
                             per_chunk[name] = spent / max(1e-9, answers) * 1e6  # per answer
                             samples[case][name].append(per_chunk[name])
                             samples[case][f"{name}_rps"].append(answers / duration)
-                        ratios[case].append(per_chunk["new"] / per_chunk["old"])
+                        for pair, values in ratios[case].items():
+                            a, b = pair.split("/")
+                            values.append(per_chunk[a] / per_chunk[b])
         finally:
             group.close()
             delete_prefix(REDIS_URL, prefix)
-    return {
-        "baseline": ref,
-        "tokens": TOKENS,
-        "cases": {
-            case: {
-                "old_us_per_answer": statistics.median(s["old"]),
-                "new_us_per_answer": statistics.median(s["new"]),
-                "new_vs_old": statistics.median(ratios[case]),
-                "rounds_new_vs_old": [round(x, 3) for x in ratios[case]],
-                "old_answers_per_s": statistics.median(s["old_rps"]),
-                "new_answers_per_s": statistics.median(s["new_rps"]),
+    cases: dict[str, dict[str, Any]] = {}
+    for case, s in samples.items():
+        cases[case] = {
+            f"{name}_us_per_answer": statistics.median(values)
+            for name, values in s.items()
+            if not name.endswith("_rps")
+        }
+        cases[case].update(
+            {
+                f"{name.removesuffix('_rps')}_answers_per_s": statistics.median(v)
+                for name, v in s.items()
+                if name.endswith("_rps")
             }
-            for case, s in samples.items()
-        },
-    }
+        )
+        for pair, values in ratios[case].items():
+            key_name = pair.replace("/", "_vs_")
+            cases[case][key_name] = statistics.median(values)
+            cases[case][f"rounds_{key_name}"] = [round(x, 3) for x in values]
+    return {"baseline": ref, "tokens": TOKENS, "peer": peer, "cases": cases}
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -277,6 +346,21 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{case:<14} {old:>11.0f} {new:>11.0f} {chunks:>21} {c['new_vs_old']:>8.3f}  "
             f"{c['rounds_new_vs_old']}"
         )
+    peer_cases = {case: c for case, c in summary["cases"].items() if "peer_us_per_answer" in c}
+    if peer_cases:
+        lines.append(f"vllm-router in the same rounds ({summary['peer']}); answers/s per target")
+        lines.append(
+            f"{'case':<14} {'peer µs/ans':>11} {'peer µs/ch':>10} {'new/peer':>8} {'old/peer':>8} "
+            f"{'old/s':>7} {'new/s':>7} {'peer/s':>7}  rounds new/peer"
+        )
+        for case, c in peer_cases.items():
+            peer = c["peer_us_per_answer"]
+            per_chunk = "" if case.startswith("json") else f"{peer / tokens:.2f}"
+            lines.append(
+                f"{case:<14} {peer:>11.0f} {per_chunk:>10} {c['new_vs_peer']:>8.3f} {c['old_vs_peer']:>8.3f} "
+                f"{c['old_answers_per_s']:>7.0f} {c['new_answers_per_s']:>7.0f} "
+                f"{c['peer_answers_per_s']:>7.0f}  {c['rounds_new_vs_peer']}"
+            )
     return "\n".join(lines)
 
 
@@ -298,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens per answer (the peers mock: 64)")
     parser.add_argument("--paced-ms", type=float, default=1.0, help="pause between events, paced shape")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--peer",
+        default=PEER,
+        help="vllm-router executable measured in the same rounds ('' to leave it out; "
+        "left out with a note when it is not installed)",
+    )
     args = parser.parse_args(argv)
     conns = [int(c) for c in args.connections.split(",") if c]
     shapes = [s for s in args.shapes.split(",") if s]
@@ -309,7 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tokens 1..8192")
     set_tokens(args.tokens)
     install_interrupt_handlers()
-    summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms)
+    peer = args.peer or None
+    if peer is not None and not os.access(peer, os.X_OK):
+        print(f"no vllm-router at {peer} (/work/shared/peers/setup.sh installs it): measured without it")
+        peer = None
+    summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms, peer)
     print(format_table(summary))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

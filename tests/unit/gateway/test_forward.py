@@ -467,6 +467,99 @@ async def test_slow_client_does_not_count_as_an_upstream_stall(server, upstream:
     assert len(ends) == 1
 
 
+# --- the same, pumped to a sink (as gateway/http/asgi_io.py does under uvicorn's protocol) ------------
+
+
+class _Sink:
+    """A `ChunkSink` that keeps what it is given; full (drain waits `full_for` s) after each write if set."""
+
+    def __init__(self, full_for: float = 0.0) -> None:
+        self.out = b""
+        self.ended = False
+        self.full_for = full_for
+        self.drains = 0
+
+    def write(self, data: bytes) -> bool:
+        assert not self.ended
+        self.out += data
+        return self.full_for > 0
+
+    async def drain(self) -> None:
+        if self.full_for:
+            self.drains += 1
+            await asyncio.sleep(self.full_for)
+
+    def end(self, data: bytes) -> None:
+        self.out += data
+        self.ended = True
+
+
+async def _pumped(
+    upstream: Upstream, url: str, scenario: str, sink: _Sink
+) -> tuple[RelayedStream, SseRelay, list[RequestContext], OpenStream]:
+    ctx, opened = await _open(upstream, [_backend("b", url)], _request(scenario, stream=True))
+    sse = SseRelay(keep_usage_chunk=True)
+    ends: list[RequestContext] = []
+    stream = upstream.relay(ctx, opened, sse, ends.append)
+    first = stream.start()
+    assert first == _event("Hel") and not stream.last
+    sink.out = first
+    return stream, sse, ends, opened
+
+
+async def test_a_pumped_stream_ends_with_its_last_piece_and_is_accounted(server, upstream: Upstream):
+    url, _ = server
+    sink = _Sink()
+    stream, sse, ends, opened = await _pumped(upstream, url, "stream_ok", sink)
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.ended and sink.out == _event("Hel") + _event("lo") + USAGE_EVENT + DONE
+    assert sse.failed is None and sse.usage is not None and sse.usage.completion_tokens == 2
+    assert len(ends) == 1 and not opened.response.closed  # read to its end: pooled
+
+
+async def test_a_pumped_stream_stall_ends_with_the_timeout_event(server, upstream: Upstream):
+    url, _ = server
+    sink = _Sink()
+    stream, sse, ends, _ = await _pumped(upstream, url, "stream_stall", sink)
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.ended and sink.out.startswith(_event("Hel") + _event("lo"))
+    assert _last_event(sink.out)["error"]["code"] == "upstream_timeout"
+    assert sse.failed is not None and sse.failed.status == 504
+    assert len(ends) == 1
+
+
+async def test_a_pumped_stream_cut_ends_with_the_failed_event(server, upstream: Upstream):
+    url, _ = server
+    sink = _Sink()
+    stream, sse, ends, _ = await _pumped(upstream, url, "stream_drop", sink)
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.ended and _last_event(sink.out)["error"]["code"] == "upstream_failed"
+    assert sse.failed is not None and sse.failed.status == 502 and len(ends) == 1
+
+
+async def test_a_full_client_is_not_an_upstream_stall_when_pumped(server, upstream: Upstream):
+    url, _ = server
+    sink = _Sink(full_for=TIMEOUTS.between_chunks * 1.5)  # every write fills the client's side a while
+    stream, sse, ends, _ = await _pumped(upstream, url, "stream_ok", sink)
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.out == _event("Hel") + _event("lo") + USAGE_EVENT + DONE and sink.drains >= 1
+    assert sse.failed is None and len(ends) == 1
+
+
+async def test_a_client_gone_while_pumped_still_counts_what_the_backend_sent(server, upstream: Upstream):
+    url, _ = server
+    sink = _Sink()
+    stream, sse, ends, opened = await _pumped(upstream, url, "stream_stall", sink)
+    pumping = asyncio.create_task(stream.pump(sink))
+    await asyncio.sleep(0.1)  # "lo" relayed, the backend then stalls
+    pumping.cancel()  # the client left: the disconnect watch cancels the request's task
+    with pytest.raises(asyncio.CancelledError):
+        await pumping
+    await _until(lambda: len(ends) == 1)
+    assert sse.events == 2 and not sink.ended
+    assert opened.response.closed
+
+
 # --- a stream whose client left: counting what the backend had sent ----------------------------------
 
 

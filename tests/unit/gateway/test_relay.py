@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from backends.catalog import Catalog
 from backends.models import Backend, Pool
 from gateway.config.settings import Retries, Timeouts
 from gateway.http.asgi_io import DisconnectWatch, send_stream
+from gateway.http.response_write import CycleSink, cycle_sink
 from gateway.ledger.memory import InMemoryLedger
 from gateway.ledger.records import UsageRecord
 from gateway.openai.errors import GatewayError
@@ -222,3 +227,167 @@ async def test_a_cut_stream_still_ends_with_its_error_event_then_the_end_of_the_
     assert bodies[-1] == {"type": "http.response.body", "body": b""}
     (record,) = seen.records
     assert (record.status, record.completion_tokens, record.usage_source) == (502, 1, "estimated")
+
+
+class Wire:
+    """A client transport that keeps what is written; `pause_after` writes, uvicorn's flow control is
+    told the client's side is full (as the transport's high-water mark would)."""
+
+    def __init__(self, pause_after: int | None = None) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.flow: FlowControl | None = None
+        self._pause_after = pause_after
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        if self.flow is not None and len(self.writes) == self._pause_after:
+            self.flow.pause_writing()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+def uvicorn_cycle(wire: Wire) -> RequestResponseCycle:
+    scope: Any = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "http_version": "1.1"}
+    flow = FlowControl(wire)  # type: ignore[arg-type]
+    wire.flow = flow
+    return RequestResponseCycle(
+        scope=scope,
+        transport=wire,  # type: ignore[arg-type]
+        flow=flow,
+        logger=logging.getLogger("test"),
+        access_logger=logging.getLogger("test.access"),
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
+
+
+async def _opened(chunks: list[bytes], cut: bool = False) -> tuple[Reply, Pipeline, Seen]:
+    answer = Scripted(headers=dict(SSE), chunks=chunks, cut=cut)
+    pipeline, _, _, seen = gateway([answer])
+    ctx = RequestContext("chat", Caller(request_id="req-1", authorization=None, forwarded={}))
+    ctx.body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    ).encode()
+    reply = await pipeline.handle(ctx)
+    assert reply.stream is not None
+    return reply, pipeline, seen
+
+
+async def _never_disconnects() -> dict[str, object]:
+    await asyncio.Event().wait()
+    return {}
+
+
+async def _pumped(chunks: list[bytes], cut: bool = False) -> tuple[Wire, RequestResponseCycle, Seen]:
+    """The stream sent under uvicorn's own protocol: pumped to the transport once the head is out."""
+    reply, pipeline, seen = await _opened(chunks, cut)
+    wire = Wire()
+    c = uvicorn_cycle(wire)
+    assert reply.stream is not None
+    await send_stream(
+        c.send, DisconnectWatch(_never_disconnects), reply.headers, reply.content_type, reply.stream
+    )
+    await pipeline.settle_pending()
+    return wire, c, seen
+
+
+async def _as_uvicorn_sends_it(messages: list[dict[str, object]]) -> bytes:
+    wire = Wire()
+    c = uvicorn_cycle(wire)
+    for message in messages:
+        await c.send(message)  # type: ignore[arg-type]
+    return b"".join(wire.writes)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "cut"),
+    [
+        ([event("Hel"), event("lo"), event("!") + USAGE, DONE], False),  # ended by the end of the body
+        ([event("Hel"), event("lo") + USAGE + DONE], False),  # ended by its last piece
+        ([event("Hel"), event("lo")[:9], event("lo")[9:] + DONE], False),  # an event across two reads
+        ([event("Hel"), event("lo")], True),  # cut: the error event
+    ],
+)
+async def test_a_pumped_stream_writes_what_uvicorns_send_writes_one_write_a_read(
+    chunks: list[bytes], cut: bool
+) -> None:
+    messages, iterated = await _sent_stream(chunks, cut)
+    wire, c, pumped = await _pumped(chunks, cut)
+    assert b"".join(wire.writes) == await _as_uvicorn_sends_it(messages)
+    # the head with the first piece, then one write per read at most (a cut is one read more)
+    assert len(wire.writes) <= len(chunks) + cut
+    assert c.response_complete and c.message_event.is_set()
+    assert [(r.status, r.completion_tokens, r.usage_source) for r in pumped.records] == [
+        (r.status, r.completion_tokens, r.usage_source) for r in iterated.records
+    ]
+
+
+async def test_a_pumped_stream_reads_no_more_while_the_client_is_full() -> None:
+    pieces = [event(str(i)) for i in range(6)] + [USAGE, DONE]
+    reply, pipeline, seen = await _opened(pieces)
+    wire = Wire(pause_after=2)  # the head and first piece, then one more piece fills the client's side
+    c = uvicorn_cycle(wire)
+    assert reply.stream is not None
+    sending = asyncio.create_task(
+        send_stream(
+            c.send, DisconnectWatch(_never_disconnects), reply.headers, reply.content_type, reply.stream
+        )
+    )
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(wire.writes) == 2 and not sending.done()  # waiting for the client, not reading on
+    assert c.flow is wire.flow
+    wire.flow.resume_writing()
+    await sending
+    await pipeline.settle_pending()
+    body = b"".join(wire.writes)
+    assert all(event(str(i)) in body for i in range(6)) and body.endswith(DONE + b"\r\n0\r\n\r\n")
+    (record,) = seen.records
+    assert (record.completion_tokens, record.usage_source) == (2, "backend")
+
+
+async def test_a_client_gone_mid_stream_is_written_nothing_more_and_the_stream_still_accounted() -> None:
+    reply, pipeline, seen = await _opened([event("Hel"), event("lo"), USAGE, DONE])
+    wire = Wire(pause_after=1)
+    c = uvicorn_cycle(wire)
+    assert reply.stream is not None
+    sending = asyncio.create_task(
+        send_stream(
+            c.send, DisconnectWatch(_never_disconnects), reply.headers, reply.content_type, reply.stream
+        )
+    )
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert wire.flow is not None
+    c.disconnected = True  # as uvicorn's connection_lost does: the flow is let go, writes are dropped
+    wire.flow.resume_writing()
+    await sending
+    await pipeline.settle_pending()
+    assert len(wire.writes) == 1 and not c.response_complete
+    (record,) = seen.records
+    assert (record.completion_tokens, record.usage_source) == (2, "backend")
+
+
+async def test_cycle_sink_is_only_for_a_chunked_response_uvicorn_started() -> None:
+    wire = Wire()
+    c = uvicorn_cycle(wire)
+    assert cycle_sink(c.send, lambda: None) is None  # not started
+    await c.send({"type": "http.response.start", "status": 200, "headers": []})
+    assert isinstance(cycle_sink(c.send, lambda: None), CycleSink)
+    assert cycle_sink(Sent(), lambda: None) is None  # another server's send
+    fixed = uvicorn_cycle(Wire())
+    await fixed.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    assert cycle_sink(fixed.send, lambda: None) is None
