@@ -33,7 +33,7 @@ local function settle_one(counter, delta, replica)
   end
   -- Every counter but a `total` period's has a TTL from its creation on: one without a TTL after
   -- this INCRBY was made by it (its window or period had ended) and is not kept.
-  local total = string.sub(counter, -6) == ':total'
+  local total = string.find(counter, ':total', -6, true) ~= nil
   if total and redis.call('EXISTS', counter) == 0 then return end
   local left = redis.call('INCRBY', counter, delta)
   if left == delta and not total and redis.call('PTTL', counter) == -1 then
@@ -78,7 +78,8 @@ local function parse(arg)
   local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(arg,
     '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
   l = {name = name, period = period, rpm = tonumber(rpm), tpm = tonumber(tpm), par = tonumber(par),
-       budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
+       budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl),
+       sk = ns .. ':sp:' .. name .. ':' .. period, hk = ns .. ':hd:' .. name .. ':' .. period}
   limits[arg] = l
   return l
 end
@@ -86,11 +87,10 @@ end
 local function scope(l)
   local s = scopes[l.name]
   if not s then
-    local sk, hk = ns .. ':sp:' .. l.name .. ':' .. l.period, ns .. ':hd:' .. l.name .. ':' .. l.period
     s = {rk = ns .. ':rq:' .. l.name .. suffix, tk = ns .. ':tk:' .. l.name .. suffix,
-         pk = ns .. ':pa:' .. l.name, lu = ns .. ':lu:' .. l.name, sk = sk, pttl = l.pttl,
+         pk = ns .. ':pa:' .. l.name, lu = ns .. ':lu:' .. l.name, sk = l.sk, pttl = l.pttl,
          drq = 0, dtk = 0, dpa = 0}
-    local got = redis.call('MGET', s.rk, s.tk, sk, hk, s.lu)
+    local got = redis.call('MGET', s.rk, s.tk, l.sk, l.hk, s.lu)
     s.rq, s.tkn, s.new_rk, s.new_tk = tonumber(got[1] or '0'), tonumber(got[2] or '0'), not got[1], not got[2]
     s.spent, s.held_missing, s.last = got[3], not got[4], got[5]
     scopes[l.name] = s
@@ -125,11 +125,10 @@ local function over(s, par)
 end
 
 local function spend(l, s)
-  local key = ns .. ':sp:' .. l.name .. ':' .. l.period
+  local key = l.sk
   local b = spends[key]
   if not b then
-    local raw, held_missing = s.spent, s.held_missing
-    local hk = ns .. ':hd:' .. l.name .. ':' .. l.period
+    local raw, held_missing, hk = s.spent, s.held_missing, l.hk
     if key ~= s.sk then raw, held_missing = redis.call('GET', key), redis.call('EXISTS', hk) == 0 end
     b = {key = key, hk = hk, sp = tonumber(raw or '0'), missing = not raw, held_missing = held_missing,
          d = 0, bttl = 0, charged = false}
