@@ -138,7 +138,6 @@ local function spend(l, s)
 end
 
 local function admit(tokens, cost, first, last)
-  local taken, counts = {}, {}
   for i = first, last do
     local l = parse(ARGV[i])
     local s = scope(l)
@@ -151,11 +150,12 @@ local function admit(tokens, cost, first, last)
     if why then
       return '0|' .. (i - first) .. '|' .. why .. head .. '|' .. s.rq .. '|' .. s.tkn .. '|' .. b.sp
     end
-    taken[#taken+1] = {s, b, l}
-    counts[#counts+1] = (s.rq + 1) .. '|' .. (s.tkn + tokens) .. '|' .. (b.sp + cost)
   end
-  for _, t in ipairs(taken) do
-    local s, b, l = t[1], t[2], t[3]
+  -- Every scope fits: all are charged (the counts answered are those after the reservation).
+  local answer = '1|-1|' .. head
+  for i = first, last do
+    local l = limits[ARGV[i]]
+    local s, b = scopes[l.name], spends[l.sk]
     s.rq, s.drq = s.rq + 1, s.drq + 1
     s.tkn, s.dtk = s.tkn + tokens, s.dtk + tokens
     s.dpa = s.dpa + 1
@@ -163,8 +163,9 @@ local function admit(tokens, cost, first, last)
     -- Every key's spend is kept, budget or not (an unbudgeted one reserves 0 and is charged at settling).
     b.sp, b.d, b.charged = b.sp + cost, b.d + cost, true
     if l.bttl > 0 then b.bttl = l.bttl end
+    answer = answer .. '|' .. s.rq .. '|' .. s.tkn .. '|' .. b.sp
   end
-  return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
+  return answer
 end
 
 local out = {}
