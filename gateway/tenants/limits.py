@@ -84,6 +84,20 @@ local function parse(arg)
   return l
 end
 
+-- Other replicas' slots count only while their lease lives; a lapsed replica's field is deleted.
+local function live(s)
+  s.live = true
+  local held, pa = s.held, 0
+  for j = 1, #held, 2 do
+    if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
+      pa = pa + tonumber(held[j+1])
+    else
+      redis.call('HDEL', s.pk, held[j])
+    end
+  end
+  s.pa = pa
+end
+
 local function scope(l)
   local s = scopes[l.name]
   if not s then
@@ -101,26 +115,17 @@ local function scope(l)
     local pa = 0
     for j = 2, #held, 2 do pa = pa + tonumber(held[j]) end
     s.held, s.pa = held, pa
+    -- Leases are looked at once a second (lapsed replicas' fields do not pile up in a busy scope's
+    -- hash), and whenever the slots counted without them would refuse (`over`).
+    if s.last ~= second and #held > 0 and not (#held == 2 and held[1] == replica) then live(s) end
   end
   return s
 end
 
--- Would one more slot exceed `par`? Other replicas' slots are counted only while their lease lives,
--- checked only when the answer would otherwise be no (a lapsed replica's field is deleted then).
+-- Would one more slot exceed `par`? Checked against live replicas' slots only before saying yes.
 local function over(s, par)
   if s.pa + s.dpa + 1 <= par then return false end
-  if not s.live then
-    s.live = true
-    local held, pa = s.held, 0
-    for j = 1, #held, 2 do
-      if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
-        pa = pa + tonumber(held[j+1])
-      else
-        redis.call('HDEL', s.pk, held[j])
-      end
-    end
-    s.pa = pa
-  end
+  if not s.live then live(s) end
   return s.pa + s.dpa + 1 > par
 end
 
@@ -220,9 +225,9 @@ tokens and spend: after the reservation if admitted, before it if refused).
 Parallel slots are a hash per scope, one field per replica (its slots in flight). Each live replica keeps
 a lease key (`<ns>:lease:<replica id>`, `SLOT_LEASE_S`) refreshed in the background; a field whose
 replica's lease lapsed (the replica died, SIGKILL or a lost host) is not counted, so slots leaked by a
-dead replica are free again within `SLOT_LEASE_S`. Leases are looked at only when the slots counted
-without them would refuse the request (the answer is then the same, without an `EXISTS` per replica
-per batch), and a lapsed replica's field is deleted then.
+dead replica are free again within `SLOT_LEASE_S`. Leases are looked at when the slots counted without
+them would refuse the request (so the answer is the same) and once a second per scope (a lapsed
+replica's field is deleted then, so they do not pile up in a busy scope's hash), not in every batch.
 
 Redis calls per batch, the usual case: `TIME`; per scope one `MGET` (the window's requests and tokens,
 the period's spend, the last-used second), an `HGETALL` of the slots when the scope has a parallel limit,

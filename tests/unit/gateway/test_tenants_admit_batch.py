@@ -152,3 +152,19 @@ def test_a_dead_replicas_slots_never_refuse_and_a_live_ones_do() -> None:
         if names:
             shared.delete(*names)
         shared.close()
+
+
+def test_a_dead_replicas_field_is_dropped_within_a_second_without_a_refusal() -> None:
+    """Far from its limit a busy scope still forgets lapsed replicas (restarts do not pile up fields)."""
+    ns = "{syt:test-lapsed-" + uuid.uuid4().hex[:8] + "}"
+    shared = redis.Redis()
+    try:
+        shared.hset(f"{ns}:pa:k:q", mapping={"dead": 5})
+        shared.set(f"{ns}:lu:k:q", 1)  # last used long ago: this second's first batch looks at leases
+        assert verdict_of(_batch(ns, [(1, 0, [_scope("k:q", par=1000)])])[0]).admitted
+        assert shared.hgetall(f"{ns}:pa:k:q") == {b"replica-1": b"1"}
+    finally:
+        names = list(shared.scan_iter(match=ns + "*"))
+        if names:
+            shared.delete(*names)
+        shared.close()
