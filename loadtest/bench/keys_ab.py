@@ -29,7 +29,13 @@ from typing import Any
 import redis
 import yaml
 
-from loadtest.bench._util import bench_pools, pick_cpus, start_gateway, start_static_backend
+from loadtest.bench._util import (
+    bench_pools,
+    pick_cpus,
+    process_cpu_seconds,
+    start_gateway,
+    start_static_backend,
+)
 from loadtest.bench.accounting import MODEL
 from loadtest.bench.keys import ADMIN_KEY, _make_key, _script
 from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers, wait_until
@@ -109,7 +115,14 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
             raise SystemExit(f"{checkout} has no .venv (make venv there)")
     gw_cpu, load_cpu = pick_cpus()
     per_tree: dict[str, dict[str, list[float]]] = {
-        t: {"rps": [], "p50_ms": [], "calls_per_script": [], "script_us": [], "redis_cpu_us_per_req": []}
+        t: {
+            "rps": [],
+            "p50_ms": [],
+            "gateway_cpu_us_per_req": [],
+            "calls_per_script": [],
+            "script_us": [],
+            "redis_cpu_us_per_req": [],
+        }
         for t in TREES
     }
     ratios: dict[str, list[float]] = {"rps": [], "p50": []}
@@ -163,6 +176,7 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
                 paths = [scripts[t] for t in TREES]
                 _wrk_pair(wrk, urls, paths, connections, 1, load_cpu)  # warm-up
                 before = {t: _redis_figures(clients[t]) for t in TREES}
+                cpu_before = {t: process_cpu_seconds(started[t][1].pid) for t in TREES}
                 pair = _wrk_pair(wrk, urls, paths, connections, duration, load_cpu)
                 for tree, (rps, p50) in zip(TREES, pair, strict=True):
                     after = _redis_figures(clients[tree])
@@ -172,6 +186,8 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
                     figures = per_tree[tree]
                     figures["rps"].append(rps)
                     figures["p50_ms"].append(p50)
+                    cpu = process_cpu_seconds(started[tree][1].pid) - cpu_before[tree]
+                    figures["gateway_cpu_us_per_req"].append(cpu / max(1.0, rps * duration) * 1e6)
                     figures["calls_per_script"].append(inner / scripts_run)
                     figures["script_us"].append(delta["script_us"] / scripts_run)
                     figures["redis_cpu_us_per_req"].append(delta["cpu_us"] / max(1.0, rps * duration))
@@ -194,12 +210,13 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    head = f"{'tree':<5} {'req/s':>8} {'p50 ms':>8} {'Redis calls/script':>19} {'script µs':>10}"
-    lines = [head + f" {'Redis CPU µs/req':>17}"]
+    head = f"{'tree':<5} {'req/s':>8} {'p50 ms':>8} {'gw CPU µs/req':>14}"
+    lines = [head + f" {'Redis calls/script':>19} {'script µs':>10} {'Redis CPU µs/req':>17}"]
     for tree in TREES:
         m = summary["medians"][tree]
         lines.append(
-            f"{tree:<5} {m['rps']:>8.0f} {m['p50_ms']:>8.2f} {m['calls_per_script']:>19.1f} "
+            f"{tree:<5} {m['rps']:>8.0f} {m['p50_ms']:>8.2f} {m['gateway_cpu_us_per_req']:>14.0f} "
+            f"{m['calls_per_script']:>19.1f} "
             f"{m['script_us']:>10.0f} {m['redis_cpu_us_per_req']:>17.1f}"
         )
     lines.append(
