@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
 # minutes): `make test-whatif` runs them (and .ci/run).
 .PHONY: test-whatif whatif-demo bench-whatif
-.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-keys loadtest clean
+.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-keys bench-keys-ab loadtest clean
 
 venv: $(STAMP)
 
@@ -104,6 +104,10 @@ wrk:
 
 bench-keys: venv wrk
 	$(PY) -m loadtest.bench.keys $(ARGS)
+
+# keys mode of another tree (ARGS="--base /path/to/tree", with its own .venv) against this one, side by side.
+bench-keys-ab: venv wrk
+	$(PY) -m loadtest.bench.keys_ab $(ARGS)
 
 # The standard comparison: the mixed scenario, balanced vs round-robin vs least-loaded (about 5 minutes).
 loadtest: venv

@@ -76,7 +76,7 @@ class AdmitBatcher:
         settling = settler.take() if settler is not None else None
         if settling:
             parts[1] = bulk(len(settling))
-            parts.insert(2, b"".join(bulk(counter) + bulk_int(delta) for counter, delta in settling.items()))
+            parts.insert(2, b"".join([counter + bulk_int(delta) for counter, delta in settling.items()]))
             argc += 2 * len(settling)
         body = b"".join(parts)
 

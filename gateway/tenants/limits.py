@@ -23,12 +23,39 @@ from gateway.tenants.keys import Limits
 
 NANO = 1_000_000_000
 
-ADMIT = """
+SETTLE_ONE = """
+local function settle_one(counter, delta, replica)
+  if string.find(counter, ':pa:', 1, true) then
+    -- Slots given back (delta < 0): on a hash gone meanwhile the field made here is deleted at once.
+    if delta > 0 and redis.call('EXISTS', counter) == 0 then return end
+    if redis.call('HINCRBY', counter, replica, delta) <= 0 then redis.call('HDEL', counter, replica) end
+    return
+  end
+  -- Every counter but a `total` period's has a TTL from its creation on: one without a TTL after
+  -- this INCRBY was made by it (its window or period had ended) and is not kept.
+  local total = string.find(counter, ':total', -6, true) ~= nil
+  if total and redis.call('EXISTS', counter) == 0 then return end
+  local left = redis.call('INCRBY', counter, delta)
+  if left == delta and not total and redis.call('PTTL', counter) == -1 then
+    redis.call('DEL', counter)
+  elseif left < 0 then
+    redis.call('INCRBY', counter, -left)
+  end
+end
+"""
+"""Adds `delta` to `counter` where that counter still exists (an ended window or period is left alone),
+never below zero; a parallel-slot hash (`:pa:`) in `replica`'s field. One Redis call in the usual case
+(the counter exists and stays above zero), not an `EXISTS` before each."""
+
+ADMIT = (
+    SETTLE_ONE
+    + """
 local window_ms = tonumber(ARGV[1])
 local replica, ns = ARGV[2], ARGV[3]
 local leases = ns .. ':lease:'
 local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local second = now[1]
+local now_ms = tonumber(second) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local window = math.floor(now_ms / window_ms)
 local reset_ms = (window + 1) * window_ms - now_ms
 local suffix = ':' .. window
@@ -38,15 +65,8 @@ local ttl = window_ms + 2000
 -- First the settlements this replica had pending (as `SETTLE` does them): counter, delta pairs.
 local settled = tonumber(ARGV[4])
 for i = 5, 4 + 2 * settled, 2 do
-  local counter, delta = ARGV[i], tonumber(ARGV[i+1])
-  if redis.call('EXISTS', counter) == 1 then
-    if string.find(counter, ':pa:', 1, true) then
-      if redis.call('HINCRBY', counter, replica, delta) <= 0 then redis.call('HDEL', counter, replica) end
-    else
-      local left = redis.call('INCRBY', counter, delta)
-      if left < 0 then redis.call('INCRBY', counter, -left) end
-    end
-  end
+  local delta = tonumber(ARGV[i+1])
+  if delta ~= 0 then settle_one(ARGV[i], delta, replica) end
 end
 
 -- Counters are read once per batch and kept here; what the batch admitted is written once at the end.
@@ -58,66 +78,89 @@ local function parse(arg)
   local name, period, rpm, tpm, par, budget, bttl, pttl = string.match(arg,
     '^([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)|(-?%d+)$')
   l = {name = name, period = period, rpm = tonumber(rpm), tpm = tonumber(tpm), par = tonumber(par),
-       budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl)}
+       budget = tonumber(budget), bttl = tonumber(bttl), pttl = tonumber(pttl),
+       sk = ns .. ':sp:' .. name .. ':' .. period, hk = ns .. ':hd:' .. name .. ':' .. period}
   limits[arg] = l
   return l
+end
+
+-- Other replicas' slots count only while their lease lives; a lapsed replica's field is deleted.
+local function live(s)
+  s.live = true
+  local held, pa = s.held, 0
+  for j = 1, #held, 2 do
+    if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
+      pa = pa + tonumber(held[j+1])
+    else
+      redis.call('HDEL', s.pk, held[j])
+    end
+  end
+  s.pa = pa
 end
 
 local function scope(l)
   local s = scopes[l.name]
   if not s then
     s = {rk = ns .. ':rq:' .. l.name .. suffix, tk = ns .. ':tk:' .. l.name .. suffix,
-         pk = ns .. ':pa:' .. l.name, lu = ns .. ':lu:' .. l.name, pttl = l.pttl, drq = 0, dtk = 0, dpa = 0}
-    s.rq = tonumber(redis.call('GET', s.rk) or '0')
-    s.tkn = tonumber(redis.call('GET', s.tk) or '0')
+         pk = ns .. ':pa:' .. l.name, lu = ns .. ':lu:' .. l.name, sk = l.sk, pttl = l.pttl,
+         drq = 0, dtk = 0, dpa = 0}
+    local got = redis.call('MGET', s.rk, s.tk, l.sk, l.hk, s.lu)
+    s.rq, s.tkn, s.new_rk, s.new_tk = tonumber(got[1] or '0'), tonumber(got[2] or '0'), not got[1], not got[2]
+    s.spent, s.held_missing, s.last = got[3], not got[4], got[5]
     scopes[l.name] = s
     order[#order+1] = s
   end
   if l.par > 0 and s.pa == nil then
-    local pa = 0
     local held = redis.call('HGETALL', s.pk)
-    for j = 1, #held, 2 do
-      if held[j] == replica or redis.call('EXISTS', leases .. held[j]) == 1 then
-        pa = pa + tonumber(held[j+1])
-      else
-        redis.call('HDEL', s.pk, held[j])
-      end
-    end
-    s.pa = pa
+    local pa = 0
+    for j = 2, #held, 2 do pa = pa + tonumber(held[j]) end
+    s.held, s.pa = held, pa
+    -- Leases are looked at once a second (lapsed replicas' fields do not pile up in a busy scope's
+    -- hash), and whenever the slots counted without them would refuse (`over`).
+    if s.last ~= second and #held > 0 and not (#held == 2 and held[1] == replica) then live(s) end
   end
   return s
 end
 
-local function spend(l)
-  local key = ns .. ':sp:' .. l.name .. ':' .. l.period
+-- Would one more slot exceed `par`? Checked against live replicas' slots only before saying yes.
+local function over(s, par)
+  if s.pa + s.dpa + 1 <= par then return false end
+  if not s.live then live(s) end
+  return s.pa + s.dpa + 1 > par
+end
+
+local function spend(l, s)
+  local key = l.sk
   local b = spends[key]
   if not b then
-    b = {key = key, hk = ns .. ':hd:' .. l.name .. ':' .. l.period,
-         sp = tonumber(redis.call('GET', key) or '0'), d = 0, bttl = 0, charged = false}
+    local raw, held_missing, hk = s.spent, s.held_missing, l.hk
+    if key ~= s.sk then raw, held_missing = redis.call('GET', key), redis.call('EXISTS', hk) == 0 end
+    b = {key = key, hk = hk, sp = tonumber(raw or '0'), missing = not raw, held_missing = held_missing,
+         d = 0, bttl = 0, charged = false}
     spends[key] = b
   end
   return b
 end
 
 local function admit(tokens, cost, first, last)
-  local taken, counts = {}, {}
   for i = first, last do
     local l = parse(ARGV[i])
-    local s, b = scope(l), spend(l)
-    local pa = (s.pa or 0) + s.dpa
+    local s = scope(l)
+    local b = spend(l, s)
     local why = nil
     if l.rpm > 0 and s.rq + 1 > l.rpm then why = 'requests'
     elseif l.tpm > 0 and s.tkn + tokens > l.tpm then why = 'tokens'
-    elseif l.par > 0 and pa + 1 > l.par then why = 'parallel'
+    elseif l.par > 0 and over(s, l.par) then why = 'parallel'
     elseif l.budget >= 0 and b.sp + cost > l.budget then why = 'budget' end
     if why then
       return '0|' .. (i - first) .. '|' .. why .. head .. '|' .. s.rq .. '|' .. s.tkn .. '|' .. b.sp
     end
-    taken[#taken+1] = {s, b, l}
-    counts[#counts+1] = (s.rq + 1) .. '|' .. (s.tkn + tokens) .. '|' .. (b.sp + cost)
   end
-  for _, t in ipairs(taken) do
-    local s, b, l = t[1], t[2], t[3]
+  -- Every scope fits: all are charged (the counts answered are those after the reservation).
+  local answer = '1|-1|' .. head
+  for i = first, last do
+    local l = limits[ARGV[i]]
+    local s, b = scopes[l.name], spends[l.sk]
     s.rq, s.drq = s.rq + 1, s.drq + 1
     s.tkn, s.dtk = s.tkn + tokens, s.dtk + tokens
     s.dpa = s.dpa + 1
@@ -125,8 +168,9 @@ local function admit(tokens, cost, first, last)
     -- Every key's spend is kept, budget or not (an unbudgeted one reserves 0 and is charged at settling).
     b.sp, b.d, b.charged = b.sp + cost, b.d + cost, true
     if l.bttl > 0 then b.bttl = l.bttl end
+    answer = answer .. '|' .. s.rq .. '|' .. s.tkn .. '|' .. b.sp
   end
-  return '1|-1|' .. head .. '|' .. table.concat(counts, '|')
+  return answer
 end
 
 local out = {}
@@ -137,27 +181,36 @@ while i <= #ARGV do
   i = i + 3 + n
 end
 
+-- A counter's TTL is set when it is made (it was missing when read); the slots' hash and the
+-- last-used second once a second, and when this replica's field is made.
 for _, s in ipairs(order) do
   if s.drq > 0 then
-    if redis.call('INCRBY', s.rk, s.drq) == s.drq then redis.call('PEXPIRE', s.rk, ttl) end
-    if redis.call('INCRBY', s.tk, s.dtk) == s.dtk then redis.call('PEXPIRE', s.tk, ttl) end
-    redis.call('HINCRBY', s.pk, replica, s.dpa)
-    redis.call('EXPIRE', s.pk, s.pttl)
-    redis.call('SET', s.lu, now[1])
+    redis.call('INCRBY', s.rk, s.drq)
+    if s.new_rk then redis.call('PEXPIRE', s.rk, ttl) end
+    redis.call('INCRBY', s.tk, s.dtk)
+    if s.new_tk then redis.call('PEXPIRE', s.tk, ttl) end
+    local stale = s.last ~= second
+    if redis.call('HINCRBY', s.pk, replica, s.dpa) == s.dpa or stale then
+      redis.call('EXPIRE', s.pk, s.pttl)
+    end
+    if stale then redis.call('SET', s.lu, second) end
   end
 end
 for _, b in pairs(spends) do
   if b.charged then
-    redis.call('INCRBY', b.key, b.d)
-    redis.call('INCRBY', b.hk, b.d)
-    if b.bttl > 0 then
-      redis.call('EXPIRE', b.key, b.bttl)
-      redis.call('EXPIRE', b.hk, b.bttl)
+    if b.d ~= 0 or b.missing then
+      redis.call('INCRBY', b.key, b.d)
+      if b.missing and b.bttl > 0 then redis.call('EXPIRE', b.key, b.bttl) end
+    end
+    if b.d ~= 0 then
+      redis.call('INCRBY', b.hk, b.d)
+      if b.held_missing and b.bttl > 0 then redis.call('EXPIRE', b.hk, b.bttl) end
     end
   end
 end
 return out
 """
+)
 """Admits a batch of requests in order (each as if alone: all its scopes fit, then all are charged).
 ARGV: window ms, this replica's id, the namespace (`{syt:<prefix>}`), the number of settlements this
 replica had pending and as many (counter, delta) pairs (`Settler.take`: applied first, as `SETTLE` would;
@@ -171,25 +224,28 @@ tokens and spend: after the reservation if admitted, before it if refused).
 
 Parallel slots are a hash per scope, one field per replica (its slots in flight). Each live replica keeps
 a lease key (`<ns>:lease:<replica id>`, `SLOT_LEASE_S`) refreshed in the background; a field whose
-replica's lease lapsed (the replica died, SIGKILL or a lost host) is deleted at the next admission that
-counts it, so slots leaked by a dead replica are free again within `SLOT_LEASE_S`."""
+replica's lease lapsed (the replica died, SIGKILL or a lost host) is not counted, so slots leaked by a
+dead replica are free again within `SLOT_LEASE_S`. Leases are looked at when the slots counted without
+them would refuse the request (so the answer is the same) and once a second per scope (a lapsed
+replica's field is deleted then, so they do not pile up in a busy scope's hash), not in every batch.
 
-SETTLE = """
+Redis calls per batch, the usual case: `TIME`; per scope one `MGET` (the window's requests and tokens,
+the period's spend, the last-used second), an `HGETALL` of the slots when the scope has a parallel limit,
+then `INCRBY` x2, `HINCRBY`, and per spend counter an `INCRBY` (its held part one more); `EXPIRE`s only
+when a counter is made, and for the slots' hash and `SET` of the last-used second once a second. Each
+settlement riding along is one `INCRBY`/`HINCRBY` (`SETTLE_ONE`)."""
+
+SETTLE = (
+    SETTLE_ONE
+    + """
 local replica = ARGV[#KEYS + 1]
 for i = 1, #KEYS do
   local delta = tonumber(ARGV[i])
-  if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
-    if string.find(KEYS[i], ':pa:', 1, true) then
-      local left = redis.call('HINCRBY', KEYS[i], replica, delta)
-      if left <= 0 then redis.call('HDEL', KEYS[i], replica) end
-    else
-      local left = redis.call('INCRBY', KEYS[i], delta)
-      if left < 0 then redis.call('INCRBY', KEYS[i], -left) end
-    end
-  end
+  if delta ~= 0 then settle_one(KEYS[i], delta, replica) end
 end
 return #KEYS
 """
+)
 """Adds ARGV[i] to KEYS[i] where that counter still exists (an ended window or period is left alone),
 never below zero; a parallel-slot hash (`:pa:`) in this replica's field (the last ARGV). One call
 settles a batch of requests."""

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.redis.script_client import bulk
 from gateway.tenants.admit_batch import encode_scopes
 from gateway.tenants.answers import HeaderPlan
 from gateway.tenants.keys import KeyRecord, TeamRecord
 from gateway.tenants.limits import PARALLEL_TTL_S, ScopeCounters, budget_period, nano
 
-SettleNames = tuple[tuple[str, str, str, str], ...]
+SettleNames = tuple[tuple[bytes, bytes, bytes, bytes], ...]
 """Per scope the Redis counters a settlement changes: the window's tokens, the parallel slots, the
-budget period's spend (kept for every key, budget or not) and what of it is held by requests in flight."""
+budget period's spend (kept for every key, budget or not) and what of it is held by requests in flight;
+each name as the script's argument (RESP, `bulk`), encoded once per key and window, not per batch."""
 
 
 @dataclass(slots=True)
@@ -66,10 +68,10 @@ def prepare(key: KeyRecord, team: TeamRecord | None, now: float) -> Prepared:
 def settle_names(scopes: list[ScopeCounters], namespace: str, window: int) -> SettleNames:
     return tuple(
         (
-            f"{namespace}:tk:{s.name}:{window}",
-            f"{namespace}:pa:{s.name}",
-            f"{namespace}:sp:{s.name}:{s.period}",
-            f"{namespace}:hd:{s.name}:{s.period}",
+            bulk(f"{namespace}:tk:{s.name}:{window}"),
+            bulk(f"{namespace}:pa:{s.name}"),
+            bulk(f"{namespace}:sp:{s.name}:{s.period}"),
+            bulk(f"{namespace}:hd:{s.name}:{s.period}"),
         )
         for s in scopes
     )

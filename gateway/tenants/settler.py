@@ -31,8 +31,9 @@ class Settler:
         self._script = ScriptClient.like(client, SETTLE, timeout_s, tag)
         self._replica = bulk(replica)
         self._timeout = timeout_s
-        self._deltas: dict[str, int] = {}
-        """Pending change per counter: the ends of many requests of one key add up to one entry."""
+        self._deltas: dict[bytes, int] = {}
+        """Pending change per counter (its name as the scripts' argument, `bulk`): the ends of many
+        requests of one key add up to one entry."""
         self._settles: dict[int, list[Any]] = {}
         """Pending `settle` calls: per `names` object, [names, tokens, requests, cost, held]."""
         self._wake = asyncio.Event()
@@ -43,6 +44,9 @@ class Settler:
         """When an admission batch last took the pending settlements (time.monotonic)."""
 
     def add(self, counter: str, delta: int) -> None:
+        self._add(bulk(counter), delta)
+
+    def _add(self, counter: bytes, delta: int) -> None:
         if delta == 0:
             return
         deltas = self._deltas
@@ -56,7 +60,7 @@ class Settler:
         self._wake.set()
 
     def settle(
-        self, names: tuple[tuple[str, str, str, str], ...], tokens: int, cost: int, held: int = 0
+        self, names: tuple[tuple[bytes, bytes, bytes, bytes], ...], tokens: int, cost: int, held: int = 0
     ) -> None:
         """One admitted request's end: per scope its window's tokens change by `tokens`, its parallel
         slot is given back, its spend changes by `cost` and what is held for requests in flight by `held`
@@ -72,7 +76,7 @@ class Settler:
             self._settles[id(names)] = [names, tokens, 1, cost, held]
         self._wake.set()
 
-    def _spread(self) -> dict[str, int]:
+    def _spread(self) -> dict[bytes, int]:
         settles = self._settles
         deltas = self._deltas
         if not settles:
@@ -81,10 +85,10 @@ class Settler:
         if len(deltas) >= MAX_PENDING:  # Redis away for long: bounded, as `add` is
             for names, tokens, count, cost, held in settles.values():
                 for tk, pa, sp, hd in names:
-                    self.add(tk, tokens)
-                    self.add(pa, -count)
-                    self.add(sp, cost)
-                    self.add(hd, held)
+                    self._add(tk, tokens)
+                    self._add(pa, -count)
+                    self._add(sp, cost)
+                    self._add(hd, held)
             return deltas
         get = deltas.get
         for names, tokens, count, cost, held in settles.values():
@@ -98,9 +102,9 @@ class Settler:
                     deltas[hd] = get(hd, 0) + held
         return deltas
 
-    def take(self) -> dict[str, int]:
-        """Everything pending, handed to a caller that sends it to Redis (`AdmitBatcher`); `restore`
-        gives it back if that call fails."""
+    def take(self) -> dict[bytes, int]:
+        """Everything pending (counter names RESP-encoded), handed to a caller that sends it to Redis
+        (`AdmitBatcher`); `restore` gives it back if that call fails."""
         self._taken_at = time.monotonic()
         deltas = self._spread()
         if not deltas:
@@ -108,7 +112,7 @@ class Settler:
         self._deltas = {}
         return deltas
 
-    def restore(self, pending: dict[str, int]) -> None:
+    def restore(self, pending: dict[bytes, int]) -> None:
         deltas = self._deltas
         for counter, delta in pending.items():  # merged with what ended meanwhile
             deltas[counter] = deltas.get(counter, 0) + delta
@@ -152,14 +156,14 @@ class Settler:
         self.flushes += 1
         return True
 
-    async def _call(self, pending: dict[str, int]) -> None:
+    async def _call(self, pending: dict[bytes, int]) -> None:
         answered: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
         def answer(reply: object) -> None:
             if not answered.done():
                 answered.set_result(reply)
 
-        body = b"".join([*map(bulk, pending), *map(bulk_int, pending.values()), self._replica])
+        body = b"".join([*pending, *map(bulk_int, pending.values()), self._replica])
         self._script.call(2 * len(pending) + 1, body, answer, numkeys=len(pending))
         reply = await answered
         if isinstance(reply, BaseException):

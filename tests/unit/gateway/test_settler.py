@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.redis.script_client import bulk
 from gateway.tenants import settler as settler_module
 from gateway.tenants.settler import Settler
 
-NAMES = (("{syt:t}:tk:k:1", "{syt:t}:pa:k", "{syt:t}:sp:k:d", "{syt:t}:hd:k:d"),)
+TK, PA = "{syt:t}:tk:k:1", "{syt:t}:pa:k"
+NAMES = ((bulk(TK), bulk(PA), bulk("{syt:t}:sp:k:d"), bulk("{syt:t}:hd:k:d")),)
 
 
 class _Script:
@@ -35,14 +37,14 @@ async def test_settlements_ride_on_admission_batches_while_they_flow(monkeypatch
     settler._script = script  # type: ignore[assignment]
     settler.start()
     try:
-        taken: dict[str, int] = {}
+        taken: dict[bytes, int] = {}
         for _ in range(30):  # an admission batch every 10 ms takes what ended before it
             for counter, delta in settler.take().items():
                 taken[counter] = taken.get(counter, 0) + delta
             settler.settle(NAMES, 5, 7, -7)
             await asyncio.sleep(0.01)
         assert script.calls == []  # no SETTLE call of its own meanwhile
-        assert taken["{syt:t}:pa:k"] == -29 and taken["{syt:t}:tk:k:1"] == 5 * 29
+        assert taken[bulk(PA)] == -29 and taken[bulk(TK)] == 5 * 29
         # Admissions stop: the last settlement goes in the settler's own call.
         deadline = asyncio.get_running_loop().time() + 3
         while not script.calls:

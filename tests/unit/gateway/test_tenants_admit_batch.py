@@ -4,11 +4,12 @@ judged as if alone, against the counters as the ones before it in the batch left
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import redis
 
-from gateway.redis.script_client import ScriptClient
+from gateway.redis.script_client import ScriptClient, bulk
 from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes
 from gateway.tenants.answers import verdict_of
 from gateway.tenants.limits import ADMIT
@@ -62,6 +63,106 @@ def test_one_batch_counts_each_request_against_those_before_it() -> None:
             ns, [(1, 600, [_scope("k:a2", budget=1000)]), (1, 500, [_scope("k:a2", budget=1000)])]
         )
         assert [verdict_of(a).refused_by for a in answers] == ["", "budget"]
+    finally:
+        names = list(shared.scan_iter(match=ns + "*"))
+        if names:
+            shared.delete(*names)
+        shared.close()
+
+
+def _settle_batch(
+    ns: str, settlements: list[tuple[str, int]], requests: list[tuple[int, int, list[str]]]
+) -> list[str]:
+    """One `limits.ADMIT` call carrying `settlements` (counter, delta) before `requests`."""
+
+    class _Pending:
+        def take(self) -> dict[bytes, int]:
+            return {bulk(counter): delta for counter, delta in settlements}
+
+        def restore(self, pending: dict[bytes, int]) -> None:
+            raise AssertionError(f"the call failed: {pending}")
+
+    async def run() -> list[str]:
+        client = ScriptClient(ADMIT, timeout_s=2.0)
+        try:
+            batcher = AdmitBatcher(client, 3_600_000, "replica-1", ns, _Pending())  # type: ignore[arg-type]
+            futures = [batcher.admit(tokens, cost, encode_scopes(args)) for tokens, cost, args in requests]
+            return [(await f).decode() for f in futures]
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_settling_never_revives_an_ended_counter_and_never_goes_below_zero() -> None:
+    """A settlement for a window or period that ended (its counter expired) is dropped, not written to a
+    counter without a TTL; one for a counter that lives is applied, clamped at zero; a slot given back to
+    a hash that is gone leaves nothing behind."""
+    ns = "{syt:test-settle-" + uuid.uuid4().hex[:8] + "}"
+    shared = redis.Redis()
+    try:
+        day = _scope("k:s", budget=10_000).replace("|total|", "|d2026-11-27|").replace("|0|600", "|90000|600")
+        first = verdict_of(_batch(ns, [(50, 400, [day, _scope("t:s")])])[0])
+        assert first.admitted
+        tk = f"{ns}:tk:k:s:{first.window}"
+        spend, held = f"{ns}:sp:k:s:d2026-11-27", f"{ns}:hd:k:s:d2026-11-27"
+        for name in (f"{ns}:rq:k:s:{first.window}", tk, spend, held, f"{ns}:pa:k:s", f"{ns}:lu:k:s"):
+            ttl = shared.pttl(name)
+            assert ttl > 0 or name.endswith(":lu:k:s"), (name, ttl)  # every counter made expires
+        last_used = shared.get(f"{ns}:lu:k:s")
+        assert isinstance(last_used, bytes) and abs(int(last_used) - time.time()) < 5
+        ended = [
+            (f"{ns}:tk:k:s:{first.window - 1}", -7),  # the window before: expired
+            (f"{ns}:sp:k:s:d2026-11-26", 300),  # yesterday's spend: expired
+            (f"{ns}:sp:t:never:total", 5),  # a total that was never made
+            (f"{ns}:pa:k:gone", -1),  # a slots' hash that is gone
+        ]
+        living = [(tk, -80), (spend, -100), (f"{ns}:pa:k:s", -1)]
+        answers = _settle_batch(ns, ended + living, [(1, 0, [_scope("k:t")])])
+        assert verdict_of(answers[0]).admitted
+        for name, _ in ended:
+            assert not shared.exists(name), name
+        assert shared.get(tk) == b"0"  # 50 - 80: clamped at zero
+        assert shared.get(spend) == b"300"  # 400 reserved, 100 back
+        assert shared.hgetall(f"{ns}:pa:k:s") == {}
+        assert shared.pttl(tk) > 0
+    finally:
+        names = list(shared.scan_iter(match=ns + "*"))
+        if names:
+            shared.delete(*names)
+        shared.close()
+
+
+def test_a_dead_replicas_slots_never_refuse_and_a_live_ones_do() -> None:
+    """Leases are looked at only when the slots would refuse: the answer is the same as if each were."""
+    ns = "{syt:test-lease-" + uuid.uuid4().hex[:8] + "}"
+    shared = redis.Redis()
+    try:
+        shared.hset(f"{ns}:pa:k:p", mapping={"dead": 5, "alive": 1})
+        shared.set(f"{ns}:lease:alive", 1, px=60_000)
+        par = _scope("k:p", par=3)
+        answers = _batch(ns, [(1, 0, [par])] * 3)
+        assert [verdict_of(a).refused_by for a in answers] == ["", "", "parallel"]  # 1 alive + 2 here
+        assert shared.hgetall(f"{ns}:pa:k:p") == {b"alive": b"1", b"replica-1": b"2"}  # the dead one is gone
+        shared.delete(f"{ns}:lease:alive")
+        answers = _batch(ns, [(1, 0, [par])] * 2)
+        assert [verdict_of(a).refused_by for a in answers] == ["", "parallel"]
+    finally:
+        names = list(shared.scan_iter(match=ns + "*"))
+        if names:
+            shared.delete(*names)
+        shared.close()
+
+
+def test_a_dead_replicas_field_is_dropped_within_a_second_without_a_refusal() -> None:
+    """Far from its limit a busy scope still forgets lapsed replicas (restarts do not pile up fields)."""
+    ns = "{syt:test-lapsed-" + uuid.uuid4().hex[:8] + "}"
+    shared = redis.Redis()
+    try:
+        shared.hset(f"{ns}:pa:k:q", mapping={"dead": 5})
+        shared.set(f"{ns}:lu:k:q", 1)  # last used long ago: this second's first batch looks at leases
+        assert verdict_of(_batch(ns, [(1, 0, [_scope("k:q", par=1000)])])[0]).admitted
+        assert shared.hgetall(f"{ns}:pa:k:q") == {b"replica-1": b"1"}
     finally:
         names = list(shared.scan_iter(match=ns + "*"))
         if names:
