@@ -347,7 +347,8 @@ def cluster_up(args: argparse.Namespace) -> int:
     try:
         cluster = Cluster(workdir, args.fleet, args.replicas, args.redis_url, args.port)
     except OSError as exc:
-        print(f"switchyard cluster: port {args.port}: {exc.strerror}", file=sys.stderr)
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        print(f"switchyard cluster: 127.0.0.1:{args.port}: {reason}", file=sys.stderr)
         return 1
     with cluster:
         print(f"balancer  {cluster.url}   (HAProxy, health-checks /ready; /admin/ refused here)")
@@ -357,10 +358,16 @@ def cluster_up(args: argparse.Namespace) -> int:
             )
         print(f"redis     {cluster.redis_url}\nlogs      {workdir}\nCtrl-C stops everything.")
         sys.stdout.flush()
+        reported: set[str] = set()
         while not stop.wait(1.0):
             for name, code in cluster.exited().items():
-                print(f"switchyard cluster: {name} exited ({code}); stopping", file=sys.stderr)
-                stop.set()
+                # The balancer routes around a dead replica: say so once and keep the rest running.
+                if name in cluster.procs:
+                    print(f"switchyard cluster: {name} exited ({code}); stopping", file=sys.stderr)
+                    stop.set()
+                elif name not in reported:
+                    print(f"switchyard cluster: {name} exited ({code}); {cluster.log(name)}", file=sys.stderr)
+                    reported.add(name)
     return 0
 
 
