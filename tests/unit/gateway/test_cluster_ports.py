@@ -46,9 +46,11 @@ def test_a_held_port_is_nobody_elses_pick_but_its_server_binds_it() -> None:
         # until one does a connection is refused, as on any closed port.
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        with socket.create_server(("127.0.0.1", port)) as server:
-            with socket.create_connection(("127.0.0.1", port), timeout=2):
-                server.accept()[0].close()
+        with (
+            socket.create_server(("127.0.0.1", port)) as server,
+            socket.create_connection(("127.0.0.1", port), timeout=2),
+        ):
+            server.accept()[0].close()
 
 
 def test_a_cluster_holds_its_ports_from_the_start_and_lets_them_go_when_stopped(tmp_path: Path) -> None:
@@ -59,7 +61,8 @@ def test_a_cluster_holds_its_ports_from_the_start_and_lets_them_go_when_stopped(
         # The balancer's socket is already listening (HAProxy will serve on it): no other server can bind
         # it, even with SO_REUSEADDR.
         assert _bind_error(cluster.port, reuse_address=True) == errno.EADDRINUSE
-        assert all(_bind_error(port, reuse_address=False) == errno.EADDRINUSE for port in cluster.replica_ports)
+        held = [_bind_error(port, reuse_address=False) for port in cluster.replica_ports]
+        assert held == [errno.EADDRINUSE] * len(held)
     finally:
         cluster.stop()
     assert _bind_error(cluster.port, reuse_address=True) is None
