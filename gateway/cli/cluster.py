@@ -104,6 +104,7 @@ defaults
   option httplog
   option dontlog-normal
   timeout connect 1s
+  timeout check 2s
   timeout client 300s
   timeout server 300s
   timeout http-request 30s
