@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from backends.lifetime import die_with_parent
+from backends.ports import port_of, reserve_port
 from backends.sim.faults import Faults
 from backends.sim.fleet_spec import DEMO_FLEET, FleetSpec, GroupSpec, ProfileSpec, load_fleet_spec
 from backends.yamlfile import ConfigError
@@ -92,17 +93,12 @@ class SimBackend:
         return args
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 class Fleet:
     """Simulated backends described by a fleet spec; `start()` launches them, `stop()` ends them.
 
     With `base_port` the backends listen on consecutive ports from it, in file order; with 0 or
-    None each gets a free port picked at start.
+    None each gets a free port picked at start and held until `stop()` (backends/ports.py), so that no
+    other process gets it while the backend starts or after it died.
     """
 
     def __init__(
@@ -120,6 +116,7 @@ class Fleet:
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self._temp_logs: tempfile.TemporaryDirectory[str] | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._held: list[socket.socket] = []
         self.backends: list[SimBackend] = self._plan(lambda index: (self.base_port or 0) + index)
 
     def _plan(self, port_for: Callable[[int], int]) -> list[SimBackend]:
@@ -163,7 +160,7 @@ class Fleet:
         if self._processes:
             raise FleetError("the fleet is already running")
         if self.base_port is None:
-            self.backends = self._plan(lambda _index: _free_port(self.host))
+            self.backends = self._plan(self._hold_port)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")]))
@@ -185,6 +182,10 @@ class Fleet:
             self.stop()
             raise
         return self
+
+    def _hold_port(self, _index: int) -> int:
+        self._held.append(reserve_port(self.host))
+        return port_of(self._held[-1])
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -225,6 +226,9 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 _signal_group(process, signal.SIGKILL)
                 process.wait()
+        for sock in self._held:
+            sock.close()
+        self._held.clear()
         if self._temp_logs is not None:
             self._temp_logs.cleanup()
             self._temp_logs = None

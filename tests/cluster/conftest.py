@@ -35,6 +35,20 @@ groups:
 """
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Every process of a test's cluster runs before the test and still runs after it; if not, the test
+    fails naming what exited, with its log's tail (a dead balancer otherwise shows as refused connections)."""
+    clusters = [value for value in getattr(item, "funcargs", {}).values() if isinstance(value, Cluster)]
+    for running in clusters:
+        running.check()
+    try:
+        return (yield)
+    finally:
+        for running in clusters:
+            running.check()
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir: Path = tmp_path_factory.mktemp("cluster")

@@ -14,7 +14,6 @@ import shutil
 import socket
 import socketserver
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli.cluster import free_port, haproxy_config
+from gateway.cli.cluster import balancer_socket, haproxy_config, start_haproxy
 from gateway.http.proxy_protocol import read_header
-from gateway.serve.workers import die_with_parent
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hello"}]}'
 
@@ -104,6 +102,16 @@ class _ReplicaHandler(socketserver.BaseRequestHandler):
             return
 
 
+def _haproxy_answers(port: int) -> bool:
+    """HAProxy itself answers on `port` (the listening socket exists before it does): `/admin/` is its 403."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as client:
+            client.sendall(b"GET /admin/ HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+            return client.recv(64).startswith(b"HTTP/1.1 403")
+    except OSError:
+        return False
+
+
 @pytest.fixture(params=["close", "reset"])
 def balancer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, Replica, Replica]]:
     haproxy = shutil.which("haproxy")
@@ -111,27 +119,22 @@ def balancer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[i
     dropping, answering = Replica(request.param), Replica(None)
     for replica in (dropping, answering):
         threading.Thread(target=replica.serve_forever, daemon=True).start()
-    port = free_port()
+    listener = balancer_socket()
+    port = listener.getsockname()[1]
     config = tmp_path / "haproxy.cfg"
-    config.write_text(haproxy_config(port, [dropping.port, answering.port]))
-    log = (tmp_path / "balancer.log").open("wb")
-    process = subprocess.Popen(
-        [haproxy, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
-    )
+    config.write_text(haproxy_config(listener.fileno(), [dropping.port, answering.port]))
+    log = tmp_path / "balancer.log"
+    process = start_haproxy(config, listener, log)
     try:
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "haproxy did not start"
-                time.sleep(0.05)
+        while not _haproxy_answers(port):
+            assert process.poll() is None, f"haproxy exited: {log.read_text()}"
+            assert time.monotonic() < deadline, "haproxy did not start"
+            time.sleep(0.05)
         yield port, dropping, answering
     finally:
         process.terminate()
         process.wait(timeout=10)
-        log.close()
         for replica in (dropping, answering):
             replica.shutdown()
             replica.server_close()
