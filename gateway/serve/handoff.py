@@ -88,7 +88,8 @@ class HandoffServer(uvicorn.Server):
 
     def _closed(self) -> None:
         self._unreported += 1
-        self._flush()
+        if self._unreported == 1 and not self._flushing:  # one message for the closes of a loop iteration
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _send(self, message: bytes) -> None:
         with contextlib.suppress(OSError):  # the supervisor is gone; PR_SET_PDEATHSIG ends this worker

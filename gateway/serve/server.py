@@ -55,14 +55,18 @@ def run_server(
     port: int,
     log_level: str = "info",
     channel: socket.socket | None = None,
+    main_socket: socket.socket | None = None,
 ) -> None:
-    """Serve on `host:port` and the admin port if set; a worker (`channel`, gateway/serve/workers.py) serves
-    the connections its supervisor hands over instead of listening on `host:port`."""
+    """Serve on `host:port` and the admin port if set. A worker (gateway/serve/workers.py) has a `channel` to
+    its supervisor and serves the connections it hands over, or listens on `main_socket` (SO_REUSEPORT)."""
     admin_port = settings.server.admin_port
     if admin_port is None and channel is None:
         uvicorn.Server(server_config(settings, host, port, log_level)).run()
         return
-    sockets = [] if channel is not None else [listening_socket(host, port)]
+    if main_socket is not None:
+        sockets = [main_socket]
+    else:
+        sockets = [] if channel is not None else [listening_socket(host, port)]
     app = None
     if admin_port is not None:
         admin = listening_socket(host, admin_port, reuse_port=channel is not None)

@@ -14,9 +14,12 @@ connections; each worker reports every close on the same channel (gateway/serve/
 are live and 8 connections split 4/4. The worker serves the fd exactly as a connection it accepted itself
 (peer address, PROXY header, per-client caps, limits), each worker counting its own connections as a
 replica does. The cost is one accept and one sendmsg in the supervisor per new connection (keep-alive
-traffic pays nothing per request); SO_REUSEPORT per worker is not kept as a mode, as it has no case where
-it spreads better. The admin port (`gateway.admin_port`, little traffic) is still bound by every worker
-with SO_REUSEPORT.
+traffic pays nothing per request), measured at about 0.1 ms of the supervisor's CPU and 0.2 ms more
+latency per connection (loadtest/bench/workers_connect.py). Clients that open a connection per request
+at thousands a second are better served by `gateway.worker_balance: reuseport`: each worker binds its own
+SO_REUSEPORT socket and the kernel spreads connections by hash, for free and evenly when they are many
+(the supervisor then only holds the port bound and watches the workers). The admin port
+(`gateway.admin_port`, little traffic) is bound by every worker with SO_REUSEPORT in either mode.
 
 The supervisor restarts a worker that dies (at most once a second per worker; its connections died with
 it, so its count starts again at 0, and it gets connections once it reports ready), forwards SIGTERM/SIGINT
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 from gateway.serve.handoff import CLOSED, CONNECTION, READY
 
@@ -46,6 +50,7 @@ log = logging.getLogger("switchyard.workers")
 
 PR_SET_PDEATHSIG = 1
 RESTART_MIN_INTERVAL = 1.0
+_CONNECTION = [CONNECTION]
 ACCEPT_BURST = 64
 """Connections accepted per wake-up before the channels are read again."""
 
@@ -72,22 +77,52 @@ class Worker:
         self.handed = 0
 
 
+Balance = Literal["least_connections", "reuseport"]
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT (not yet listening)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
 class Supervisor:
-    def __init__(self, config: str, host: str, port: int, workers: int, log_level: str, grace: float) -> None:
+    def __init__(
+        self,
+        config: str,
+        host: str,
+        port: int,
+        workers: int,
+        log_level: str,
+        grace: float,
+        balance: Balance = "least_connections",
+    ) -> None:
         self.config = config
         self.host = host
         self.workers = workers
         self.log_level = log_level
         self.grace = grace
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener: socket.socket | None = socket.create_server((host, port), family=family, backlog=2048)
-        self.listener.setblocking(False)
-        self.port = int(self.listener.getsockname()[1])
+        self.balance = balance
+        self.listener: socket.socket | None = None
+        self._reserved: socket.socket | None = None
+        if balance == "reuseport":
+            # Held bound (never listening) for the supervisor's life: fixes the port when 0 was asked for.
+            self._reserved = reuseport_socket(host, port)
+            self.port = int(self._reserved.getsockname()[1])
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.listener = socket.create_server((host, port), family=family, backlog=2048)
+            self.listener.setblocking(False)
+            self.port = int(self.listener.getsockname()[1])
         self.children: dict[int, Worker] = {}
         self.restarts = 0
         self._selector = selectors.DefaultSelector()
         self._accepting = False
-        self._waiting: collections.deque[socket.socket] = collections.deque()
+        self._waiting: collections.deque[int] = collections.deque()
         """Accepted connections no worker could take yet (every channel full or none ready)."""
         self._stopping = False
 
@@ -110,6 +145,7 @@ class Supervisor:
             str(index),
             "--channel",
             str(channel),
+            *(["--reuseport"] if self.balance == "reuseport" else []),
         ]
 
     def _spawn(self, index: int) -> None:
@@ -150,7 +186,7 @@ class Supervisor:
             self.listener.close()
             self.listener = None
         while self._waiting:
-            self._waiting.popleft().close()
+            os.close(self._waiting.popleft())
 
     # --- the channels ----------------------------------------------------------------------------
 
@@ -170,12 +206,14 @@ class Supervisor:
                 log.info("switchyard: worker %d (pid %d) ready", worker.index, worker.process.pid)
             worker.open = max(0, worker.open - message.count(CLOSED))
 
-    def _hand(self, conn: socket.socket) -> bool:
-        """Give `conn` to the ready worker with the fewest open connections; False if none could take it."""
+    def _hand(self, conn: int) -> bool:
+        """Give the connection (fd `conn`) to the ready worker with the fewest open connections; False if
+        none could take it."""
         ready = sorted((w for w in self.children.values() if w.ready), key=lambda w: (w.open, w.handed))
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, conn.to_bytes(4, sys.byteorder, signed=True))]
         for worker in ready:
             try:
-                socket.send_fds(worker.channel, [CONNECTION], [conn.fileno()])
+                worker.channel.sendmsg(_CONNECTION, rights)
             except (BlockingIOError, InterruptedError):
                 continue  # its channel is full: the next one
             except OSError:
@@ -183,7 +221,7 @@ class Supervisor:
                 continue
             worker.open += 1
             worker.handed += 1
-            conn.close()  # the worker holds its own copy of the fd
+            os.close(conn)  # the worker holds its own copy of the fd
             return True
         return False
 
@@ -192,12 +230,13 @@ class Supervisor:
             if self.listener is None:
                 return
             try:
-                conn, _addr = self.listener.accept()
+                sock, _addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and the like: the connection stays in the backlog
                 log.warning("switchyard: accept failed: %s", exc)
                 return
+            conn = sock.detach()  # the fd, closed once handed over
             if not self._hand(conn):
                 self._waiting.append(conn)
                 return
@@ -226,7 +265,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         for index in range(self.workers):
             self._spawn(index)
-        log.info("switchyard: %d workers on %s:%d", self.workers, self.host, self.port)
+        log.info("switchyard: %d workers on %s:%d (%s)", self.workers, self.host, self.port, self.balance)
         last_check = 0.0
         while not self._stopping:
             self._step()
@@ -255,11 +294,21 @@ class Supervisor:
                 worker.process.wait()
             self._forget(worker)
         self._selector.close()
+        if self._reserved is not None:
+            self._reserved.close()
         return 0
 
 
-def serve_workers(config: str, host: str, port: int, workers: int, log_level: str, grace: float) -> int:
-    return Supervisor(config, host, port, workers, log_level, grace).run()
+def serve_workers(
+    config: str,
+    host: str,
+    port: int,
+    workers: int,
+    log_level: str,
+    grace: float,
+    balance: Balance = "least_connections",
+) -> int:
+    return Supervisor(config, host, port, workers, log_level, grace, balance).run()
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
@@ -271,6 +320,7 @@ def _worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--channel", type=int, required=True, help="fd of this worker's hand-off channel")
+    parser.add_argument("--reuseport", action="store_true", help="listen on host:port with SO_REUSEPORT too")
     args = parser.parse_args(argv)
     die_with_parent()
     if os.getppid() != args.parent:  # the parent died before prctl took effect
@@ -282,7 +332,11 @@ def _worker_main(argv: list[str] | None = None) -> int:
     logging.getLogger("switchyard.access").setLevel(args.log_level.upper())
     settings = load_settings(args.config)
     channel = socket.socket(fileno=args.channel)
-    run_server(settings, args.host, args.port, args.log_level, channel=channel)
+    sock = None
+    if args.reuseport:
+        sock = reuseport_socket(args.host, args.port)
+        sock.listen(2048)
+    run_server(settings, args.host, args.port, args.log_level, channel=channel, main_socket=sock)
     return 0
 
 

@@ -255,3 +255,23 @@ def test_sigterm_drains_a_request_in_flight_and_leaves_nothing(tmp_path: Path) -
         conn.close()
         assert process.wait(timeout=15) == 0
         _wait(lambda: not any(_alive(pid) for pid in workers), 5)
+
+
+def test_reuseport_mode_still_serves_from_both_workers_and_stops(tmp_path: Path) -> None:
+    with supervisor(tmp_path, {"worker_balance": "reuseport"}) as (process, port):
+        seen: set[str] = set()
+        deadline = time.monotonic() + 30
+        while len(seen) < 2:  # the kernel's hash: new connections reach both workers sooner or later
+            assert time.monotonic() < deadline, seen
+            try:  # refused until a worker listens
+                conn = Conn(port)
+            except OSError:
+                time.sleep(0.1)
+                continue
+            with contextlib.suppress(OSError, AssertionError):
+                seen.add(conn.replica())
+            conn.close()
+        workers = _children(process.pid)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        _wait(lambda: not any(_alive(pid) for pid in workers), 5)
