@@ -275,3 +275,17 @@ def test_reuseport_mode_still_serves_from_both_workers_and_stops(tmp_path: Path)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
         _wait(lambda: not any(_alive(pid) for pid in workers), 5)
+
+
+def test_admin_port_still_served_by_the_workers(tmp_path: Path) -> None:
+    admin_port = free_port()
+    with supervisor(tmp_path, {"admin_port": admin_port}) as (_process, port):
+        _both_ready(port)
+        admin, main = Conn(admin_port), Conn(port)
+        assert admin.get("/admin/v1/costs")[0] != 404  # the admin API on the admin port
+        assert admin.get("/v1/models")[0] == 404  # and not the OpenAI API
+        assert main.get("/admin/v1/costs")[0] == 404  # the reverse on the main port (handed over)
+        assert main.get("/v1/models")[0] == 200
+        assert main.replica()
+        admin.close()
+        main.close()
