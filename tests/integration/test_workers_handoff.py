@@ -174,26 +174,30 @@ def test_few_keep_alive_connections_split_evenly_and_a_killed_worker_gets_new_on
                 c.close()
         time.sleep(0.3)
 
-        # a killed worker is restarted and, holding no connections, takes the next ones
+        # a killed worker's connections die with it and its count starts again at 0: once restarted, it
+        # takes every new connection until it holds as many as the survivor
+        conns = [Conn(port) for _ in range(8)]
+        owners = [c.replica() for c in conns]
+        assert sorted(collections.Counter(owners).values()) == [4, 4], owners
         victim = min(_children(process.pid))
+        survivor = next(o for o in owners if not o.endswith(f"-{victim}"))
         os.kill(victim, signal.SIGKILL)
         _wait(lambda: len(_children(process.pid)) == 2 and victim not in _children(process.pid), 10)
-        keep = [Conn(port) for _ in range(4)]  # held open on the survivor and, once ready, the new worker
-        seen: collections.Counter[str] = collections.Counter()
+        (restarted,) = _children(process.pid) - {int(survivor.rsplit("-", 1)[1])}
         deadline = time.monotonic() + 30
-        while len(seen) < 2:
-            assert time.monotonic() < deadline, seen
-            seen.update(c.replica() for c in keep)
-            time.sleep(0.1)
-            for c in keep:
-                c.close()
+        while True:  # until the new worker is ready, a probe lands on the survivor and is closed again
+            assert time.monotonic() < deadline
+            probe = Conn(port)
+            if probe.replica() != survivor:
+                break
+            probe.close()
             time.sleep(0.3)
-            keep = [Conn(port) for _ in range(4)]
-        _both_ready(port)
-        conns = [Conn(port) for _ in range(8)]
-        split = collections.Counter(c.replica() for c in conns)
-        assert sorted(split.values()) == [4, 4], split
-        for c in conns + keep:
+        fresh = [probe] + [Conn(port) for _ in range(3)]
+        assert [c.replica() for c in fresh] == [fresh[0].replica()] * 4
+        assert fresh[0].replica().endswith(f"-{restarted}")
+        more = [Conn(port) for _ in range(2)]  # 4 and 4: one each
+        assert sorted(c.replica() for c in more) == sorted([survivor, fresh[0].replica()])
+        for c in conns + fresh + more:
             c.close()
 
 
