@@ -235,6 +235,7 @@ class Supervisor:
                 return
             except OSError as exc:  # EMFILE and the like: the connection stays in the backlog
                 log.warning("switchyard: accept failed: %s", exc)
+                time.sleep(0.1)  # the listener stays readable: no busy loop
                 return
             conn = sock.detach()  # the fd, closed once handed over
             if not self._hand(conn):
