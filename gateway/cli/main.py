@@ -77,7 +77,8 @@ def _serve_workers(args: argparse.Namespace, settings: Any, host: str, port: int
     if not settings.ledger.redis_url:
         logging.warning("switchyard: %d workers without ledger.redis_url: each has its own view", workers)
     grace = settings.server.shutdown_grace
-    return serve_workers(args.config, host, port, workers, args.log_level, grace)
+    balance = settings.server.worker_balance
+    return serve_workers(args.config, host, port, workers, args.log_level, grace, balance)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -144,8 +144,11 @@ class ServerOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     shutdown_grace: _Seconds = 30.0
     """On SIGTERM: stop accepting, let in-flight requests finish for up to this long, flush the ledger."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
-    """Gateway processes on one port (SO_REUSEPORT, gateway/serve/workers.py), sharing state as replicas
-    do."""
+    """Gateway processes on one port (gateway/serve/workers.py), sharing state as replicas do."""
+    worker_balance: Literal["least_connections", "reuseport"] = "least_connections"
+    """How `workers` share connections: the supervisor accepts and hands each to the worker with the
+    fewest open ones, or each worker listens with SO_REUSEPORT and the kernel picks by a hash (no
+    per-connection cost in the supervisor; uneven with few connections)."""
     trusted_proxies: list[str] = []
     """Balancers (CIDRs, or single addresses) whose word on the client's address is taken: a PROXY header
     (`proxy_protocol`) or X-Forwarded-For (`forwarded_for`). From any other address neither is honoured."""

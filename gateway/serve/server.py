@@ -16,6 +16,7 @@ import uvicorn
 from gateway.app import asgi_entry, create_app
 from gateway.config.settings import Settings
 from gateway.http.limits import protocol_class
+from gateway.serve.handoff import HandoffServer
 
 
 def server_config(
@@ -53,17 +54,24 @@ def run_server(
     host: str,
     port: int,
     log_level: str = "info",
+    channel: socket.socket | None = None,
     main_socket: socket.socket | None = None,
 ) -> None:
-    """Serve on `host:port` (or `main_socket`, a worker's SO_REUSEPORT socket) and the admin port if set."""
+    """Serve on `host:port` and the admin port if set. A worker (gateway/serve/workers.py) has a `channel` to
+    its supervisor and serves the connections it hands over, or listens on `main_socket` (SO_REUSEPORT)."""
     admin_port = settings.server.admin_port
-    if admin_port is None and main_socket is None:
+    if admin_port is None and channel is None:
         uvicorn.Server(server_config(settings, host, port, log_level)).run()
         return
-    sockets = [main_socket or listening_socket(host, port)]
+    if main_socket is not None:
+        sockets = [main_socket]
+    else:
+        sockets = [] if channel is not None else [listening_socket(host, port)]
     app = None
     if admin_port is not None:
-        admin = listening_socket(host, admin_port, reuse_port=main_socket is not None)
+        admin = listening_socket(host, admin_port, reuse_port=channel is not None)
         sockets.append(admin)
         app = asgi_entry(create_app(settings), admin_port=admin.getsockname()[1])
-    uvicorn.Server(server_config(settings, host, port, log_level, app)).run(sockets=sockets)
+    config = server_config(settings, host, port, log_level, app)
+    server = uvicorn.Server(config) if channel is None else HandoffServer(config, channel)
+    server.run(sockets=sockets)

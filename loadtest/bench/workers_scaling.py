@@ -8,8 +8,9 @@ sets the pace, so the projected throughput of N workers over one is
 
     (CPU µs per answer, one worker) / (CPU µs per answer, N workers  x  N x the busier worker's share)
 
-which is N when the workers cost no more per answer than one process and share the load evenly
-(SO_REUSEPORT spreads connections by hash, so few connections may split unevenly). Phases alternate and
+which is N when the workers cost no more per answer than one process and share the load evenly (the
+default `gateway.worker_balance: least_connections` splits connections evenly; `reuseport` spreads them by
+hash, so few connections may split unevenly). Phases alternate and
 the figures are medians over rounds.
 
 Usage: python -m loadtest.bench.workers_scaling [--workers 2] [--rounds 5] [--duration 5]

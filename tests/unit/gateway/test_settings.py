@@ -371,3 +371,13 @@ def test_responses_entry_bound_within_the_key_quota(tmp_path: Path):
 def test_responses_unknown_key_points_at_it(tmp_path: Path):
     error, path = _error(tmp_path, _pool(GOOD_BACKEND) + "responses:\n  ttl: 5\n")
     _assert_where(error, path, 11)
+
+
+def test_worker_balance_defaults_to_least_connections_and_refuses_unknown_modes(tmp_path: Path) -> None:
+    pools = _pool(GOOD_BACKEND)
+    assert load_settings(_write(tmp_path, pools)).server.worker_balance == "least_connections"
+    chosen = load_settings(_write(tmp_path, "gateway:\n  worker_balance: reuseport\n" + pools))
+    assert chosen.server.worker_balance == "reuseport"
+    error, path = _error(tmp_path, "gateway:\n  worker_balance: round_robin\n" + pools)
+    _assert_where(error, path, 2)
+    assert "Invalid enum value 'round_robin'" in str(error) and "gateway.worker_balance" in str(error)
