@@ -13,7 +13,7 @@ The machine may be shared, so throughput is not the figure: each phase loads one
 and divides the gateway process's CPU time (utime + stime from /proc) by the chunks it relayed (answers
 x 512). Phases alternate old/new (and which goes first, round by round); the figure is the median over
 rounds, and `new/old` the median of the per-round ratios. When the peers harness installed vllm-router
-(/tmp/peers-venvs, /work/shared/peers/setup.sh), it is measured in the same rounds as a third target,
+(the harness's `setup.sh`, under /tmp/peers-venvs), it is measured in the same rounds as a third target,
 started as the harness's `vllm-router` preset (default policy) with one router per upstream shape, all
 pinned to the gateway's CPU (its CPU is its whole session's, every thread); `new/peer` and `old/peer` are
 the medians of the per-round ratios. `--peer ''` leaves it out.
@@ -40,7 +40,6 @@ import tarfile
 import tempfile
 import uuid
 from collections.abc import Callable
-from functools import partial
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -56,14 +55,13 @@ from loadtest.bench._util import (
     start_gateway,
     which,
 )
+from loadtest.bench.peer_router import PEER, start_peers
 from loadtest.bench.peers_keys import _provision
 from loadtest.bench.stream_upstream import MODEL, TOKENS, start_nginx
-from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers, wait_until
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
-PEER = "/tmp/peers-venvs/vllm-router/bin/vllm-router"
-"""vllm-router as /work/shared/peers/setup.sh installs it (its `vllm-router` preset)."""
 
 
 def _config(port: int, upstreams: dict[str, str], prefix: str) -> dict[str, Any]:
@@ -198,34 +196,6 @@ def _answers(url: str, key: str, shape: str) -> bool:
     return True
 
 
-def start_peers(
-    group: ProcessGroup, binary: str, upstreams: dict[str, str], shapes: list[str], key: str, cpu: int
-) -> dict[str, tuple[str, Child]]:
-    """One vllm-router per upstream shape (it balances over its workers, it does not route by model), as
-    the peers harness's `vllm-router` preset starts it; {shape: (URL, child)} once each relays an answer."""
-    peers = {}
-    for shape in shapes:
-        port = free_port()
-        argv = [
-            binary,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--worker-urls",
-            upstreams[shape],
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(free_port()),
-        ]
-        child = group.start(f"peer-{shape}", argv, cpu=cpu)
-        url = f"http://127.0.0.1:{port}"
-        wait_until(partial(_answers, url, key, shape), timeout=60, what=url, child=child)
-        peers[shape] = (url, child)
-    return peers
-
-
 def run(
     ref: str,
     rounds: int,
@@ -269,7 +239,11 @@ def run(
                 gateways[name] = start_gateway(
                     group, f"gw-{name}", argv, port, gw_cpu, cwd=str(tree), env=env, timeout=60
                 )
-            peers = start_peers(group, peer, upstreams, shapes, key, gw_cpu) if peer else {}
+
+            def relays(url: str, shape: str) -> bool:
+                return _answers(url, key, shape)
+
+            peers = start_peers(group, peer, upstreams, shapes, relays, gw_cpu) if peer else {}
             for shape in shapes:
                 script = work / f"{shape}.lua"
                 script.write_text(_wrk_script(key, shape))
@@ -401,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     install_interrupt_handlers()
     peer = args.peer or None
     if peer is not None and not os.access(peer, os.X_OK):
-        print(f"no vllm-router at {peer} (/work/shared/peers/setup.sh installs it): measured without it")
+        print(f"no vllm-router at {peer} (the peers harness's setup.sh installs it): measured without it")
         peer = None
     summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms, peer)
     print(format_table(summary))

@@ -1,0 +1,48 @@
+"""vllm-router, the Rust router, as a third target beside two gateway trees in a benchmark's rounds.
+
+It is started as the side-by-side peers harness's `vllm-router` preset starts it (the harness's `setup.sh`
+installs it under /tmp/peers-venvs): one router per upstream, since it balances over its workers and does
+not route by model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from loadtest.processes import Child, ProcessGroup, free_port, wait_until
+
+PEER = "/tmp/peers-venvs/vllm-router/bin/vllm-router"
+"""Where the peers harness's `setup.sh` installs vllm-router."""
+
+
+def start_peers(
+    group: ProcessGroup,
+    binary: str,
+    upstreams: dict[str, str],
+    shapes: list[str],
+    answers: Callable[[str, str], bool],
+    cpu: int,
+) -> dict[str, tuple[str, Child]]:
+    """One vllm-router per upstream shape; {shape: (URL, child)} once `answers(url, shape)` holds for each."""
+    peers = {}
+    for shape in shapes:
+        port = free_port()
+        argv = [
+            binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            upstreams[shape],
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+        ]
+        child = group.start(f"peer-{shape}", argv, cpu=cpu)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(partial(answers, url, shape), timeout=60, what=url, child=child)
+        peers[shape] = (url, child)
+    return peers
