@@ -145,9 +145,10 @@ class CycleSink:
         return True
 
     def unwatch_writable(self) -> None:
-        if self._protocol is not None:
-            setattr(self._protocol, WRITABLE_HOOK, None)
+        protocol = self._protocol
+        if protocol is not None:
             self._protocol = None
+            setattr(protocol, WRITABLE_HOOK, None)
 
     def write(self, data: bytes) -> bool:
         if self._cycle.disconnected:

@@ -39,7 +39,8 @@ class GapWatchdog:
     """Closes the upstream response when one read waits longer than the gap allowed.
 
     One timer per gap period instead of one per chunk; time spent waiting for a slow client does not
-    count, since only the span of an upstream read is watched.
+    count, since only the span of an upstream read is watched (`waiting_since`: set when a read starts,
+    None while the client's side is full).
     """
 
     __slots__ = (
@@ -375,8 +376,17 @@ class _Splice:
     def _writable(self, writable: bool) -> None:
         if self.done.done():
             return
-        self._response.hold(not writable)
+        try:
+            self._response.hold(not writable)
+        except Exception as exc:  # raised in the pumping task rather than in the server's callback
+            self._crashed(exc)
+            return
         self._relayed._watchdog.waiting_since = self._relayed._loop.time() if writable else None
+
+    def _crashed(self, exc: Exception) -> None:
+        self._sink.unwatch_writable()
+        self._response.unsplice()
+        self.done.set_exception(exc)
 
     def received(self, data: bytes, complete: bool) -> None:
         relayed = self._relayed
@@ -386,6 +396,7 @@ class _Splice:
             out = relayed._sse.feed(data) if data else b""
             if complete:
                 relayed._watchdog.waiting_since = None
+                self._sink.unwatch_writable()
                 self._sink.end(relayed._last(out))
                 self.done.set_result(None)
                 return
@@ -394,8 +405,7 @@ class _Splice:
                 self._response.hold(True)
             relayed._watchdog.waiting_since = None if full else relayed._loop.time()
         except Exception as exc:  # raised in the pumping task, as pump would raise it
-            self._response.unsplice()
-            self.done.set_exception(exc)
+            self._crashed(exc)
 
     def failed(self, error: UpstreamError) -> None:
         relayed = self._relayed
@@ -403,7 +413,8 @@ class _Splice:
             return
         try:
             relayed._watchdog.waiting_since = None
+            self._sink.unwatch_writable()
             self._sink.end(relayed._sse.error_event(relayed._failed(error)))
             self.done.set_result(None)
         except Exception as exc:
-            self.done.set_exception(exc)
+            self._crashed(exc)
