@@ -108,6 +108,8 @@ async def _handler(request: web.Request) -> web.StreamResponse:
     elif scenario == "stream_big":  # more than the client's socket holds: a slow client fills it
         for i in range(BIG_EVENTS):
             await response.write(_event(f"{i:04d}" + "x" * 1000))
+            if i % 20 == 19:
+                await asyncio.sleep(0.002)  # so the stream is still coming once the client has stopped
         await response.write(USAGE_EVENT)
         await response.write(DONE)
     elif scenario == "stream_drop":
@@ -790,7 +792,7 @@ async def _ask(port: int, scenario: str) -> tuple[asyncio.StreamReader, asyncio.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 22)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)  # reads past 8 KB wait for us
     body = _request(scenario, stream=True).body
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
@@ -802,9 +804,13 @@ async def _ask(port: int, scenario: str) -> tuple[asyncio.StreamReader, asyncio.
 
 async def test_a_slow_client_pauses_the_backend_and_gets_the_whole_stream_spliced(served: _Served):
     reader, writer = await _ask(served.port, "stream_big")
-    await asyncio.sleep(TIMEOUTS.between_chunks * 3)  # the client reads nothing a while: the gateway waits
+    head = await asyncio.wait_for(reader.readuntil(b'"Hel"'), timeout=3)
+    await asyncio.sleep(TIMEOUTS.between_chunks * 3)  # then the client reads nothing a while
     assert served.spliced == [True] and True in served.held  # the backend's socket was paused
-    response = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), timeout=5)
+    assert served.ends == []  # the gateway waits for the client
+    response = head
+    while not response.endswith(b"\r\n0\r\n\r\n"):
+        response += await asyncio.wait_for(reader.read(65536), timeout=5)
     writer.close()
     assert response.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in response
     assert b"upstream_timeout" not in response  # waiting for the client is not a stall
