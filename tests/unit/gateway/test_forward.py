@@ -4,6 +4,7 @@ stream failures (the same logic without sockets: test_attempts.py, test_relay.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -710,6 +711,24 @@ async def test_a_client_gone_while_spliced_still_counts_what_the_backend_sent(
     await _until(lambda: len(ends) == 1)
     assert sse.events == 2 and not sink.ended
     assert opened.response.closed
+
+
+async def test_a_spliced_stream_past_its_total_timeout_ends_with_the_timeout_event(
+    server, upstream: Upstream
+):
+    url, _ = server
+    sink = _SplicedSink()
+    ctx = _ctx(upstream, [_backend("b", url)], _request("stream_paced", stream=True))
+    ctx.limits = dataclasses.replace(upstream.defaults, total=0.08)  # the answer takes ~0.15 s
+    opened = await upstream.open_stream(ctx)
+    sse = SseRelay(keep_usage_chunk=True)
+    ends: list[RequestContext] = []
+    stream = upstream.relay(ctx, opened, sse, ends.append)
+    sink.out = stream.start()
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.watched == 1 and sink.ended and _event("0") in sink.out and DONE not in sink.out
+    assert _last_event(sink.out)["error"]["code"] == "upstream_timeout"
+    assert sse.failed is not None and sse.failed.status == 504 and len(ends) == 1
 
 
 async def test_a_failure_inside_the_spliced_relay_fails_the_stream_not_the_connection_loop(
