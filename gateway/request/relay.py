@@ -252,7 +252,9 @@ class RelayedStream:
         """After `start` (its piece sent, not the last), relay the rest of the stream to `sink` and end the
         response with its last piece: what iterating the stream yields, without an async generator and a
         send message between the backend's read and the client's write. What arrived in one read is one
-        write; the next read waits while the client's side is full (back-pressure), as iterating does."""
+        write; the next read waits while the client's side is full (back-pressure), as iterating does.
+        When the sink's server tells when its client's side empties and the response can hand its body over
+        as it is parsed, the relay runs in the backend connection's callbacks instead (`_Splice`)."""
         sse, watchdog, loop = self._sse, self._watchdog, self._loop
         response = self._stream.response
         read = response.readany
