@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from backends.models import Backend
 from gateway.openai.errors import GatewayError, upstream_failed, upstream_timeout
 from gateway.request.context import RequestContext
+from gateway.request.splice import Splice, SplicedResponse, SpliceSink
 from gateway.request.sse import SseRelay
-from gateway.upstream.connection import BodySink, UpstreamError
+from gateway.upstream.connection import UpstreamError
 from gateway.upstream.transport import BackendResponse
 
 ABANDONED_DRAIN_S = 2.0
@@ -107,31 +108,6 @@ class ChunkSink(Protocol):
     def end(self, data: bytes) -> None:
         """Send the last piece (possibly empty) and end the response."""
         ...
-
-
-class SpliceSink(ChunkSink, Protocol):
-    """A `ChunkSink` whose server tells when the client's side fills and empties (`CycleSink` under the
-    gateway's own server protocol): the relay can then run in the backend connection's callbacks."""
-
-    @property
-    def paused(self) -> bool: ...
-
-    def watch_writable(self, on_writable: Callable[[bool], None]) -> bool:
-        """Call `on_writable(False)` when the client's side fills, `(True)` when it empties; False when
-        the server cannot."""
-        ...
-
-    def unwatch_writable(self) -> None: ...
-
-
-class SplicedResponse(Protocol):
-    """A `BackendResponse` that can hand its body over as it is parsed (gateway/upstream/client.py)."""
-
-    def splice(self, sink: BodySink) -> None: ...
-
-    def unsplice(self) -> None: ...
-
-    def hold(self, paused: bool) -> None: ...
 
 
 class EventStream(Protocol):
@@ -253,8 +229,8 @@ class RelayedStream:
         response with its last piece: what iterating the stream yields, without an async generator and a
         send message between the backend's read and the client's write. What arrived in one read is one
         write; the next read waits while the client's side is full (back-pressure), as iterating does.
-        When the sink's server tells when its client's side empties and the response can hand its body over
-        as it is parsed, the relay runs in the backend connection's callbacks instead (`_Splice`)."""
+        When the sink's server tells when its client's side empties and the response can hand its body
+        over as it is parsed, the relay runs in the backend connection's callbacks instead (`Splice`)."""
         sse, watchdog, loop = self._sse, self._watchdog, self._loop
         response = self._stream.response
         read = response.readany
@@ -262,7 +238,8 @@ class RelayedStream:
         try:
             await sink.drain()  # the head and first piece may have filled the client's side
             if hasattr(sink, "watch_writable") and hasattr(response, "splice"):
-                splice = _Splice(self, sink, response)  # type: ignore[arg-type]
+                spliced = cast(SpliceSink, sink), cast(SplicedResponse, response)
+                splice = Splice(sse, watchdog, loop, self._last, self._failed, *spliced)
                 if splice.start():
                     try:
                         await splice.done
@@ -346,77 +323,3 @@ class RelayedStream:
 
     async def aclose(self) -> None:
         self.end()
-
-
-class _Splice:
-    """`RelayedStream.pump` run inside the backend connection's `data_received`: each read is fed to the
-    relay and written to the client at once, with no future and no task wake per read; the pumping task
-    waits on `done` only, resolved when the stream ends or fails. A client whose side is full pauses the
-    backend socket until it empties (the gap watchdog does not count that time); a client gone cancels the
-    pumping task, which unsplices before `RelayedStream.end` drains the rest."""
-
-    __slots__ = ("_relayed", "_response", "_sink", "done")
-
-    def __init__(self, relayed: RelayedStream, sink: SpliceSink, response: SplicedResponse) -> None:
-        self._relayed = relayed
-        self._sink = sink
-        self._response = response
-        self.done: asyncio.Future[None] = relayed._loop.create_future()
-
-    def start(self) -> bool:
-        """Splice (False: the server cannot tell when its client's side empties; then pump as usual)."""
-        if not self._sink.watch_writable(self._writable):
-            return False
-        self._relayed._watchdog.waiting_since = self._relayed._loop.time()
-        self._response.splice(self)
-        return True
-
-    def stop(self) -> None:
-        self._sink.unwatch_writable()
-        self._response.unsplice()
-
-    def _writable(self, writable: bool) -> None:
-        if self.done.done():
-            return
-        try:
-            self._response.hold(not writable)
-        except Exception as exc:  # raised in the pumping task rather than in the server's callback
-            self._crashed(exc)
-            return
-        self._relayed._watchdog.waiting_since = self._relayed._loop.time() if writable else None
-
-    def _crashed(self, exc: Exception) -> None:
-        self._sink.unwatch_writable()
-        self._response.unsplice()
-        self.done.set_exception(exc)
-
-    def received(self, data: bytes, complete: bool) -> None:
-        relayed = self._relayed
-        if self.done.done():
-            return
-        try:
-            out = relayed._sse.feed(data) if data else b""
-            if complete:
-                relayed._watchdog.waiting_since = None
-                self._sink.unwatch_writable()
-                self._sink.end(relayed._last(out))
-                self.done.set_result(None)
-                return
-            full = self._sink.write(out) if out else self._sink.paused
-            if full:
-                self._response.hold(True)
-            relayed._watchdog.waiting_since = None if full else relayed._loop.time()
-        except Exception as exc:  # raised in the pumping task, as pump would raise it
-            self._crashed(exc)
-
-    def failed(self, error: UpstreamError) -> None:
-        relayed = self._relayed
-        if self.done.done():
-            return
-        try:
-            relayed._watchdog.waiting_since = None
-            self._sink.unwatch_writable()
-            self._sink.end(relayed._sse.error_event(relayed._failed(error)))
-            self.done.set_result(None)
-        except Exception as exc:
-            self._crashed(exc)

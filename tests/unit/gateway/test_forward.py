@@ -22,7 +22,7 @@ from gateway.config.settings import ConnectionLimits, Timeouts
 from gateway.http.asgi_io import DisconnectWatch, send_stream
 from gateway.http.limits import protocol_class
 from gateway.openai.errors import GatewayError
-from gateway.request import relay
+from gateway.request import relay, splice
 from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import OpenStream, RelayedStream, Upstream
@@ -764,9 +764,9 @@ async def served(server, upstream: Upstream, monkeypatch: pytest.MonkeyPatch) ->
     send buffer small so that a client that does not read fills it soon."""
     url, _ = server
     got = _Served([], [], [], [], 0)
-    start, hold = relay._Splice.start, Connection.hold
+    start, hold = splice.Splice.start, Connection.hold
 
-    def spy_start(self: relay._Splice) -> bool:
+    def spy_start(self: splice.Splice) -> bool:
         got.spliced.append(start(self))
         return got.spliced[-1]
 
@@ -774,7 +774,7 @@ async def served(server, upstream: Upstream, monkeypatch: pytest.MonkeyPatch) ->
         got.held.append(paused)
         hold(self, paused)
 
-    monkeypatch.setattr(relay._Splice, "start", spy_start)
+    monkeypatch.setattr(splice.Splice, "start", spy_start)
     monkeypatch.setattr(Connection, "hold", spy_hold)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
