@@ -32,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from gateway.http.asgi_io import DISCONNECT_HOOK
 from gateway.http.client_address import TrustedProxies
 from gateway.http.proxy_protocol import ProxyHeaderError, read_header
+from gateway.http.response_write import WRITABLE_HOOK
 
 _DRAIN_BYTES = 1 << 20
 _DRAIN_SECONDS = 1.0
@@ -131,6 +132,7 @@ class ClientCapProtocol(HttpToolsProtocol):
         self._drained = 0
         self._answered = False
         self._timer: asyncio.TimerHandle | None = None
+        setattr(self, WRITABLE_HOOK, None)
 
     # typeshed types the argument BaseTransport for every protocol; a TCP connection's is a Transport
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -171,6 +173,18 @@ class ClientCapProtocol(HttpToolsProtocol):
             lost = getattr(cycle, DISCONNECT_HOOK, None)
             if lost is not None:
                 lost()  # the request's DisconnectWatch (gateway/http/asgi_io.py): cancel it
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        on_writable = getattr(self, WRITABLE_HOOK)
+        if on_writable is not None:
+            on_writable(False)  # a spliced relay stops reading its backend (gateway/request/relay.py)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        on_writable = getattr(self, WRITABLE_HOOK)
+        if on_writable is not None:
+            on_writable(True)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         setattr(cycle, DISCONNECT_HOOK, None)  # this protocol tells the request when its client is gone

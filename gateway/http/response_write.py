@@ -23,6 +23,10 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+WRITABLE_HOOK = "switchyard_on_writable"
+"""The attribute of the gateway's server protocol (gateway/http/client_cap.py) that it calls, if set, with
+False from `pause_writing` and True from `resume_writing`: a spliced relay's back-pressure."""
+
 _CONTENT_LENGTH = b"content-length"
 _TRANSFER_ENCODING = b"transfer-encoding"
 _CONNECTION = b"connection"
@@ -115,13 +119,36 @@ class CycleSink:
     `0\\r\\n\\r\\n`), one write per piece, the cycle left as `send` leaves it. A client gone is written
     nothing, as `send` does; a full transport (uvicorn's flow control paused) is waited on before more."""
 
-    __slots__ = ("_cycle", "_flow", "_on_end", "_transport")
+    __slots__ = ("_cycle", "_flow", "_on_end", "_protocol", "_transport")
 
     def __init__(self, cycle: RequestResponseCycle, on_end: Callable[[], None]) -> None:
         self._cycle = cycle
         self._flow = cycle.flow
         self._transport = cycle.transport
         self._on_end = on_end
+        self._protocol: Any = None
+
+    @property
+    def paused(self) -> bool:
+        """The client's side is full (and the client still there)."""
+        return self._flow.write_paused and not self._cycle.disconnected
+
+    def watch_writable(self, on_writable: Callable[[bool], None]) -> bool:
+        """Have the server protocol call `on_writable(False)` when the client's side fills and
+        `on_writable(True)` when it takes writes again; False when it cannot (not the gateway's protocol)."""
+        get_protocol = getattr(self._transport, "get_protocol", None)
+        protocol = get_protocol() if get_protocol is not None else None
+        if getattr(protocol, WRITABLE_HOOK, False) is not None:
+            return False
+        setattr(protocol, WRITABLE_HOOK, on_writable)
+        self._protocol = protocol
+        return True
+
+    def unwatch_writable(self) -> None:
+        protocol = self._protocol
+        if protocol is not None:
+            self._protocol = None
+            setattr(protocol, WRITABLE_HOOK, None)
 
     def write(self, data: bytes) -> bool:
         if self._cycle.disconnected:

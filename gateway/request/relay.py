@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from backends.models import Backend
 from gateway.openai.errors import GatewayError, upstream_failed, upstream_timeout
 from gateway.request.context import RequestContext
+from gateway.request.splice import Splice, SplicedResponse, SpliceSink
 from gateway.request.sse import SseRelay
 from gateway.upstream.connection import UpstreamError
 from gateway.upstream.transport import BackendResponse
@@ -39,7 +40,8 @@ class GapWatchdog:
     """Closes the upstream response when one read waits longer than the gap allowed.
 
     One timer per gap period instead of one per chunk; time spent waiting for a slow client does not
-    count, since only the span of an upstream read is watched.
+    count, since only the span of an upstream read is watched (`waiting_since`: set when a read starts,
+    None while the client's side is full).
     """
 
     __slots__ = (
@@ -226,13 +228,24 @@ class RelayedStream:
         """After `start` (its piece sent, not the last), relay the rest of the stream to `sink` and end the
         response with its last piece: what iterating the stream yields, without an async generator and a
         send message between the backend's read and the client's write. What arrived in one read is one
-        write; the next read waits while the client's side is full (back-pressure), as iterating does."""
+        write; the next read waits while the client's side is full (back-pressure), as iterating does.
+        When the sink's server tells when its client's side empties and the response can hand its body
+        over as it is parsed, the relay runs in the backend connection's callbacks instead (`Splice`)."""
         sse, watchdog, loop = self._sse, self._watchdog, self._loop
         response = self._stream.response
         read = response.readany
         write = sink.write
         try:
             await sink.drain()  # the head and first piece may have filled the client's side
+            if hasattr(sink, "watch_writable") and hasattr(response, "splice"):
+                spliced = cast(SpliceSink, sink), cast(SplicedResponse, response)
+                splice = Splice(sse, watchdog, loop, self._last, self._failed, *spliced)
+                if splice.start():
+                    try:
+                        await splice.done
+                    finally:
+                        splice.stop()
+                    return
             while True:
                 watchdog.waiting_since = loop.time()
                 try:

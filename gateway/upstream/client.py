@@ -24,6 +24,7 @@ from collections import deque
 from urllib.parse import urlsplit
 
 from gateway.upstream.connection import (
+    BodySink,
     ConnectFailed,
     Connection,
     ConnectionBroken,
@@ -84,6 +85,17 @@ class Response:
 
     def half_close(self) -> bool:
         return self._conn.half_close()
+
+    def splice(self, sink: BodySink) -> None:
+        """Hand the rest of the body to `sink` as it arrives (`Connection.splice`), until `unsplice`."""
+        self._conn.splice(sink)
+
+    def unsplice(self) -> None:
+        self._conn.unsplice()
+
+    def hold(self, paused: bool) -> None:
+        """Stop or resume reading the backend's socket while spliced (back-pressure)."""
+        self._conn.hold(paused)
 
     def release(self) -> None:
         """Done with a fully read answer: the connection goes back to the pool (else it is closed)."""

@@ -20,6 +20,20 @@ class ConnectionOwner(Protocol):
     def put_back(self, conn: Connection) -> None: ...
 
 
+class BodySink(Protocol):
+    """Takes an answer's body as it is parsed, in the connection's own callback (`Connection.splice`)."""
+
+    def received(self, data: bytes, complete: bool) -> None:
+        """Body bytes arrived (possibly empty when `complete`); `complete`: the answer ends with them.
+        Must not raise."""
+        ...
+
+    def failed(self, error: UpstreamError) -> None:
+        """The answer broke before its end (the connection dropped or sent something not HTTP). Must not
+        raise."""
+        ...
+
+
 class UpstreamError(Exception):
     """The exchange with a backend failed before a complete answer."""
 
@@ -52,6 +66,7 @@ class Connection(asyncio.Protocol):
         "_parser",
         "_paused",
         "_pool",
+        "_sink",
         "complete",
         "got_bytes",
         "idle_since",
@@ -83,6 +98,7 @@ class Connection(asyncio.Protocol):
         self._answer_waiter: asyncio.Future[None] | None = None
         self._body_waiter: asyncio.Future[None] | None = None
         self._length_known = False
+        self._sink: BodySink | None = None
         self.complete = False
         self.keep_alive = False
         self.got_bytes = False
@@ -95,12 +111,17 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        error: UpstreamError | None = None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(ConnectionBroken("the backend switched protocols"))
+            error = ConnectionBroken("the backend switched protocols")
         except httptools.HttpParserError as exc:
-            self._fail(ConnectionBroken(f"the backend's answer is not valid HTTP/1.1 ({exc})"))
+            error = ConnectionBroken(f"the backend's answer is not valid HTTP/1.1 ({exc})")
+        if self._sink is not None and (self._chunks or self.complete):
+            self._deliver()  # after the parser returns: the sink's work is never inside its callbacks
+        if error is not None:
+            self._fail(error)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -112,6 +133,8 @@ class Connection(asyncio.Protocol):
             return
         if self.status and not self._length_known:
             self.on_message_complete()  # an answer delimited by the end of the connection
+            if self._sink is not None:
+                self._deliver()
             return
         why = f"{exc.__class__.__name__}: {exc}" if exc else "the backend closed the connection"
         self._fail(ConnectionBroken(why))
@@ -139,7 +162,12 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > _READ_HIGH_WATER and not self._paused and self.transport is not None:
+        if (
+            self._buffered > _READ_HIGH_WATER
+            and not self._paused
+            and self._sink is None
+            and self.transport is not None
+        ):
             self._paused = True
             self.transport.pause_reading()
         self._wake_reader()
@@ -154,6 +182,10 @@ class Connection(asyncio.Protocol):
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
             self._error = error
+        sink = self._sink
+        if sink is not None:
+            self._sink = None
+            sink.failed(self._error)
         for waiter in (self._answer_waiter, self._body_waiter):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -205,6 +237,47 @@ class Connection(asyncio.Protocol):
                 raise
             finally:
                 self._body_waiter = None
+
+    def splice(self, sink: BodySink) -> None:
+        """From now on hand the answer's body to `sink` as it is parsed, in `data_received`, instead of
+        buffering it for `read_some`: no future and no task wake per read. What is buffered already is
+        handed over at once; so is the end or the failure if it came. Until `unsplice` (the sink is
+        dropped by itself once it was told the answer ended or failed)."""
+        self._sink = sink
+        self.hold(False)  # a high-water pause: what it kept is handed over now
+        if self._chunks or self.complete:
+            self._deliver()
+        elif self._error is not None:
+            self._sink = None
+            sink.failed(self._error)
+
+    def unsplice(self) -> None:
+        """Back to buffering for `read_some`, reading the socket again if the sink had paused it."""
+        self._sink = None
+        self.hold(False)
+
+    def hold(self, paused: bool) -> None:
+        """Stop (True) or resume (False) reading the socket: the spliced relay's back-pressure."""
+        transport = self.transport
+        if paused == self._paused or transport is None or self.lost or transport.is_closing():
+            return
+        self._paused = paused
+        if paused:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def _deliver(self) -> None:
+        sink = self._sink
+        assert sink is not None  # only called while spliced
+        chunks = self._chunks
+        data = b"" if not chunks else chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        complete = self.complete
+        if complete:
+            self._sink = None
+        sink.received(data, complete)
 
     def has_buffered(self) -> bool:
         return bool(self._chunks)

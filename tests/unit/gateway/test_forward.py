@@ -4,24 +4,32 @@ stream failures (the same logic without sockets: test_attempts.py, test_relay.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import uvicorn
 from aiohttp import web
+from uvicorn.server import ServerState
 
 from backends.models import Backend, Pool
-from gateway.config.settings import Timeouts
+from gateway.config.settings import ConnectionLimits, Timeouts
+from gateway.http.asgi_io import DisconnectWatch, send_stream
+from gateway.http.limits import protocol_class
 from gateway.openai.errors import GatewayError
-from gateway.request import relay
+from gateway.request import relay, splice
 from gateway.request.classify import Caller, classify
 from gateway.request.context import RequestContext
 from gateway.request.forward import OpenStream, RelayedStream, Upstream
 from gateway.request.parse import ParsedRequest, parse
 from gateway.request.sse import SseRelay
 from gateway.upstream.client import KEEPALIVE_SECONDS, BackendClient
+from gateway.upstream.connection import Connection
 from policies.framework import Decision
 from tests.support import free_port
 
@@ -56,6 +64,7 @@ USAGE_EVENT = (
     b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'
 )
 DONE = b"data: [DONE]\n\n"
+BIG_EVENTS = 400
 SEEN = web.AppKey("seen", list)
 
 
@@ -91,6 +100,18 @@ async def _handler(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(0.05)
         await response.write(_event("lo"))
         await asyncio.sleep(2)
+        await response.write(DONE)
+    elif scenario == "stream_paced":
+        for i in range(4):
+            await asyncio.sleep(0.03)
+            await response.write(_event(str(i)))
+        await response.write(USAGE_EVENT + DONE)
+    elif scenario == "stream_big":  # more than the client's socket holds: a slow client fills it
+        for i in range(BIG_EVENTS):
+            await response.write(_event(f"{i:04d}" + "x" * 1000))
+            if i % 20 == 19:
+                await asyncio.sleep(0.002)  # so the stream is still coming once the client has stopped
+        await response.write(USAGE_EVENT)
         await response.write(DONE)
     elif scenario == "stream_drop":
         await asyncio.sleep(0.05)
@@ -558,6 +579,280 @@ async def test_a_client_gone_while_pumped_still_counts_what_the_backend_sent(ser
     await _until(lambda: len(ends) == 1)
     assert sse.events == 2 and not sink.ended
     assert opened.response.closed
+
+
+# --- the same, spliced: relayed in the backend connection's callbacks (a server that tells when its
+# client's side fills and empties, as the gateway's own protocol does) -----------------------------------
+
+
+class _SplicedSink(_Sink):
+    """A `SpliceSink`. With `full_for`, each write fills the client's side and it empties `full_for` s
+    later (as a slow client's transport pauses and resumes writing); `probe` runs just before it empties.
+    `fail_on`: a write of a piece holding these bytes raises."""
+
+    def __init__(
+        self, full_for: float = 0.0, fail_on: bytes | None = None, probe: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(full_for)
+        self.on_writable: Callable[[bool], None] | None = None
+        self.paused = False
+        self.watched = 0
+        self.fail_on = fail_on
+        self.probe = probe
+
+    def watch_writable(self, on_writable: Callable[[bool], None]) -> bool:
+        self.on_writable = on_writable
+        self.watched += 1
+        return True
+
+    def unwatch_writable(self) -> None:
+        self.on_writable = None
+
+    def write(self, data: bytes) -> bool:
+        assert not self.ended
+        if self.fail_on is not None and self.fail_on in data:
+            raise RuntimeError("the client's side broke")
+        self.out += data
+        if self.full_for and not self.paused:
+            self.paused = True
+            self.drains += 1
+            asyncio.get_running_loop().call_later(self.full_for, self._emptied)
+        return self.paused
+
+    def _emptied(self) -> None:
+        if self.probe is not None:
+            self.probe()
+        self.paused = False
+        if self.on_writable is not None:
+            self.on_writable(True)
+
+    async def drain(self) -> None:
+        assert not self.paused
+
+
+async def _spliced(
+    upstream: Upstream, url: str, scenario: str, sink: _SplicedSink
+) -> tuple[RelayedStream, SseRelay, list[RequestContext], OpenStream]:
+    stream, sse, ends, opened = await _pumped(upstream, url, scenario, sink)
+
+    async def no_reads() -> bytes:
+        raise AssertionError("a spliced stream is never read by its task")
+
+    opened.response.readany = no_reads  # type: ignore[method-assign]
+    return stream, sse, ends, opened
+
+
+async def test_a_spliced_stream_ends_with_its_last_piece_and_is_accounted(server, upstream: Upstream):
+    url, _ = server
+    sink = _SplicedSink()
+    stream, sse, ends, opened = await _spliced(upstream, url, "stream_ok", sink)
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.watched == 1 and sink.on_writable is None  # spliced, then let go
+    assert sink.ended and sink.out == _event("Hel") + _event("lo") + USAGE_EVENT + DONE
+    assert sse.failed is None and sse.usage is not None and sse.usage.completion_tokens == 2
+    assert len(ends) == 1 and not opened.response.closed  # read to its end: pooled
+
+
+async def test_a_spliced_stream_stall_ends_with_the_timeout_event(server, upstream: Upstream):
+    url, _ = server
+    backend = _backend("b", url)
+    sink = _SplicedSink()
+    ctx, opened = await _open(upstream, [backend], _request("stream_stall", stream=True))
+    sse = SseRelay(keep_usage_chunk=True)
+    ends: list[RequestContext] = []
+    stream = upstream.relay(ctx, opened, sse, ends.append)
+    sink.out = stream.start()
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert asyncio.get_running_loop().time() - started < 1  # the backend would have stalled 2 s
+    assert sink.watched == 1 and sink.ended and sink.out.startswith(_event("Hel") + _event("lo"))
+    assert _last_event(sink.out)["error"]["code"] == "upstream_timeout"
+    assert sse.failed is not None and sse.failed.status == 504
+    assert len(ends) == 1 and opened.response.closed
+    assert backend.breaker.failures == 1  # told
+
+
+async def test_a_spliced_stream_cut_ends_with_the_failed_event(server, upstream: Upstream):
+    url, _ = server
+    sink = _SplicedSink()
+    stream, sse, ends, opened = await _spliced(upstream, url, "stream_drop", sink)
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.watched == 1 and sink.ended and _last_event(sink.out)["error"]["code"] == "upstream_failed"
+    assert sse.failed is not None and sse.failed.status == 502 and len(ends) == 1
+    assert opened.response.closed
+
+
+async def test_a_full_client_pauses_the_backend_and_is_not_a_stall_when_spliced(server, upstream: Upstream):
+    url, _ = server
+    held: list[bool] = []
+    sink = _SplicedSink(full_for=TIMEOUTS.between_chunks * 1.5, probe=lambda: held.append(conn._paused))
+    stream, sse, ends, opened = await _spliced(upstream, url, "stream_paced", sink)
+    conn = opened.response._conn  # type: ignore[attr-defined]
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    paced = b"".join([_event(str(i)) for i in range(4)])
+    assert sink.out == _event("Hel") + paced + USAGE_EVENT + DONE and sink.drains >= 1
+    assert held and all(held)  # the backend's socket was not read while the client's side was full
+    assert sse.failed is None and len(ends) == 1 and not opened.response.closed
+
+
+async def test_a_client_gone_while_spliced_still_counts_what_the_backend_sent(
+    server, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+):
+    url, _ = server
+    monkeypatch.setattr(relay, "ABANDONED_DRAIN_S", 0.2)
+    sink = _SplicedSink()
+    stream, sse, ends, opened = await _spliced(upstream, url, "stream_stall", sink)
+    pumping = asyncio.create_task(stream.pump(sink))
+    await asyncio.sleep(0.1)  # "lo" relayed, the backend then stalls
+    pumping.cancel()  # the client left: the disconnect watch cancels the request's task
+    with pytest.raises(asyncio.CancelledError):
+        await pumping
+    assert sink.on_writable is None and opened.response._conn._sink is None  # type: ignore[attr-defined]
+    await _until(lambda: len(ends) == 1)
+    assert sse.events == 2 and not sink.ended
+    assert opened.response.closed
+
+
+async def test_a_spliced_stream_past_its_total_timeout_ends_with_the_timeout_event(
+    server, upstream: Upstream
+):
+    url, _ = server
+    sink = _SplicedSink()
+    ctx = _ctx(upstream, [_backend("b", url)], _request("stream_paced", stream=True))
+    ctx.limits = dataclasses.replace(upstream.defaults, total=0.08)  # the answer takes ~0.15 s
+    opened = await upstream.open_stream(ctx)
+    sse = SseRelay(keep_usage_chunk=True)
+    ends: list[RequestContext] = []
+    stream = upstream.relay(ctx, opened, sse, ends.append)
+    sink.out = stream.start()
+    await asyncio.wait_for(stream.pump(sink), timeout=3)
+    assert sink.watched == 1 and sink.ended and _event("0") in sink.out and DONE not in sink.out
+    assert _last_event(sink.out)["error"]["code"] == "upstream_timeout"
+    assert sse.failed is not None and sse.failed.status == 504 and len(ends) == 1
+
+
+async def test_a_failure_inside_the_spliced_relay_fails_the_stream_not_the_connection_loop(
+    server, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+):
+    url, _ = server
+    monkeypatch.setattr(relay, "ABANDONED_DRAIN_S", 0.2)
+    sink = _SplicedSink(fail_on=b'"content": "1"')
+    stream, sse, ends, opened = await _spliced(upstream, url, "stream_paced", sink)
+    with pytest.raises(RuntimeError, match="the client's side broke"):
+        await asyncio.wait_for(stream.pump(sink), timeout=3)  # raised in the task, as pump raises it
+    assert opened.response._conn._sink is None  # type: ignore[attr-defined]
+    await _until(lambda: len(ends) == 1)
+    assert sse.events >= 3  # what the backend had sent is counted all the same
+    assert not sink.ended
+
+
+# --- spliced end to end: the gateway's server protocol on a real socket, a real client ------------------
+
+
+@dataclass
+class _Served:
+    sse: list[SseRelay]
+    ends: list[RequestContext]
+    spliced: list[bool]
+    held: list[bool]
+    port: int
+
+
+@pytest.fixture
+async def served(server, upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Served]:
+    """The gateway's own server protocol relaying the stream the request's `scenario` names, its socket's
+    send buffer small so that a client that does not read fills it soon."""
+    url, _ = server
+    got = _Served([], [], [], [], 0)
+    start, hold = splice.Splice.start, Connection.hold
+
+    def spy_start(self: splice.Splice) -> bool:
+        got.spliced.append(start(self))
+        return got.spliced[-1]
+
+    def spy_hold(self: Connection, paused: bool) -> None:
+        got.held.append(paused)
+        hold(self, paused)
+
+    monkeypatch.setattr(splice.Splice, "start", spy_start)
+    monkeypatch.setattr(Connection, "hold", spy_hold)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        watch = DisconnectWatch(receive)
+        send.__self__.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        ctx, opened = await _open(upstream, [_backend("b", url)], parse("chat", body))
+        sse = SseRelay(keep_usage_chunk=False)
+        got.sse.append(sse)
+        stream = upstream.relay(ctx, opened, sse, got.ends.append)
+        await send_stream(send, watch, {}, "text/event-stream", stream)
+
+    cls = protocol_class(ConnectionLimits())
+    config = uvicorn.Config(app, http=cls, ws="none", lifespan="off", access_log=False)
+    state = ServerState()
+
+    def connected() -> Any:
+        protocol = cls(config, state, {})
+        protocol.access_log = False  # on whenever its logger has handlers, as pytest's capture gives it
+        return protocol
+
+    listening = await asyncio.get_running_loop().create_server(connected, "127.0.0.1", 0)
+    got.port = listening.sockets[0].getsockname()[1]
+    try:
+        yield got
+    finally:
+        listening.close()
+        for protocol in list(state.connections):
+            protocol.transport.close()
+
+
+async def _ask(port: int, scenario: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)  # reads past 8 KB wait for us
+    body = _request(scenario, stream=True).body
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_a_slow_client_pauses_the_backend_and_gets_the_whole_stream_spliced(served: _Served):
+    reader, writer = await _ask(served.port, "stream_big")
+    head = await asyncio.wait_for(reader.readuntil(b'"Hel"'), timeout=3)
+    await asyncio.sleep(TIMEOUTS.between_chunks * 3)  # then the client reads nothing a while
+    assert served.spliced == [True] and True in served.held  # the backend's socket was paused
+    assert served.ends == []  # the gateway waits for the client
+    response = head
+    while not response.endswith(b"\r\n0\r\n\r\n"):
+        response += await asyncio.wait_for(reader.read(65536), timeout=5)
+    writer.close()
+    assert response.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in response
+    assert b"upstream_timeout" not in response  # waiting for the client is not a stall
+    body = b"".join(response.split(b"\r\n\r\n", 1)[1].split(b"\r\n")[1::2])  # unchunked
+    events = [_event(f"{i:04d}" + "x" * 1000) for i in range(BIG_EVENTS)]
+    assert body == _event("Hel") + b"".join(events) + DONE  # the usage chunk dropped: not asked for
+    await _until(lambda: len(served.ends) == 1)
+    (sse,) = served.sse
+    assert sse.failed is None and sse.usage is not None and sse.usage.completion_tokens == 2
+    assert served.held[-1] is False  # reading again
+
+
+async def test_a_client_gone_mid_splice_tells_the_backend_and_counts_what_it_sent(
+    served: _Served, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(relay, "ABANDONED_DRAIN_S", 0.2)
+    reader, writer = await _ask(served.port, "stream_stall")
+    await asyncio.wait_for(reader.readuntil(b'"lo"'), timeout=3)
+    writer.transport.abort()  # the client leaves while the backend stalls
+    await _until(lambda: len(served.ends) == 1)
+    assert served.spliced == [True]
+    (sse,) = served.sse
+    assert sse.events == 2 and sse.failed is None  # both events the backend sent: counted
 
 
 # --- a stream whose client left: counting what the backend had sent ----------------------------------
