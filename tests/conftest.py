@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -22,10 +23,20 @@ _STATE = tempfile.mkdtemp(prefix="switchyard-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE
 
 
+# A gateway built with the default settings makes its batch file store, `switchyard-files/` in the current
+# folder, when it starts (so a folder it cannot write fails at once); the tests that only build one leave it
+# empty behind them in the checkout, and the session takes it away again.
+_DEFAULT_FILES = Path.cwd() / "switchyard-files"
+_FILES_WERE_THERE = _DEFAULT_FILES.exists()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_state_home() -> Iterator[None]:
     yield
     shutil.rmtree(_STATE, ignore_errors=True)
+    if not _FILES_WERE_THERE:
+        with contextlib.suppress(OSError):  # only when empty: files a test stored there should be seen
+            _DEFAULT_FILES.rmdir()
 
 
 @pytest.fixture(scope="session")
