@@ -113,8 +113,7 @@ class Splice:
         self._watchdog.waiting_since = self._loop.time() if writable else None
 
     def _crashed(self, exc: Exception) -> None:
-        self._sink.unwatch_writable()
-        self._response.unsplice()
+        self.stop()
         self.done.set_exception(exc)
 
     def received(self, data: bytes, complete: bool) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtest.calibrate.levels import BURST
+from loadtest.calibrate.levels import bursty
 from loadtest.calibrate.measure import (
     Metrics,
     Server,
@@ -212,7 +212,7 @@ def bursts(runs: Sequence[LevelRun], concurrency: Sequence[int]) -> list[str]:
     notes = []
     for width, run in zip(concurrency, runs, strict=True):
         tpot = summarise(run.timed).tpot_p50
-        if run.engine_itl_s > 0 and tpot < BURST * run.engine_itl_s:
+        if bursty(tpot, run.engine_itl_s):
             notes.append(
                 f"x{width}: the client's tokens came in bursts (TPOT p50 {tpot * 1000:.2f} ms, the "
                 f"server's inter-token latency {run.engine_itl_s * 1000:.2f} ms): the machine starved the "

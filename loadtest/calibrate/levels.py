@@ -18,6 +18,11 @@ tokens in bursts: they waited between the engine and the client (an API server o
 CPU), so its TTFT holds much of the generation and is no measurement of the server's front end."""
 
 
+def bursty(client_tpot_s: float, engine_itl_s: float) -> bool:
+    """The client got its tokens in bursts (`BURST`)."""
+    return engine_itl_s > 0 and client_tpot_s < BURST * engine_itl_s
+
+
 @dataclass(slots=True)
 class Level:
     kind: Literal["prefill", "load", "prefix"]
@@ -44,7 +49,7 @@ class Level:
 
     @property
     def bursty(self) -> bool:
-        return self.engine_itl_s > 0 and self.client_tpot_s < BURST * self.engine_itl_s
+        return bursty(self.client_tpot_s, self.engine_itl_s)
 
     @property
     def client_ttft_s(self) -> float:
