@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from loadtest.calibrate.measure import (
     run_closed_loop,
     stream_completion,
 )
+from loadtest.processes import free_port
 from loadtest.stats import percentile
 
 TOLERANCE = 0.20
@@ -223,12 +223,6 @@ def bursts(runs: Sequence[LevelRun], concurrency: Sequence[int]) -> list[str]:
 
 def failures(rows: Sequence[Row], tolerance: float = TOLERANCE) -> list[Row]:
     return [row for row in rows if row.asserted and row.error > tolerance]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_simulator(
