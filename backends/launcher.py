@@ -24,31 +24,23 @@ catalogue's (backends/accelerators.py).
   explicit KV-cache size (without it vLLM reserves most of the RAM). Hub access is off. Used by
   `make test-vllm` with the tiny model that `backends/tiny_model.py` builds.
 
-Library use: `build_launch(LaunchSpec(...))` returns a `Launch` (argv + env); `start(launch, log_path)`
-starts it in its own process group, `wait_ready(...)` polls `/health` and raises with the log's tail,
-`stop(process)` ends the whole group. `main(argv)` is the CLI.
+Library use: `build_launch(LaunchSpec(...))` returns a `Launch` (argv + env); backends/server_process.py
+starts, waits for and stops it. `main(argv)` is the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
-from backends.lifetime import die_with_parent
+from backends.cpu_priority import lowest_cpu_priority
 
 Target = Literal[Vendor, "cpu"]
 TARGETS: tuple[Target, ...] = (*VENDORS, "cpu")
@@ -218,86 +210,6 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-# Running a server: its own process group, so stopping it ends every child it started.
-
-
-def start(
-    launch: Launch, log_path: Path, base_env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start the server in its own process group, stdout and stderr into `log_path`.
-
-    The server gets SIGTERM when this process dies, even by SIGKILL, so it never outlives it.
-    """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            list(launch.argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=launch.full_env(base_env),
-            start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGTERM),
-        )
-
-
-def log_tail(log_path: Path, lines: int = 40) -> str:
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def wait_ready(
-    url: str, process: subprocess.Popen[bytes] | None, log_path: Path, timeout: float = 180.0
-) -> float:
-    """Poll `url`/health until it answers 200; returns the seconds taken.
-
-    Raises RuntimeError with the log's tail when the process exits or `timeout` passes first.
-    """
-    started = time.monotonic()
-    deadline = started + timeout
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    while True:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(
-                f"vLLM server for {url} exited with {process.returncode} before it was ready; "
-                f"log {log_path}:\n{log_tail(log_path)}"
-            )
-        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-            with opener.open(url + "/health", timeout=2) as r:
-                healthy = r.status == 200
-            # Something else may answer /health on that port (a stale server): ask for the model list too.
-            if healthy:
-                with opener.open(url + "/v1/models", timeout=2) as r:
-                    if r.status == 200 and isinstance(json.loads(r.read()).get("data"), list):
-                        return time.monotonic() - started
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"vLLM server for {url} not ready within {timeout:.0f} s; "
-                f"log {log_path}:\n{log_tail(log_path)}"
-            )
-        time.sleep(0.5)
-
-
-def stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
-    """SIGTERM the process group, then SIGKILL it after `grace` seconds."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace)
-    # Children may outlive the leader; the group id is the leader's pid.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
-
-
-# The CLI.
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The launcher's options, for `python -m backends.launcher` or a `switchyard vllm` subcommand."""
     parser.add_argument("--vendor", choices=TARGETS, required=True, help="amd (ROCm), nvidia (CUDA) or cpu")
@@ -320,6 +232,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", default=sys.executable, help="CPU: the vLLM virtualenv's python")
     parser.add_argument("--api-key-env", help="environment variable holding the server's API key")
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment")
+    parser.add_argument(
+        "--below-clients",
+        action="store_true",
+        help="with --run: its own session at the lowest CPU priority, for clients timing it on this machine",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--print", action="store_true", help="print the shell line (the default)")
     mode.add_argument("--env-file", action="store_true", help="print the environment as an env file")
@@ -376,6 +293,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     if args.run:
         sys.stdout.flush()
+        if args.below_clients:
+            with contextlib.suppress(PermissionError):  # already a session's leader
+                os.setsid()
+            lowest_cpu_priority()
         try:
             os.execvpe(launch.argv[0], list(launch.argv), launch.full_env())
         except OSError as exc:

@@ -53,7 +53,7 @@ else
 fi
 
 echo "== vLLM ($vendor, $accelerator): $model on :$port; logs and profile in $out"
-"$py" -m backends.launcher "${launch[@]}" --model "$model" --run >"$out/vllm.log" 2>&1 &
+"$py" -m backends.launcher "${launch[@]}" --model "$model" --below-clients --run >"$out/vllm.log" 2>&1 &
 server=$!
 trap 'kill -TERM "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
 url=http://127.0.0.1:$port

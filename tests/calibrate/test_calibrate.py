@@ -30,7 +30,8 @@ import httpx
 import pytest
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
-from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
+from backends.launcher import LaunchSpec, build_launch
+from backends.server_process import start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
 from loadtest.calibrate.agreement import (
     calibrated_fleet,
@@ -102,7 +103,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
         )
     )
-    process = start(launch, log)
+    process = start(launch, log, below_clients=True)  # the client shares the CPUs (backends/cpu_priority.py)
     try:
         wait_ready(launch.url, process, log, READY_TIMEOUT)
         yield launch.url

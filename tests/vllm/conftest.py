@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.launcher import Launch, LaunchSpec, build_launch, log_tail, start, stop, wait_ready
+from backends.launcher import Launch, LaunchSpec, build_launch
+from backends.server_process import log_tail, start, stop, wait_ready
 from tests.support import free_port, metric, running_gateway, sim_metrics
 
 if os.environ.get("SWITCHYARD_VLLM") != "1":

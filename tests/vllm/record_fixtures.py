@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from backends.launcher import LaunchSpec, build_launch, start, stop, wait_ready
+from backends.launcher import LaunchSpec, build_launch
+from backends.server_process import start, stop, wait_ready
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "switchyard"

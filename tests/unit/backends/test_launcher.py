@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.launcher import LaunchError, LaunchSpec, build_launch, main, start, stop, wait_ready
+from backends.launcher import LaunchError, LaunchSpec, build_launch, main
+from backends.server_process import start, stop, wait_ready
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str:

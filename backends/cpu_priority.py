@@ -1,0 +1,42 @@
+"""A server that gives the CPU to the clients measuring it when both run on one machine.
+
+vLLM's engine process waits for its worker by spinning (`sched_yield` for a second after each step), and
+the CPU build's worker computes on the cores it is given. A client on the same machine, as in CI's
+calibration proof, can then wait on the run queue for seconds while the server's answer sits in its socket:
+runs of sixteen streams on the 2-core CI machine spent 1.4-4.9 s of 1.7-5.3 s runnable but not running,
+and read every token at once (docs/calibrate.md). Its timings are then the machine's, not the server's.
+
+Linux shares the CPU between sessions first (autogroups) and only then between the processes of a session,
+so a nice value alone does not help a client in another session: the server's session gets the lowest
+weight as well. In a real deployment the clients are other machines and none of this is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+LOWEST = 19
+"""The highest nice value: the server runs whenever nothing else wants the CPU."""
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def lowest_cpu_priority() -> None:
+    """Give the calling process, and its session's autogroup, the lowest CPU priority.
+
+    Call it in a process that leads its own session (a `start_new_session` child, before it execs the
+    server): the autogroup's weight is the whole session's. Raising a nice value needs no privilege.
+    """
+    os.setpriority(os.PRIO_PROCESS, 0, LOWEST)
+    # a kernel without autogroups has no such file
+    with contextlib.suppress(OSError), open(AUTOGROUP, "w") as group:
+        group.write(str(LOWEST))
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of `pid`'s autogroup (None without autogroups)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as group:
+            return int(group.read().rsplit("nice", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -1,0 +1,75 @@
+"""A server started below its clients runs at the lowest CPU priority, in its own session and autogroup,
+and the process that started it keeps its own priority (backends/cpu_priority.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.cpu_priority import LOWEST, autogroup_nice
+from backends.launcher import Launch
+from backends.server_process import start, stop
+
+SLEEPER = "import time; time.sleep(60)"
+
+
+def _wait_started(process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # until the child has exec'd (its preexec has run by then)
+        if Path(f"/proc/{process.pid}/cmdline").read_bytes().endswith(SLEEPER.encode() + b"\0"):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the child did not start")
+
+
+def _nice(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+@pytest.mark.parametrize("below", [True, False])
+def test_a_server_below_its_clients_runs_at_the_lowest_priority(tmp_path: Path, below: bool) -> None:
+    mine, my_group = _nice(0), autogroup_nice(os.getpid())
+    launch = Launch(argv=(sys.executable, "-c", SLEEPER), env={}, url="http://127.0.0.1:1")
+    process = start(launch, tmp_path / "server.log", below_clients=below)
+    try:
+        _wait_started(process)
+        assert os.getsid(process.pid) == process.pid  # its own session, so its own autogroup
+        assert _nice(process.pid) == (LOWEST if below else mine)
+        group = autogroup_nice(process.pid)
+        if group is not None:  # the kernel has autogroups
+            assert group == (LOWEST if below else 0)
+        assert _nice(0) == mine and autogroup_nice(os.getpid()) == my_group  # the starter's unchanged
+    finally:
+        stop(process, grace=5)
+
+
+def test_the_launcher_cli_runs_the_server_in_its_own_session_below_its_clients(tmp_path: Path) -> None:
+    """`--below-clients --run`: a new session at the lowest priority, then the server (here a stand-in
+    for the CPU build's interpreter that records what it got)."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$(ps -o sid= -p $$) $$ $(ps -o ni= -p $$)" > {seen}\nexec sleep 60\n')
+    fake.chmod(0o755)
+    argv = [sys.executable, "-m", "backends.launcher", "--vendor", "cpu", "--model", "m"]
+    argv += ["--python", str(fake), "--port", "18999", "--below-clients", "--run"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not seen.exists() or not seen.read_text().strip():
+            assert time.monotonic() < deadline, "the server stand-in did not start"
+            assert process.poll() is None, "the launcher exited"
+            time.sleep(0.05)
+        sid, pid, nice = (int(x) for x in seen.read_text().split())
+        assert pid == process.pid  # `--run` replaced the launcher
+        assert sid == pid  # a session of its own
+        assert nice == LOWEST
+        group = autogroup_nice(pid)
+        assert group in (None, LOWEST)
+    finally:
+        process.kill()
+        process.wait()
