@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
-from backends.cpu_priority import lowest_cpu_priority
+from backends.cpu_priority import below_clients
 
 Target = Literal[Vendor, "cpu"]
 TARGETS: tuple[Target, ...] = (*VENDORS, "cpu")
@@ -235,7 +235,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--below-clients",
         action="store_true",
-        help="with --run: its own session at the lowest CPU priority, for clients timing it on this machine",
+        help="with --run: its own session, a little below the clients timing it from this machine",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--print", action="store_true", help="print the shell line (the default)")
@@ -296,7 +296,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         if args.below_clients:
             with contextlib.suppress(PermissionError):  # already a session's leader
                 os.setsid()
-            lowest_cpu_priority()
+            below_clients()
         try:
             os.execvpe(launch.argv[0], list(launch.argv), launch.full_env())
         except OSError as exc:

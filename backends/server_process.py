@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from backends.cpu_priority import lowest_cpu_priority
+from backends import cpu_priority
 from backends.launcher import Launch
 from backends.lifetime import die_with_parent
 
@@ -29,8 +29,8 @@ def start(
     """Start the server in its own process group, stdout and stderr into `log_path`.
 
     The server gets SIGTERM when this process dies, even by SIGKILL, so it never outlives it.
-    `below_clients`: it runs at the lowest CPU priority, so clients timing it on the same machine are
-    not kept waiting by its spinning engine (backends/cpu_priority.py).
+    `below_clients`: it runs a little below them in CPU priority, so clients timing it from the same machine
+    are not kept waiting by its spinning engine (backends/cpu_priority.py).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     on_death = die_with_parent(signal.SIGTERM)
@@ -39,7 +39,7 @@ def start(
         if on_death is not None:
             on_death()
         if below_clients:
-            lowest_cpu_priority()
+            cpu_priority.below_clients()
 
     with log_path.open("wb") as log:
         return subprocess.Popen(

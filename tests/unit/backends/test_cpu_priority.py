@@ -1,4 +1,4 @@
-"""A server started below its clients runs at the lowest CPU priority, in its own session and autogroup,
+"""A server started below its clients runs at nice `NICE`, in its own session and autogroup,
 and the process that started it keeps its own priority (backends/cpu_priority.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.cpu_priority import LOWEST, autogroup_nice
+from backends.cpu_priority import NICE, autogroup_nice
 from backends.launcher import Launch
 from backends.server_process import start, stop
 
@@ -32,24 +32,24 @@ def _nice(pid: int) -> int:
 
 
 @pytest.mark.parametrize("below", [True, False])
-def test_a_server_below_its_clients_runs_at_the_lowest_priority(tmp_path: Path, below: bool) -> None:
+def test_a_server_below_its_clients_runs_at_a_lower_priority(tmp_path: Path, below: bool) -> None:
     mine, my_group = _nice(0), autogroup_nice(os.getpid())
     launch = Launch(argv=(sys.executable, "-c", SLEEPER), env={}, url="http://127.0.0.1:1")
     process = start(launch, tmp_path / "server.log", below_clients=below)
     try:
         _wait_started(process)
         assert os.getsid(process.pid) == process.pid  # its own session, so its own autogroup
-        assert _nice(process.pid) == (LOWEST if below else mine)
+        assert _nice(process.pid) == (NICE if below else mine)
         group = autogroup_nice(process.pid)
         if group is not None:  # the kernel has autogroups
-            assert group == (LOWEST if below else 0)
+            assert group == (NICE if below else 0)
         assert _nice(0) == mine and autogroup_nice(os.getpid()) == my_group  # the starter's unchanged
     finally:
         stop(process, grace=5)
 
 
 def test_the_launcher_cli_runs_the_server_in_its_own_session_below_its_clients(tmp_path: Path) -> None:
-    """`--below-clients --run`: a new session at the lowest priority, then the server (here a stand-in
+    """`--below-clients --run`: a new session below its clients, then the server (here a stand-in
     for the CPU build's interpreter that records what it got)."""
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
@@ -67,9 +67,9 @@ def test_the_launcher_cli_runs_the_server_in_its_own_session_below_its_clients(t
         sid, pid, nice = (int(x) for x in seen.read_text().split())
         assert pid == process.pid  # `--run` replaced the launcher
         assert sid == pid  # a session of its own
-        assert nice == LOWEST
+        assert nice == NICE
         group = autogroup_nice(pid)
-        assert group in (None, LOWEST)
+        assert group in (None, NICE)
     finally:
         process.kill()
         process.wait()
