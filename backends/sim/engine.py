@@ -30,6 +30,9 @@ from backends.sim.scheduler import Group, Scheduler
 from backends.sim.text import Generation
 from backends.sim.timing import Timing
 
+_LEARN = 0.1
+_MOST_EARLY_S = 0.002
+
 
 class SimClock:
     """Simulated seconds since the clock was made, running `scale` times faster than real time."""
@@ -39,15 +42,28 @@ class SimClock:
             raise ValueError("time scale must be positive")
         self.scale = scale
         self._origin = time.monotonic()
+        self.early = 0.0
+        """Real seconds to aim a timer early by: the event loop wakes timers late (asyncio rounds a wait
+        up to the next millisecond: 0.1-0.8 ms late here) or early (uvloop rounds down), so the clock
+        learns its loop's average miss from its own wake-ups and aims that much ahead."""
 
     def now(self) -> float:
         return (time.monotonic() - self._origin) * self.scale
+
+    def at(self, monotonic: float) -> float:
+        """The simulated time of a `time.monotonic()` reading."""
+        return (monotonic - self._origin) * self.scale
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.scale)
 
     async def sleep_until(self, when: float) -> None:
-        await asyncio.sleep(max(0.0, when - self.now()) / self.scale)
+        delay = (when - self.now()) / self.scale - self.early
+        if delay <= 0:
+            return
+        await asyncio.sleep(delay)
+        missed = (self.now() - when) / self.scale  # real seconds; below zero: woke early
+        self.early = min(max(self.early + _LEARN * missed, 0.0), _MOST_EARLY_S)
 
 
 class Run(Protocol):
@@ -69,7 +85,11 @@ class Run(Protocol):
 
 
 class Engine(Protocol):
-    def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run: ...
+    def submit(
+        self, req: GenerationRequest, generations: list[Generation], received: float | None = None
+    ) -> Run:
+        """`received`: when the request reached the server (`time.monotonic()`), if not now."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -132,7 +152,9 @@ class FixedEngine:
     def __init__(self, timing: Timing, stats: EngineStats, clock: SimClock) -> None:
         self._timing, self._stats, self._clock = timing, stats, clock
 
-    def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run:
+    def submit(
+        self, req: GenerationRequest, generations: list[Generation], received: float | None = None
+    ) -> Run:
         return FixedRun(self._timing, self._clock, self._stats, req.prompt_tokens, generations)
 
     async def close(self) -> None:
@@ -174,7 +196,9 @@ class BatchEngine:
         self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
         self._front = FrontEnd()  # a calibrated server's, one request at a time
 
-    def submit(self, req: GenerationRequest, generations: list[Generation]) -> Run:
+    def submit(
+        self, req: GenerationRequest, generations: list[Generation], received: float | None = None
+    ) -> Run:
         block = self.hardware.limits.block_size
         lengths = [len(g.tokens) for g in generations]
         blocks = -(-(req.prompt_tokens + len(lengths) * max(lengths)) // block)
@@ -197,11 +221,15 @@ class BatchEngine:
         running = self.scheduler.stats.running
         front_end = self.hardware.front_end(running)  # a calibrated server's HTTP and tokenisation time
         if front_end > 0:  # the front end takes one request at a time
-            leaves = self._front.leave(now, front_end)
+            # from when the request reached this server: the time it took this process to read and
+            # parse it is part of the modelled front end, not more on top of it
+            came = now if received is None else min(now, self._clock.at(received))
+            leaves = self._front.leave(came, front_end)
             group.arrival = leaves
             group.ready = leaves + self.hardware.admission_wait(running)
             loop = asyncio.get_running_loop()
-            self._entering[group] = loop.call_later((leaves - now) / self._clock.scale, self._enter, group)
+            delay = max(0.0, (leaves - now) / self._clock.scale - self._clock.early)
+            self._entering[group] = loop.call_later(delay, self._enter, group)
         else:
             group.ready = now + self.hardware.admission_wait(running)
             self._enter(group)

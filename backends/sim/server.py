@@ -184,7 +184,8 @@ class SimServer:
     async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         try:
             await self._inject_faults()
-            req, generations, run = self._start(kind, await _read_json(request))
+            received = time.monotonic()  # after any injected delay, which comes on top
+            req, generations, run = self._start(kind, await _read_json(request), received)
         except SimError as exc:
             return _error(exc)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
@@ -196,8 +197,11 @@ class SimServer:
         finally:
             run.close()
 
-    def _start(self, kind: Kind, body: dict[str, Any]) -> tuple[GenerationRequest, list[Generation], Run]:
-        """Parse a generation request, draw its choices and hand it to the engine."""
+    def _start(
+        self, kind: Kind, body: dict[str, Any], received: float | None = None
+    ) -> tuple[GenerationRequest, list[Generation], Run]:
+        """Parse a generation request, draw its choices and hand it to the engine (`received`: when its
+        handler started, `time.monotonic()`)."""
         options = self.options
         req = parse_generation(kind, body, options.models, options.seed, options.max_model_len)
         generations = [
@@ -216,7 +220,7 @@ class SimServer:
             for prompt_key, prompt_tokens in req.each_prompt()
             for index in range(req.n)
         ]
-        return req, generations, self.engine.submit(req, generations)
+        return req, generations, self.engine.submit(req, generations, received)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/responses: the Responses API over one chat generation."""

@@ -1,0 +1,129 @@
+"""A calibrated simulator's front end starts when the request reached the server, not when the simulator's
+own handler got round to it: reading and parsing the request is part of the modelled front-end time
+(backends/sim/engine.py), so the simulator does not add its own HTTP time on top of the server's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit
+from backends.sim.engine import BatchEngine, SimClock
+from backends.sim.metrics import EngineStats
+from backends.sim.profiles import calibrated_hardware
+from backends.sim.protocol import GenerationRequest
+from backends.sim.text import Generation
+
+FRONT_END_S = 0.05
+MODEL = "tiny-llama"
+PROFILE = CalibratedProfile(
+    accelerator="mi300x",
+    model=MODEL,
+    step=StepFit(
+        step_s=0.002,
+        per_seq_s=0.0001,
+        per_prefill_token_s=5e-5,
+        per_context_token_s=0.0,
+        request_s=FRONT_END_S,
+    ),
+    limits=Limits(
+        block_size=16, num_blocks=512, max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=512
+    ),
+    fit_error=FitError(ttft_mean=0.0, ttft_max=0.0, tpot_mean=0.0, tpot_max=0.0),
+    saturated_tokens_per_second=1000.0,
+)
+
+
+def _request() -> GenerationRequest:
+    return GenerationRequest(
+        kind="completion",
+        model=MODEL,
+        prompt_key="p",
+        prompt_tokens=32,
+        n=1,
+        max_tokens=4,
+        sampling_key=None,
+        stream=True,
+        include_usage=False,
+    )
+
+
+def _engine() -> tuple[BatchEngine, SimClock]:
+    clock = SimClock()
+    hardware = calibrated_hardware(PROFILE)
+    return BatchEngine(hardware, EngineStats(model_name=MODEL, kv_capacity_tokens=0), clock), clock
+
+
+def _leaves(engine: BatchEngine, received: float | None) -> float:
+    run = engine.submit(_request(), [Generation(["a"] * 4, "length")], received)
+    arrival: float = run._group.arrival  # type: ignore[attr-defined]
+    run.close()
+    return arrival
+
+
+async def _leaves_after(handled_for: float | None) -> tuple[float, float, float]:
+    """(when the request leaves the front end, when it reached the server, now), on a fresh engine that
+    has been up a while; `handled_for`: how long ago the request reached it (None: not said)."""
+    engine, clock = _engine()
+    try:
+        await asyncio.sleep(0.1)
+        received = None if handled_for is None else time.monotonic() - handled_for
+        now = clock.now()
+        came = now if received is None else clock.at(received)
+        return _leaves(engine, received), came, now
+    finally:
+        await engine.close()
+
+
+async def test_the_front_end_counts_from_when_the_request_reached_the_server() -> None:
+    leaves, came, now = await _leaves_after(None)
+    assert leaves == pytest.approx(now + FRONT_END_S, abs=0.005)
+    leaves, came, now = await _leaves_after(0.03)  # its handler took 30 ms to read and parse it
+    assert leaves == pytest.approx(came + FRONT_END_S, abs=0.002)
+    assert leaves - now == pytest.approx(FRONT_END_S - 0.03, abs=0.005)
+    leaves, came, now = await _leaves_after(2 * FRONT_END_S)  # slower than the front end: no further wait
+    assert leaves <= now
+
+
+async def test_a_received_time_from_the_future_is_read_as_now() -> None:
+    engine, clock = _engine()
+    try:
+        now = clock.now()
+        assert _leaves(engine, time.monotonic() + 10) == pytest.approx(now + FRONT_END_S, abs=0.005)
+    finally:
+        await engine.close()
+
+
+async def test_the_clock_learns_how_late_its_loop_wakes_and_aims_that_much_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loop that wakes every timer 0.8 ms late (asyncio rounds a wait up to the next millisecond): the
+    clock comes to aim about 0.8 ms early, so steps end when the model says; never more than 2 ms."""
+    import backends.sim.engine as engine_module
+
+    real = [100.0]
+
+    async def late_sleep(seconds: float) -> None:
+        real[0] += seconds + 0.0008
+
+    monkeypatch.setattr(engine_module.time, "monotonic", lambda: real[0])
+    monkeypatch.setattr(engine_module.asyncio, "sleep", late_sleep)
+    clock = SimClock()
+    misses = []
+    for step in range(1, 80):
+        when = step * 0.003
+        await clock.sleep_until(when)
+        misses.append(clock.now() - when)
+    assert misses[0] == pytest.approx(0.0008)
+    assert abs(misses[-1]) < 0.0001
+    assert clock.early == pytest.approx(0.0008, abs=0.0001)
+
+    async def early_sleep(seconds: float) -> None:  # uvloop rounds down instead: woken early
+        real[0] += max(0.0, seconds - 0.005)
+
+    monkeypatch.setattr(engine_module.asyncio, "sleep", early_sleep)
+    for step in range(80, 160):
+        await clock.sleep_until(step * 0.003)
+    assert clock.early == 0.0  # never aims late on purpose
