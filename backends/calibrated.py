@@ -12,7 +12,8 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
                       per_prefill_token_s; n is the step's total, all its requests' chunks together
     before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
     the server's front end (HTTP, tokenisation), which takes one request at a time (vLLM's API server is
-    one process: requests that arrive together queue for it),
+    one process: requests that arrive together queue for it; http_s of it is the client's own round trip,
+    which a simulator's clients pay to the simulator instead),
     then waits admit_s (and, when the engine is busy, admit_busy_s more) before it is scheduled
 
 so the simulator's scheduler (backends/sim/scheduler.py) replays queueing, chunked prefill and KV-cache
@@ -51,6 +52,9 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     request_per_seq_s: _NonNeg = 0.0
     """The front end's extra time per sequence already running (its HTTP streams compete with new
     requests)."""
+    http_s: _NonNeg = 0.0
+    """Of the front end, what a bare request (`GET /health`) cost the client that measured it. A simulator
+    served over HTTP makes its clients pay its own instead, so it holds a request that much less."""
     admit_s: _NonNeg = 0.0
     """Every request's wait between the front end and its first step (handing it to the engine process,
     adding it to the scheduler), counted in its TTFT, busy engine or not."""
@@ -229,6 +233,8 @@ def dump_profile(profile: CalibratedProfile) -> str:
     for curve in ("prefill", "decode"):
         if not getattr(profile.step, curve):
             del data["step"][curve]  # a profile without a curve is written as before it had one
+    if not profile.step.http_s:
+        del data["step"]["http_s"]  # nor one measured before it was
     header = (
         f"# {profile.accelerator} / {profile.model}: measured by `switchyard calibrate` (docs/calibrate.md)\n"
     )

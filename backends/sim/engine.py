@@ -224,7 +224,8 @@ class BatchEngine:
             # from when the request reached this server: the time it took this process to read and
             # parse it is part of the modelled front end, not more on top of it
             came = now if received is None else min(now, self._clock.at(received))
-            leaves = self._front.leave(came, front_end)
+            # the front end's round trip is what this server's client pays it anyway: not held again
+            leaves = max(came, self._front.leave(came, front_end) - self.hardware.own_http_s())
             group.arrival = leaves
             group.ready = leaves + self.hardware.admission_wait(running)
             loop = asyncio.get_running_loop()

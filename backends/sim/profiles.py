@@ -174,6 +174,10 @@ class Hardware:
         (calibrated backends only)."""
         return self.fitted.front_end(running) if self.fitted is not None else 0.0
 
+    def own_http_s(self) -> float:
+        """Of a calibrated front end, the client's round trip that a simulator's client pays it anyway."""
+        return self.fitted.http_s if self.fitted is not None else 0.0
+
     def admission_wait(self, running: int) -> float:
         """A calibrated backend's wait before scheduling a newcomer, with `running` sequences in flight."""
         return self.fitted.admission_wait(running) if self.fitted is not None else 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -123,6 +124,17 @@ class Server:
             if entry.get("id") == self.model and isinstance(entry.get("max_model_len"), int):
                 return int(entry["max_model_len"])
         raise ServerError(f"{self.url} does not serve model `{self.model}` (GET /v1/models)")
+
+    async def round_trip(self, tries: int = 16) -> float:
+        """The median time of a bare request (`GET /health`): what the client and HTTP cost alone."""
+        times = []
+        for _ in range(tries):
+            sent = time.perf_counter()
+            r = await self.client.get(self.url + "/health")
+            times.append(time.perf_counter() - sent)
+            if r.status_code != 200:
+                raise ServerError(f"GET {self.url}/health answered {r.status_code}")
+        return statistics.median(times)
 
     async def learn_vocabulary(self) -> None:
         """Token ids to build prompts from: what /tokenize makes of a plain paragraph."""

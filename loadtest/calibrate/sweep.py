@@ -74,6 +74,8 @@ class Geometry:
     block_size: int
     num_blocks: int
     vllm_version: str = ""
+    round_trip_s: float = 0.0
+    """A bare request's round trip (`GET /health`, median): the client's and HTTP's own time."""
 
 
 @dataclass(slots=True)
@@ -151,7 +153,8 @@ class Calibration:
                 "(is it a vLLM server?)"
             ) from None
         version = await self._version()
-        self.geometry = Geometry(max_model_len, block_size, num_blocks, version)
+        trip = await server.round_trip()
+        self.geometry = Geometry(max_model_len, block_size, num_blocks, version, trip)
         self.say(
             f"{server.url} serves {options.model}: max_model_len {max_model_len}, "
             f"{num_blocks} KV blocks of {block_size} tokens, vLLM {version or '?'}"
@@ -333,6 +336,7 @@ def fit_profile(
         per_context_token_s=terms["per_context_token_s"],
         request_s=request_s,
         request_per_seq_s=request_per_seq_s,
+        http_s=geometry.round_trip_s,
     )
     limits = limits_of(options, geometry, levels)
     shapes = [shape_of(level) for level in levels if level.kind != "prefix" and level.timed]

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
-from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit
+from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit, dump_profile, parse_profile
 from backends.sim.engine import BatchEngine, SimClock
 from backends.sim.metrics import EngineStats
 from backends.sim.profiles import calibrated_hardware
@@ -127,3 +128,38 @@ async def test_the_clock_learns_how_late_its_loop_wakes_and_aims_that_much_early
     for step in range(80, 160):
         await clock.sleep_until(step * 0.003)
     assert clock.early == 0.0  # never aims late on purpose
+
+
+async def test_the_clients_own_round_trip_is_not_held_again() -> None:
+    """A profile whose front end held 20 ms of the client's own round trip (`http_s`): the simulator,
+    whose client pays its own round trip, holds the request 20 ms less; never before it arrived."""
+    hardware = calibrated_hardware(
+        msgspec.structs.replace(PROFILE, step=msgspec.structs.replace(PROFILE.step, http_s=0.02))
+    )
+    engine = BatchEngine(hardware, EngineStats(model_name=MODEL, kv_capacity_tokens=0), SimClock())
+    try:
+        await asyncio.sleep(0.1)
+        now = engine._clock.now()
+        assert _leaves(engine, None) == pytest.approx(now + FRONT_END_S - 0.02, abs=0.005)
+    finally:
+        await engine.close()
+    whole = msgspec.structs.replace(PROFILE.step, http_s=1.0)  # more than the whole front end
+    engine = BatchEngine(
+        calibrated_hardware(msgspec.structs.replace(PROFILE, step=whole)),
+        EngineStats(model_name=MODEL, kv_capacity_tokens=0),
+        SimClock(),
+    )
+    try:
+        await asyncio.sleep(0.1)
+        now = engine._clock.now()
+        assert now - 0.005 <= _leaves(engine, None) <= now + 0.005
+    finally:
+        await engine.close()
+
+
+def test_a_profile_keeps_its_round_trip_and_one_without_is_written_as_before() -> None:
+    with_trip = msgspec.structs.replace(PROFILE, step=msgspec.structs.replace(PROFILE.step, http_s=0.0017))
+    text = dump_profile(with_trip)
+    assert "http_s: 0.0017" in text
+    assert parse_profile(text).step.http_s == 0.0017
+    assert "http_s" not in dump_profile(PROFILE)
