@@ -17,7 +17,6 @@ from time import time_ns
 from typing import TYPE_CHECKING
 
 from backends.catalog import Catalog
-from backends.models import Backend
 from gateway.config.request_bounds import RequestLimits
 from gateway.ledger.records import Ledger, UsageRecord
 from gateway.openai.errors import GatewayError, invalid_request, model_not_found, no_backend
@@ -32,6 +31,7 @@ from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import DEFAULT_LIMITS, ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
 from gateway.request.relay import EventStream
+from gateway.request.reply_headers import Fixed, reply_headers
 from gateway.request.sse import SseRelay
 from gateway.request.typed_sse import TypedSseRelay, typed_usage
 from gateway.tenants.reservation import charged_cost
@@ -61,6 +61,8 @@ class Reply:
     stream: EventStream | None = None
     raw_headers: list[tuple[bytes, bytes]] | None = None
     """More headers, already as bytes (an API key's `x-ratelimit-*`)."""
+    fixed: Fixed = ()
+    """The backend's, pool's, vendor's, route's and class's headers (gateway/request/reply_headers.py)."""
 
 
 class Pipeline:
@@ -179,12 +181,12 @@ class Pipeline:
         ctx.usage = typed_usage(answer.body) if ctx.parsed.typed else answer_usage(answer.body)
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
-        headers = _reply_headers(ctx, backend)
+        headers, fixed = reply_headers(ctx, backend)
         if record is not None:
             headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
         admission = ctx.caller.admission
         raw = admission.raw_headers if admission is not None else None
-        return Reply(headers, answer.body, answer.content_type, None, raw)
+        return Reply(headers, answer.body, answer.content_type, None, raw, fixed)
 
     async def stream(self, ctx: RequestContext) -> Reply:
         """Open a stream; the relay ends the request when the stream ends."""
@@ -195,10 +197,10 @@ class Pipeline:
         if ctx.parsed.client_wants_usage:
             sse.cost_of = stream_cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
-        headers = _reply_headers(ctx, opened.backend)
+        headers, fixed = reply_headers(ctx, opened.backend)
         admission = ctx.caller.admission
         raw = admission.raw_headers if admission is not None else None
-        return Reply(headers=headers, content_type="text/event-stream", stream=stream, raw_headers=raw)
+        return Reply(headers, b"", "text/event-stream", stream, raw, fixed)
 
     # --- the end of every request ---------------------------------------------------------------------
 
@@ -376,19 +378,3 @@ class Pipeline:
                 code="context_length_exceeded",
             )
         raise no_backend(profile.model, why)
-
-
-def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:
-    caller = ctx.caller
-    headers = {
-        "x-request-id": caller.client_request_id or caller.request_id,
-        "x-switchyard-request-id": caller.request_id,
-        "x-switchyard-backend": backend.name,
-        "x-switchyard-pool": backend.pool.name,
-        "x-switchyard-vendor": backend.pool.vendor,
-        "x-switchyard-route": ctx.decision.route,
-        "x-switchyard-class": ctx.profile.request_class,
-    }
-    if ctx.attempts > 1:
-        headers["x-switchyard-attempts"] = str(ctx.attempts)
-    return headers
