@@ -70,12 +70,13 @@ async def send_body(
     content_type: bytes,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
     fixed: Fixed = (),
+    lines: bytes = b"",
 ) -> None:
     header_list = _header_list(headers, content_type)
     if raw_headers:
         header_list += raw_headers
     header_list.append((_CONTENT_LENGTH, b"%d" % len(body)))
-    await send_head_and_body(send, status, header_list, body, False, fixed)
+    await send_head_and_body(send, status, header_list, body, False, fixed, lines)
 
 
 async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
@@ -178,6 +179,7 @@ async def send_stream(
     stream: SentStream,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
     fixed: Fixed = (),
+    lines: bytes = b"",
 ) -> None:
     """Send server-sent events as they come (`last` is set while the stream yields its final piece).
 
@@ -200,7 +202,7 @@ async def send_stream(
         ended = stream.last
         if ended:  # the whole answer was in the backend's first chunk
             watch.stop()
-        await send_head_and_body(send, 200, header_list, first, not ended, fixed)
+        await send_head_and_body(send, 200, header_list, first, not ended, fixed, lines)
         if pieces is None:
             if ended or relayed is None:
                 return

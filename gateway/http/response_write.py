@@ -26,6 +26,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from gateway.tenants.answers import pairs
+
 Fixed = tuple[tuple[bytes, bytes], ...]
 
 WRITABLE_HOOK = "switchyard_on_writable"
@@ -45,16 +47,18 @@ async def send_head_and_body(
     body: bytes,
     more_body: bool,
     fixed: Fixed = (),
+    lines: bytes = b"",
 ) -> None:
-    """`http.response.start` with `headers` and then `fixed` (the same tuple for the same headers: checked
-    once), then `http.response.body` with `body` (and `more_body`)."""
+    """`http.response.start` with `headers`, then `fixed` (the same tuple for the same headers: checked
+    once), then `lines` (`name: value\\r\\n` each, numbers the gateway formats: sent unchecked), then
+    `http.response.body` with `body` (and `more_body`)."""
     cycle = getattr(send, "__self__", None)
     head = None
     if type(cycle) is RequestResponseCycle:
         head = _head(cycle, status, headers, fixed, len(body), more_body)
     if head is None:
-        if fixed:
-            headers = headers + list(fixed)
+        if fixed or lines:
+            headers = headers + list(fixed) + pairs(lines)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": more_body})
         return
@@ -63,6 +67,8 @@ async def send_head_and_body(
         await flow.drain()
     if cycle.disconnected:  # type: ignore[union-attr]
         return  # as uvicorn's `send` does
+    if lines:
+        head[0].append(lines)
     _write(cycle, head, body, more_body)  # type: ignore[arg-type]
 
 

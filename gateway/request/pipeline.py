@@ -63,6 +63,9 @@ class Reply:
     """More headers, already as bytes (an API key's `x-ratelimit-*`)."""
     fixed: Fixed = ()
     """The backend's, pool's, vendor's, route's and class's headers (gateway/request/reply_headers.py)."""
+    lines: bytes = b""
+    """Header lines the gateway formats from its own numbers (an API key's `x-ratelimit-*`), sent as
+    they are: nothing from outside goes in them."""
 
 
 class Pipeline:
@@ -185,8 +188,10 @@ class Pipeline:
         if record is not None:
             headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
         admission = ctx.caller.admission
-        raw = admission.raw_headers if admission is not None else None
-        return Reply(headers, answer.body, answer.content_type, None, raw, fixed)
+        if admission is None:
+            return Reply(headers, answer.body, answer.content_type, None, None, fixed)
+        raw, lines = admission.raw_headers, admission.rate_lines
+        return Reply(headers, answer.body, answer.content_type, None, raw, fixed, lines)
 
     async def stream(self, ctx: RequestContext) -> Reply:
         """Open a stream; the relay ends the request when the stream ends."""
@@ -199,8 +204,10 @@ class Pipeline:
         stream = self.upstream.relay(ctx, opened, sse, self.end)
         headers, fixed = reply_headers(ctx, opened.backend)
         admission = ctx.caller.admission
-        raw = admission.raw_headers if admission is not None else None
-        return Reply(headers, b"", "text/event-stream", stream, raw, fixed)
+        if admission is None:
+            return Reply(headers, b"", "text/event-stream", stream, None, fixed)
+        raw, lines = admission.raw_headers, admission.rate_lines
+        return Reply(headers, b"", "text/event-stream", stream, raw, fixed, lines)
 
     # --- the end of every request ---------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from gateway.http.response_write import send_head_and_body
+from gateway.tenants.answers import pairs
 
 DEFAULTS = [(b"date", b"Thu, 26 Nov 2026 23:59:00 GMT"), (b"server", b"uvicorn")]
 HEADERS = [
@@ -154,6 +155,25 @@ async def test_fixed_headers_follow_the_others_as_uvicorn_writes_them(more_body:
     assert ours[1:] == theirs[1:] and ours[0] == 1
 
 
+async def test_the_gateways_own_lines_follow_as_uvicorn_writes_them_as_headers() -> None:
+    lines = b"x-ratelimit-limit-requests: 10\r\nx-ratelimit-remaining-requests: 9\r\n"
+    body = b'{"id":"x"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    ours, wire, _ = cycle()
+    theirs, theirs_wire, _ = cycle()
+    await send_head_and_body(ours.send, 200, headers, body, False, FIXED, lines)
+    await _two(theirs, [*headers, *FIXED, *pairs(lines)], body, more_body=False)
+    assert len(wire.writes) == 1 and wire.writes[0] == b"".join(theirs_wire.writes)
+    assert state(ours) == state(theirs)
+    messages: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await send_head_and_body(send, 200, headers, body, False, FIXED, lines)
+    assert messages[0]["headers"] == [*headers, *FIXED, *pairs(lines)]
+
+
 @pytest.mark.parametrize(
     "headers, fixed",
     [
@@ -209,9 +229,11 @@ async def test_headers_uvicorn_acts_on_go_through_its_own_path(extra: list[tuple
     assert state(ours) == state(theirs)
 
 
-async def _two(c: RequestResponseCycle, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+async def _two(
+    c: RequestResponseCycle, headers: list[tuple[bytes, bytes]], body: bytes, more_body: bool = True
+) -> None:
     await c.send({"type": "http.response.start", "status": 200, "headers": headers})
-    await c.send({"type": "http.response.body", "body": body, "more_body": True})
+    await c.send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
 async def test_any_other_send_gets_the_two_messages() -> None:
