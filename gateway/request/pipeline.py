@@ -131,7 +131,7 @@ class Pipeline:
         if ctx.caller.key is not None:
             return await self.admitted(ctx)
         self.route(ctx)
-        if ctx.limits.backpressure is not None:
+        if self.must_wait(ctx):
             await self.wait_for_room(ctx)
         if ctx.parsed.stream:
             return await self.stream(ctx)
@@ -144,7 +144,7 @@ class Pipeline:
         assert tenants is not None and caller.key is not None
         tenants.check(caller.key, ctx.profile)
         self.route(ctx)
-        if ctx.limits.backpressure is not None:
+        if self.must_wait(ctx):
             await self.wait_for_room(ctx)
         ignored = caller.hints_ignored or []
         caller.admission = await tenants.admit(caller.key, ctx.profile, ctx.decision.candidates, ignored)
@@ -323,6 +323,17 @@ class Pipeline:
             limits = resolve_limits(self.upstream.timeouts, self.upstream.retries, route)
             self._limits[request_class] = limits
         return limits
+
+    def must_wait(self, ctx: RequestContext) -> bool:
+        """Whether `wait_for_room` may hold the request (waiters, or no room); if not, it is skipped."""
+        limits, cls = ctx.limits, ctx.decision.request_class
+        if limits.backpressure is None:
+            return False
+        assert limits.saturation is not None
+        queue = self.queues.get(cls)
+        if queue is None:
+            queue = self.queues[cls] = ClassQueue()
+        return bool(queue.waiters) or no_room(ctx.decision, limits.saturation)
 
     async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
