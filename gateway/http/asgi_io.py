@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from gateway.http.response_write import cycle_sink, send_head_and_body
 from gateway.openai.errors import GatewayError, anthropic_error_json, body_too_large
 from gateway.request.relay import RelayedStream
+from gateway.request.reply_headers import Fixed
 
 _CONTENT_TYPE = b"content-type"
 _CONTENT_LENGTH = b"content-length"
@@ -68,12 +69,14 @@ async def send_body(
     body: bytes,
     content_type: bytes,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
+    fixed: Fixed = (),
+    lines: bytes = b"",
 ) -> None:
     header_list = _header_list(headers, content_type)
     if raw_headers:
         header_list += raw_headers
-    header_list.append((_CONTENT_LENGTH, str(len(body)).encode()))
-    await send_head_and_body(send, status, header_list, body, False)
+    header_list.append((_CONTENT_LENGTH, b"%d" % len(body)))
+    await send_head_and_body(send, status, header_list, body, False, fixed, lines)
 
 
 async def send_error(send: Any, error: GatewayError, request_id: str) -> None:
@@ -175,6 +178,8 @@ async def send_stream(
     content_type: str,
     stream: SentStream,
     raw_headers: list[tuple[bytes, bytes]] | None = None,
+    fixed: Fixed = (),
+    lines: bytes = b"",
 ) -> None:
     """Send server-sent events as they come (`last` is set while the stream yields its final piece).
 
@@ -197,7 +202,7 @@ async def send_stream(
         ended = stream.last
         if ended:  # the whole answer was in the backend's first chunk
             watch.stop()
-        await send_head_and_body(send, 200, header_list, first, not ended)
+        await send_head_and_body(send, 200, header_list, first, not ended, fixed, lines)
         if pieces is None:
             if ended or relayed is None:
                 return

@@ -5,8 +5,10 @@ body message on its own, and checks every header with two regular expressions: a
 two writes (two syscalls) and a stream one more than it has pieces. The gateway knows the body, or a
 stream's first piece, when it starts the response, so `send_head_and_body` does what uvicorn's `send` does
 for the two messages in one write: the same bytes on the wire and the same cycle state afterwards
-(tests/unit/gateway/test_response_write.py compares both with uvicorn's own path), the headers checked
-with one search over all names and one over all values. Anything else (another server, a cycle in another
+(tests/unit/gateway/test_response_write.py compares both with uvicorn's own path), the headers checked as
+uvicorn checks them: the names once per sequence of names (the gateway sends a handful), the values by one
+search over all of them, and the headers that are the same tuple each time (`fixed`: a backend's, its
+route's) once per tuple, joined once. Anything else (another server, a cycle in another
 state, the access log on, a header uvicorn would act on or refuse) goes through `send` as two messages.
 The rest of a chunked stream is written the same way, piece by piece (`CycleSink`).
 """
@@ -14,6 +16,7 @@ The rest of a chunked stream is written the same way, piece by piece (`CycleSink
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import (
@@ -22,6 +25,10 @@ from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     RequestResponseCycle,
 )
+
+from gateway.tenants.answers import pairs
+
+Fixed = tuple[tuple[bytes, bytes], ...]
 
 WRITABLE_HOOK = "switchyard_on_writable"
 """The attribute of the gateway's server protocol (gateway/http/client_cap.py) that it calls, if set, with
@@ -34,14 +41,24 @@ _CONNECTION = b"connection"
 
 
 async def send_head_and_body(
-    send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more_body: bool
+    send: Any,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    more_body: bool,
+    fixed: Fixed = (),
+    lines: bytes = b"",
 ) -> None:
-    """`http.response.start` with `headers`, then `http.response.body` with `body` (and `more_body`)."""
+    """`http.response.start` with `headers`, then `fixed` (the same tuple for the same headers: checked
+    once), then `lines` (`name: value\\r\\n` each, numbers the gateway formats: sent unchecked), then
+    `http.response.body` with `body` (and `more_body`)."""
     cycle = getattr(send, "__self__", None)
-    head = (
-        _head(cycle, status, headers, len(body), more_body) if type(cycle) is RequestResponseCycle else None
-    )
+    head = None
+    if type(cycle) is RequestResponseCycle:
+        head = _head(cycle, status, headers, fixed, len(body), more_body)
     if head is None:
+        if fixed or lines:
+            headers = headers + list(fixed) + pairs(lines)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": more_body})
         return
@@ -50,11 +67,18 @@ async def send_head_and_body(
         await flow.drain()
     if cycle.disconnected:  # type: ignore[union-attr]
         return  # as uvicorn's `send` does
+    if lines:
+        head[0].append(lines)
     _write(cycle, head, body, more_body)  # type: ignore[arg-type]
 
 
 def _head(
-    cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], size: int, more_body: bool
+    cycle: RequestResponseCycle,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    fixed: Fixed,
+    size: int,
+    more_body: bool,
 ) -> tuple[list[bytes], int | None] | None:
     """The head's pieces and the declared Content-Length (None: chunked), or None for uvicorn's path."""
     if (
@@ -65,23 +89,76 @@ def _head(
         or status in (204, 304)
     ):
         return None
+    lines = b""
+    if fixed:
+        known = _FIXED_CHECKED.get(id(fixed))
+        checked = known[1] if known is not None and known[0] is fixed else _check_fixed(fixed)
+        if checked is None:
+            return None
+        lines = checked
     every = cycle.default_headers + headers
-    names = b"".join([name for name, _ in every])
-    if HEADER_RE.search(names) or HEADER_VALUE_RE.search(b"".join([value for _, value in every])):
-        return None  # uvicorn refuses it, with its own error
-    if not names.islower() or _TRANSFER_ENCODING in names or _CONNECTION in names:
-        return None
+    names = tuple(map(_NAME, every))
+    at = _NAMES_CHECKED.get(names)
+    if at is None:
+        at = _check_names(names)
+    if at == _REFUSED or HEADER_VALUE_RE.search(b"".join(map(_VALUE, every))):
+        return None  # uvicorn refuses it (with its own error) or acts on it
     length: int | None = None
-    content = [STATUS_LINE[status]]
-    for name, value in every:
-        if name == _CONTENT_LENGTH:
-            if length is not None or not value.isdigit():
-                return None
-            length = int(value)
-        content.extend((name, b": ", value, b"\r\n"))
-    if length is not None and (size > length or (not more_body and size != length)):
-        return None
-    return content, length
+    if at >= 0:
+        value = every[at][1]
+        if not value.isdigit():
+            return None
+        length = int(value)
+        if size > length or (not more_body and size != length):
+            return None
+    if not every:
+        return [STATUS_LINE[status], lines], length
+    return [STATUS_LINE[status], b"\r\n".join(map(_LINE, every)), b"\r\n", lines], length
+
+
+_NAME = itemgetter(0)
+_VALUE = itemgetter(1)
+_LINE = b": ".join
+"""`name: value` of a `(name, value)` header."""
+_REFUSED = -2
+_NAMES_CHECKED: dict[tuple[bytes, ...], int] = {}
+"""The header names of the answers seen so far, in order (a handful: the gateway's own), checked once:
+the index of Content-Length among them (-1: none), or `_REFUSED`. Values are checked on every answer."""
+_NAMES_KEPT = 256
+
+
+_FIXED_CHECKED: dict[int, tuple[Fixed, bytes | None]] = {}
+"""By id: a `fixed` of `send_head_and_body` and its lines, `name: value\r\n` each (None: uvicorn's path)."""
+
+
+def _check_fixed(fixed: Fixed) -> bytes | None:
+    lines = None
+    if _check_names(tuple(map(_NAME, fixed))) == -1 and not HEADER_VALUE_RE.search(
+        b"".join(map(_VALUE, fixed))
+    ):
+        lines = b"".join(map(b"%b: %b\r\n".__mod__, fixed))
+    if len(_FIXED_CHECKED) < _NAMES_KEPT:
+        _FIXED_CHECKED[id(fixed)] = (fixed, lines)
+    return lines
+
+
+def _check_names(names: tuple[bytes, ...]) -> int:
+    """What `_NAMES_CHECKED` keeps for `names` (kept there while it holds fewer than `_NAMES_KEPT`)."""
+    joined = b"".join(names)
+    at = -1
+    if (
+        HEADER_RE.search(joined)
+        or not joined.islower()
+        or _TRANSFER_ENCODING in joined
+        or _CONNECTION in joined
+        or names.count(_CONTENT_LENGTH) > 1
+    ):
+        at = _REFUSED
+    elif _CONTENT_LENGTH in names:
+        at = names.index(_CONTENT_LENGTH)
+    if len(_NAMES_CHECKED) < _NAMES_KEPT:
+        _NAMES_CHECKED[names] = at
+    return at
 
 
 def _write(

@@ -201,12 +201,14 @@ def openai_handlers(
             pipeline.end(ctx, exc)
             raise
         if reply.stream is not None:
-            await send_stream(send, watch, reply.headers, reply.content_type, reply.stream, reply.raw_headers)
+            raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
+            await send_stream(send, watch, reply.headers, reply.content_type, reply.stream, raw, fixed, lines)
             return
         watch.stop()
         try:
             content_type = reply.content_type.encode("latin-1")
-            await send_body(send, 200, reply.headers, reply.body, content_type, reply.raw_headers)
+            raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
+            await send_body(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines)
         except asyncio.CancelledError:
             if not watch.swallow():  # the client left as its answer was being sent: it was accounted
                 raise

@@ -74,37 +74,44 @@ def account(
     duration = max(0.0, served.ended_at - served.started_at)
     backend = served.backend
     cost = estimate_cost(ledger, backend, prompt, completion, duration, served.concurrency)
+    pool = backend.pool
+    ttft = (served.first_byte_at - served.started_at) if served.first_byte_at is not None else None
+    # By position, in the order of UsageRecord's fields: a third of the keyword call's CPU, once per request
+    # (tests/unit/gateway/test_ledger_memory.py checks every field by its name).
     record = UsageRecord(
-        request_id=caller.request_id,
-        endpoint=parsed.endpoint,
-        model=parsed.model,
-        backend=backend.name,
-        pool=backend.pool.name,
-        vendor=backend.pool.vendor,
-        accelerator=backend.pool.accelerator,
-        key=profile.key_id,
-        request_class=profile.request_class,
-        route=route,
-        stream=parsed.stream,
-        status=served.status,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        usage_source=source,
-        ttft_s=(served.first_byte_at - served.started_at) if served.first_byte_at is not None else None,
-        duration_s=duration,
-        cost_usd=cost,
-        finished_at=time.time(),
-        busy_s=duration / max(1, served.concurrency),
-        prompt_estimate=profile.prompt_tokens_estimate,
-        max_tokens=profile.max_tokens,
-        n=profile.n,
-        priority=profile.priority,
-        class_header=profile.explicit_class,
-        tenant=profile.tenant,
-        session=profile.session,
-        bound_nusd=int(backend.pool.backend_price_per_second * duration * 1e9),
-        client_request_id=caller.client_request_id,
-        prompt_chars=parsed.prompt_chars,
+        caller.request_id,  # request_id
+        parsed.endpoint,  # endpoint
+        parsed.model,  # model
+        backend.name,  # backend
+        pool.name,  # pool
+        pool.vendor,  # vendor
+        pool.accelerator,  # accelerator
+        profile.key_id,  # key
+        profile.request_class,  # request_class
+        route,  # route
+        parsed.stream,  # stream
+        served.status,  # status
+        prompt,  # prompt_tokens
+        completion,  # completion_tokens
+        source,  # usage_source
+        ttft,  # ttft_s
+        duration,  # duration_s
+        cost,  # cost_usd
+        time.time(),  # finished_at
+        duration / max(1, served.concurrency),  # busy_s
+        profile.prompt_tokens_estimate,  # prompt_estimate
+        profile.max_tokens,  # max_tokens
+        profile.n,  # n
+        profile.priority,  # priority
+        profile.explicit_class,  # class_header
+        profile.tenant,  # tenant
+        profile.session,  # session
+        "",  # affinity
+        None,  # prefix
+        int(pool.backend_price_per_second * duration * 1e9),  # bound_nusd
+        caller.client_request_id,  # client_request_id
+        0.0,  # queued_s
+        parsed.prompt_chars,  # prompt_chars
     )
     ledger.record(record)
     return record

@@ -17,7 +17,6 @@ from time import time_ns
 from typing import TYPE_CHECKING
 
 from backends.catalog import Catalog
-from backends.models import Backend
 from gateway.config.request_bounds import RequestLimits
 from gateway.ledger.records import Ledger, UsageRecord
 from gateway.openai.errors import GatewayError, invalid_request, model_not_found, no_backend
@@ -32,6 +31,7 @@ from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import DEFAULT_LIMITS, ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
 from gateway.request.relay import EventStream
+from gateway.request.reply_headers import Fixed, reply_headers
 from gateway.request.sse import SseRelay
 from gateway.request.typed_sse import TypedSseRelay, typed_usage
 from gateway.tenants.reservation import charged_cost
@@ -61,6 +61,11 @@ class Reply:
     stream: EventStream | None = None
     raw_headers: list[tuple[bytes, bytes]] | None = None
     """More headers, already as bytes (an API key's `x-ratelimit-*`)."""
+    fixed: Fixed = ()
+    """The backend's, pool's, vendor's, route's and class's headers (gateway/request/reply_headers.py)."""
+    lines: bytes = b""
+    """Header lines the gateway formats from its own numbers (an API key's `x-ratelimit-*`), sent as
+    they are: nothing from outside goes in them."""
 
 
 class Pipeline:
@@ -126,7 +131,7 @@ class Pipeline:
         if ctx.caller.key is not None:
             return await self.admitted(ctx)
         self.route(ctx)
-        if ctx.limits.backpressure is not None:
+        if self.must_wait(ctx):
             await self.wait_for_room(ctx)
         if ctx.parsed.stream:
             return await self.stream(ctx)
@@ -139,7 +144,7 @@ class Pipeline:
         assert tenants is not None and caller.key is not None
         tenants.check(caller.key, ctx.profile)
         self.route(ctx)
-        if ctx.limits.backpressure is not None:
+        if self.must_wait(ctx):
             await self.wait_for_room(ctx)
         ignored = caller.hints_ignored or []
         caller.admission = await tenants.admit(caller.key, ctx.profile, ctx.decision.candidates, ignored)
@@ -179,12 +184,14 @@ class Pipeline:
         ctx.usage = typed_usage(answer.body) if ctx.parsed.typed else answer_usage(answer.body)
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
-        headers = _reply_headers(ctx, backend)
+        headers, fixed = reply_headers(ctx, backend)
         if record is not None:
             headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
         admission = ctx.caller.admission
-        raw = admission.raw_headers if admission is not None else None
-        return Reply(headers, answer.body, answer.content_type, None, raw)
+        if admission is None:
+            return Reply(headers, answer.body, answer.content_type, None, None, fixed)
+        raw, lines = admission.raw_headers, admission.rate_lines
+        return Reply(headers, answer.body, answer.content_type, None, raw, fixed, lines)
 
     async def stream(self, ctx: RequestContext) -> Reply:
         """Open a stream; the relay ends the request when the stream ends."""
@@ -195,10 +202,12 @@ class Pipeline:
         if ctx.parsed.client_wants_usage:
             sse.cost_of = stream_cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
-        headers = _reply_headers(ctx, opened.backend)
+        headers, fixed = reply_headers(ctx, opened.backend)
         admission = ctx.caller.admission
-        raw = admission.raw_headers if admission is not None else None
-        return Reply(headers=headers, content_type="text/event-stream", stream=stream, raw_headers=raw)
+        if admission is None:
+            return Reply(headers, b"", "text/event-stream", stream, None, fixed)
+        raw, lines = admission.raw_headers, admission.rate_lines
+        return Reply(headers, b"", "text/event-stream", stream, raw, fixed, lines)
 
     # --- the end of every request ---------------------------------------------------------------------
 
@@ -315,6 +324,17 @@ class Pipeline:
             self._limits[request_class] = limits
         return limits
 
+    def must_wait(self, ctx: RequestContext) -> bool:
+        """Whether `wait_for_room` may hold the request (waiters, or no room); if not, it is skipped."""
+        limits, cls = ctx.limits, ctx.decision.request_class
+        if limits.backpressure is None:
+            return False
+        assert limits.saturation is not None
+        queue = self.queues.get(cls)
+        if queue is None:
+            queue = self.queues[cls] = ClassQueue()
+        return bool(queue.waiters) or no_room(ctx.decision, limits.saturation)
+
     async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
         began = asyncio.get_running_loop().time()
@@ -376,19 +396,3 @@ class Pipeline:
                 code="context_length_exceeded",
             )
         raise no_backend(profile.model, why)
-
-
-def _reply_headers(ctx: RequestContext, backend: Backend) -> dict[str, str]:
-    caller = ctx.caller
-    headers = {
-        "x-request-id": caller.client_request_id or caller.request_id,
-        "x-switchyard-request-id": caller.request_id,
-        "x-switchyard-backend": backend.name,
-        "x-switchyard-pool": backend.pool.name,
-        "x-switchyard-vendor": backend.pool.vendor,
-        "x-switchyard-route": ctx.decision.route,
-        "x-switchyard-class": ctx.profile.request_class,
-    }
-    if ctx.attempts > 1:
-        headers["x-switchyard-attempts"] = str(ctx.attempts)
-    return headers

@@ -25,7 +25,15 @@ from gateway.redis.client import AnyRedis
 from gateway.redis.script_client import ScriptClient
 from gateway.tenants import errors
 from gateway.tenants.admit_batch import AdmitBatcher
-from gateway.tenants.answers import decoded, encoded, limit_headers, rate_headers, refusal, verdict_of
+from gateway.tenants.answers import (
+    decoded,
+    encoded,
+    limit_headers,
+    pairs,
+    rate_headers,
+    refusal,
+    verdict_of,
+)
 from gateway.tenants.key_lookup import KeyLookup, Tenant
 from gateway.tenants.keys import hash_key
 from gateway.tenants.limits import (
@@ -60,11 +68,17 @@ class Admission:
     local: bool
     """Admitted from this replica's local share (Redis away): settled locally."""
     raw_headers: list[tuple[bytes, bytes]]
-    """`x-ratelimit-*`, `x-switchyard-hints-ignored` and the budget reserved, for the answer (as ASGI
-    sends headers: built as bytes once, not as text then encoded)."""
+    """`x-switchyard-hints-ignored` and the budget reserved, for the answer (as ASGI sends headers: built
+    as bytes once, not as text then encoded)."""
     settled: bool = False
     names: SettleNames = ()
     """The shared counters to settle (`Prepared.names_for`); empty: built when settling."""
+    rate_lines: bytes = b""
+    """`x-ratelimit-*` as the head's lines (`HeaderPlan.lines`)."""
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """All of the answer's headers above, as ASGI headers."""
+        return pairs(self.rate_lines) + self.raw_headers
 
 
 @dataclass
@@ -82,7 +96,7 @@ class Tenants:
     _closing: bool = False
     """Set by `close`: the background loops stop on it, not only on a cancellation (redis-py can swallow
     one that lands while it reconnects: the call then returns and the loop would go on forever)."""
-    _last_headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
+    _last_headers: dict[str, Admission | list[tuple[bytes, bytes]]] = field(default_factory=dict)
     """Per key id: the `x-ratelimit-*` headers of its latest admission here (for errors before one)."""
 
     def __post_init__(self) -> None:
@@ -253,14 +267,17 @@ class Tenants:
                 headers["x-switchyard-budget-reserved-usd"] = f"{cost / NANO:.10f}"
             last[tenant.key.id] = encoded(headers)
             raise refusal(scopes[verdict.refused_scope], verdict, headers, tokens)
-        raw = prepared.header_plan.raw(verdict)
+        raw: list[tuple[bytes, bytes]] = []
         if ignored:
             raw.append((b"x-switchyard-hints-ignored", ",".join(ignored).encode()))
         if budgeted:
             raw.append((b"x-switchyard-budget-reserved-usd", b"%.10f" % (cost / NANO)))
-        last[tenant.key.id] = raw
         names = () if local or self.settler is None else prepared.names_for(self._ns, verdict.window)
-        return Admission(scopes, tokens, cost, verdict.window, local, raw, False, names)
+        lines = prepared.header_plan.lines(verdict)
+        last[tenant.key.id] = admitted = Admission(
+            scopes, tokens, cost, verdict.window, local, raw, False, names, lines
+        )
+        return admitted
 
     def _give_back(self, reply: bytes, scopes: list[ScopeCounters], tokens: int, cost: int) -> None:
         """An admission answered after its request was cancelled: release what it reserved, if anything."""
@@ -292,7 +309,8 @@ class Tenants:
         request's own admission's, or before admission the key's latest here, or its bare limits."""
         if "x-ratelimit-reset-requests" in error.headers or "x-ratelimit-reset-tokens" in error.headers:
             return error
-        raw = admission.raw_headers if admission is not None else self._last_headers.get(tenant.key.id)
+        last = admission if admission is not None else self._last_headers.get(tenant.key.id)
+        raw = last.headers() if isinstance(last, Admission) else last
         headers = decoded(raw) if raw else limit_headers(tenant.key, tenant.team)
         if not headers:
             return error

@@ -42,23 +42,38 @@ class HeaderPlan:
         )
         return cls(requests, tokens)
 
-    def raw(self, verdict: Verdict) -> list[tuple[bytes, bytes]]:
-        """`rate_headers` of an admitted verdict (every scope's counts present), as the ASGI answer carries
-        headers (bytes), the fast way."""
-        out: list[tuple[bytes, bytes]] = []
+    def lines(self, verdict: Verdict) -> bytes:
+        """`rate_headers` of an admitted verdict (every scope's counts present) as the head's lines,
+        `name: value\\r\\n` each: numbers the gateway formats, sent as they are (`pairs` reads them back)."""
+        out = b""
         counts = verdict.counts
         reset = b"%.3fs" % verdict.reset_s
         if self.requests:
             left, text = _tightest(self.requests, counts)
-            out.append((b"x-ratelimit-limit-requests", text))
-            out.append((b"x-ratelimit-remaining-requests", b"%d" % left))
-            out.append((b"x-ratelimit-reset-requests", reset))
+            out = _REQUESTS % (text, left, reset)
         if self.tokens:
             left, text = _tightest(self.tokens, counts)
-            out.append((b"x-ratelimit-limit-tokens", text))
-            out.append((b"x-ratelimit-remaining-tokens", b"%d" % left))
-            out.append((b"x-ratelimit-reset-tokens", reset))
+            out += _TOKENS % (text, left, reset)
         return out
+
+
+_REQUESTS = (
+    b"x-ratelimit-limit-requests: %b\r\n"
+    b"x-ratelimit-remaining-requests: %d\r\n"
+    b"x-ratelimit-reset-requests: %b\r\n"
+)
+_TOKENS = (
+    b"x-ratelimit-limit-tokens: %b\r\nx-ratelimit-remaining-tokens: %d\r\nx-ratelimit-reset-tokens: %b\r\n"
+)
+
+
+def pairs(lines: bytes) -> list[tuple[bytes, bytes]]:
+    """Header lines (`name: value\\r\\n` each) as ASGI headers."""
+    out: list[tuple[bytes, bytes]] = []
+    for line in lines.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b": ")
+        out.append((name, value))
+    return out
 
 
 def encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -199,12 +199,16 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
                 client.close()
         finally:
             group.close()
+    base_cpu, this_cpu = (per_tree[t]["gateway_cpu_us_per_req"] for t in TREES)
+    ratios["cpu"] = [this / base for base, this in zip(base_cpu, this_cpu, strict=True)]
     return {
         "connections": connections,
         "this_vs_base_rps": statistics.median(ratios["rps"]),
         "this_vs_base_p50": statistics.median(ratios["p50"]),
+        "this_vs_base_cpu": statistics.median(ratios["cpu"]),
         "rounds_rps": [round(x, 3) for x in ratios["rps"]],
         "rounds_p50": [round(x, 3) for x in ratios["p50"]],
+        "rounds_cpu": [round(x, 3) for x in ratios["cpu"]],
         "medians": {t: {k: statistics.median(v) for k, v in per_tree[t].items()} for t in TREES},
     }
 
@@ -221,7 +225,8 @@ def format_table(summary: dict[str, Any]) -> str:
         )
     lines.append(
         f"this / base at {summary['connections']} connections: req/s {summary['this_vs_base_rps']:.3f} "
-        f"{summary['rounds_rps']}, p50 {summary['this_vs_base_p50']:.3f} {summary['rounds_p50']}"
+        f"{summary['rounds_rps']}, p50 {summary['this_vs_base_p50']:.3f} {summary['rounds_p50']}, "
+        f"gateway CPU/req {summary['this_vs_base_cpu']:.3f} {summary['rounds_cpu']}"
     )
     return "\n".join(lines)
 

@@ -261,3 +261,47 @@ def test_account_clock_going_backwards_costs_nothing():
     assert record.duration_s == 0.0
     assert record.cost_usd == 0.0
     assert record.ttft_s is None
+
+
+def test_account_fills_every_field_by_its_name():
+    """`account` builds the record by position: each field holds what its name says."""
+    caller = Caller("req-9", "Bearer sk-abc", {}, priority="high", explicit_class="batch", tenant="t-1")
+    caller.session, caller.client_request_id = "s-1", "client-9"
+    profile = classify(PARSED, caller)
+    served = _served(Usage(12, 34, 46), concurrency=2, status=201)
+    record = account(InMemoryLedger(), caller, PARSED, profile, "least-inflight", served)
+    cost = estimate_cost(InMemoryLedger(), served.backend, 12, 34, 2.0, 2)
+    expected = UsageRecord(
+        request_id="req-9",
+        endpoint="chat",
+        model="llama",
+        backend="amd-0",
+        pool="mi300x",
+        vendor="amd",
+        accelerator="mi300x",
+        key=profile.key_id,
+        request_class=profile.request_class,
+        route="least-inflight",
+        stream=True,
+        status=201,
+        prompt_tokens=12,
+        completion_tokens=34,
+        usage_source="backend",
+        ttft_s=0.25,
+        duration_s=2.0,
+        cost_usd=cost,
+        finished_at=record.finished_at,
+        busy_s=1.0,
+        prompt_estimate=profile.prompt_tokens_estimate,
+        max_tokens=profile.max_tokens,
+        n=profile.n,
+        priority="high",
+        class_header="batch",
+        tenant="t-1",
+        session="s-1",
+        bound_nusd=int(POOL.backend_price_per_second * 2.0 * 1e9),
+        client_request_id="client-9",
+        prompt_chars=PARSED.prompt_chars,
+    )
+    assert dataclasses.asdict(record) == dataclasses.asdict(expected)
+    assert len({f.name for f in dataclasses.fields(UsageRecord)}) == 33  # a new field: add it to `account`

@@ -11,6 +11,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from gateway.http.response_write import send_head_and_body
+from gateway.tenants.answers import pairs
 
 DEFAULTS = [(b"date", b"Thu, 26 Nov 2026 23:59:00 GMT"), (b"server", b"uvicorn")]
 HEADERS = [
@@ -78,13 +79,14 @@ async def both(
     more_body: bool,
     then: list[tuple[bytes, bool]],
     keep_alive=True,
+    fixed: tuple[tuple[bytes, bytes], ...] = (),
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(writes, bytes, state, responses, closed) of uvicorn's own path and of send_head_and_body."""
     ours, ours_wire, ours_responses = cycle(keep_alive)
     theirs, theirs_wire, theirs_responses = cycle(keep_alive)
-    await theirs.send({"type": "http.response.start", "status": 200, "headers": headers})
+    await theirs.send({"type": "http.response.start", "status": 200, "headers": headers + list(fixed)})
     await theirs.send({"type": "http.response.body", "body": body, "more_body": more_body})
-    await send_head_and_body(ours.send, 200, headers, body, more_body)
+    await send_head_and_body(ours.send, 200, headers, body, more_body, fixed)
     for piece, more in then:
         for c in (theirs, ours):
             await c.send({"type": "http.response.body", "body": piece, "more_body": more})
@@ -139,6 +141,71 @@ async def test_a_header_uvicorn_refuses_is_refused_the_same_way(bad: list[tuple[
     assert wire.writes == []
 
 
+FIXED = ((b"x-switchyard-backend", b"gpu-a"), (b"x-switchyard-route", b"default"))
+
+
+@pytest.mark.parametrize("more_body", [True, False])
+async def test_fixed_headers_follow_the_others_as_uvicorn_writes_them(more_body: bool) -> None:
+    body = b'{"id":"x"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    for _ in range(2):  # checked the first time, remembered the second
+        theirs, ours = await both(headers, body, False, [], fixed=FIXED)
+        assert ours[1:] == theirs[1:] and ours[0] == 1
+    theirs, ours = await both(HEADERS, b"data: {}\n\n", more_body, [], fixed=FIXED)
+    assert ours[1:] == theirs[1:] and ours[0] == 1
+
+
+async def test_the_gateways_own_lines_follow_as_uvicorn_writes_them_as_headers() -> None:
+    lines = b"x-ratelimit-limit-requests: 10\r\nx-ratelimit-remaining-requests: 9\r\n"
+    body = b'{"id":"x"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    ours, wire, _ = cycle()
+    theirs, theirs_wire, _ = cycle()
+    await send_head_and_body(ours.send, 200, headers, body, False, FIXED, lines)
+    await _two(theirs, [*headers, *FIXED, *pairs(lines)], body, more_body=False)
+    assert len(wire.writes) == 1 and wire.writes[0] == b"".join(theirs_wire.writes)
+    assert state(ours) == state(theirs)
+    messages: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await send_head_and_body(send, 200, headers, body, False, FIXED, lines)
+    assert messages[0]["headers"] == [*headers, *FIXED, *pairs(lines)]
+
+
+@pytest.mark.parametrize(
+    "headers, fixed",
+    [
+        ([*HEADERS, (b"x-request-id", b"r\r\nset-cookie: 1")], FIXED),  # from the client
+        ([*HEADERS, (b"content-type", b"text/html\nx: 1")], FIXED),  # from a backend
+        (HEADERS, ((b"x-switchyard-backend", b"gpu\r\nset-cookie: 1"),)),  # from the config
+        (HEADERS, ((b"bad name", b"1"),)),
+        (HEADERS, ((b"content-length", b"10"),)),
+    ],
+)
+async def test_headers_refused_are_refused_every_time_names_or_fixed_were_seen_before(
+    headers: list[tuple[bytes, bytes]], fixed: tuple[tuple[bytes, bytes], ...]
+) -> None:
+    await both(HEADERS, b"data: {}\n\n", True, [], fixed=FIXED)  # the good names and FIXED, remembered
+    for _ in range(2):
+        ours, wire, _ = cycle()
+        theirs, theirs_wire, _ = cycle()
+        outcomes = []
+        for run in (
+            send_head_and_body(ours.send, 200, headers, b"data: {}\n\n", True, fixed),
+            _two(theirs, headers + list(fixed), b"data: {}\n\n"),
+        ):
+            try:
+                await run
+                outcomes.append(None)
+            except RuntimeError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+        assert b"".join(wire.writes) == b"".join(theirs_wire.writes)
+        assert (outcomes[0] is None) is (fixed[0][0] == b"content-length")  # the rest: refused
+
+
 @pytest.mark.parametrize(
     "extra",
     [[(b"Connection", b"close")], [(b"transfer-encoding", b"chunked")], [(b"content-length", b"99")]],
@@ -162,9 +229,11 @@ async def test_headers_uvicorn_acts_on_go_through_its_own_path(extra: list[tuple
     assert state(ours) == state(theirs)
 
 
-async def _two(c: RequestResponseCycle, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+async def _two(
+    c: RequestResponseCycle, headers: list[tuple[bytes, bytes]], body: bytes, more_body: bool = True
+) -> None:
     await c.send({"type": "http.response.start", "status": 200, "headers": headers})
-    await c.send({"type": "http.response.body", "body": body, "more_body": True})
+    await c.send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
 async def test_any_other_send_gets_the_two_messages() -> None:

@@ -16,7 +16,7 @@ from backends.models import Backend, Pool
 from gateway.config.settings import AuthOptions, LedgerOptions
 from gateway.ledger.factory import build_ledger
 from gateway.tenants.admission import Tenant, Tenants
-from gateway.tenants.answers import HeaderPlan, decoded, rate_headers
+from gateway.tenants.answers import HeaderPlan, decoded, pairs, rate_headers
 from gateway.tenants.keys import KeyRecord, Limits, TeamRecord, hash_key
 from gateway.tenants.limits import NANO, LocalCounters, ScopeCounters, Verdict
 from gateway.tenants.store_memory import MemoryTenantStore
@@ -270,7 +270,7 @@ def test_an_admitted_answers_headers_are_the_tightest_limits_as_bytes() -> None:
     ]
     for scopes, counts in cases:
         verdict = Verdict(True, -1, "", 1.5, 7, counts)
-        assert decoded(HeaderPlan.of(scopes).raw(verdict)) == rate_headers(scopes, verdict), counts
+        assert decoded(pairs(HeaderPlan.of(scopes).lines(verdict))) == rate_headers(scopes, verdict), counts
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["redis", "memory"])
