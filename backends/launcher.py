@@ -41,6 +41,7 @@ from typing import Literal
 
 from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
 from backends.cpu_priority import below_clients
+from backends.lifetime import end_with_parent
 
 Target = Literal[Vendor, "cpu"]
 TARGETS: tuple[Target, ...] = (*VENDORS, "cpu")
@@ -235,7 +236,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--below-clients",
         action="store_true",
-        help="with --run: its own session, a little below the clients timing it from this machine",
+        help="with --run: its own session, a little below the clients timing it from this machine, "
+        "ending with the process that started it",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--print", action="store_true", help="print the shell line (the default)")
@@ -297,6 +299,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             with contextlib.suppress(PermissionError):  # already a session's leader
                 os.setsid()
             below_clients()
+            end_with_parent()  # out of the caller's session, its Ctrl-C no longer reaches the server
         try:
             os.execvpe(launch.argv[0], list(launch.argv), launch.full_env())
         except OSError as exc:

@@ -40,6 +40,17 @@ def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] 
     return preexec
 
 
+def end_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
+    """Have Linux send the calling process `sig` when its parent dies (what `die_with_parent` does for
+    a child, for a process about to exec a server in its place); nothing off Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request took
+        os.kill(os.getpid(), sig)
+
+
 def _exit(signum: int, _frame: FrameType | None) -> None:
     # Later signals must not interrupt the clean-up this exception starts.
     for sig in TERMINATION_SIGNALS:

@@ -3,7 +3,9 @@ and the process that started it keeps its own priority (backends/cpu_priority.py
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,3 +75,30 @@ def test_the_launcher_cli_runs_the_server_in_its_own_session_below_its_clients(t
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_server_run_below_its_clients_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """Out of its caller's session, a Ctrl-C to the caller's terminal no longer reaches it: it gets
+    SIGTERM when its caller dies instead, even by SIGKILL."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {seen}\nexec sleep 60\n")
+    fake.chmod(0o755)
+    launcher = f"{sys.executable} -m backends.launcher --vendor cpu --model m --python {fake} --port 18998"
+    caller = subprocess.Popen(["bash", "-c", f"{launcher} --below-clients --run & wait"])
+    try:
+        deadline = time.monotonic() + 20
+        while not seen.exists() or not seen.read_text().strip():
+            assert time.monotonic() < deadline, "the server stand-in did not start"
+            time.sleep(0.05)
+        server = int(seen.read_text())
+        caller.kill()
+        caller.wait()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{server}").exists() and Path(f"/proc/{server}/stat").read_text().split()[2] != "Z":
+            assert time.monotonic() < deadline, "the server outlived the process that started it"
+            time.sleep(0.05)
+    finally:
+        caller.kill()
+        with contextlib.suppress(ProcessLookupError, NameError):
+            os.kill(server, signal.SIGKILL)
