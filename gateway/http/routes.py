@@ -20,6 +20,8 @@ from backends.catalog import Catalog
 from gateway.http.asgi_io import (
     ClientGone,
     DisconnectWatch,
+    body_at_hand,
+    body_sent,
     read_body,
     send_anthropic_error,
     send_body,
@@ -175,7 +177,8 @@ def openai_handlers(
         try:
             if authenticate is not None:
                 caller.key = await authenticate(caller.authorization)
-            ctx.body = await read_body(scope, receive, max_body_bytes)
+            body = body_at_hand(scope, receive, max_body_bytes)
+            ctx.body = body if body is not None else await read_body(scope, receive, max_body_bytes)
             watch = DisconnectWatch(receive)  # the client leaving cancels the request from here on
             reply = await handle(ctx)
         except GatewayError as error:
@@ -214,7 +217,8 @@ def openai_handlers(
         try:
             content_type = reply.content_type.encode("latin-1")
             raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
-            await send_body(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines)
+            if not body_sent(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines):
+                await send_body(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines)
         except asyncio.CancelledError:
             if not watch.swallow():  # the client left as its answer was being sent: it was accounted
                 raise
