@@ -25,7 +25,7 @@ from gateway.config.settings import Settings, load_settings
 from gateway.console import console_controller
 from gateway.http.credentials import one_credential
 from gateway.http.fastpath import FastPath
-from gateway.http.routes import new_request_id, openai_handlers, valid_request_id
+from gateway.http.routes import FAST, new_request_id, openai_handlers, valid_request_id
 from gateway.ledger.factory import build_ledger
 from gateway.ledger.records import Ledger
 from gateway.lifespan import lifespan
@@ -175,7 +175,7 @@ class SwitchyardPlugin(InitPluginProtocol):
         )
         app_config.route_handlers.extend(forwarding)
         self.fast_routes = {
-            path: handler.fn
+            path: handler.opt.get(FAST, handler.fn)
             for handler in forwarding
             if isinstance(handler, ASGIRouteHandler)
             for path in handler.paths

@@ -12,7 +12,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from gateway.http.response_write import cycle_sink, send_head_and_body
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from gateway.http.response_write import cycle_sink, head_and_body_written, send_head_and_body
 from gateway.openai.errors import GatewayError, anthropic_error_json, body_too_large
 from gateway.request.relay import RelayedStream
 from gateway.request.reply_headers import Fixed
@@ -26,13 +28,41 @@ class ClientGone(Exception):
     """The client disconnected before the request was read."""
 
 
-async def read_body(scope: Any, receive: Any, limit: int) -> bytes:
-    """The request body, refused with 413 past `limit` (by Content-Length first, then by bytes read)."""
+def _check_length(scope: Any, limit: int) -> None:
     for name, value in scope["headers"]:
         if name == _CONTENT_LENGTH:
             if value.isdigit() and int(value) > limit:
                 raise body_too_large(limit)
             break
+
+
+def body_at_hand(scope: Any, receive: Any, limit: int) -> bytes | None:
+    """`read_body` without a coroutine when `receive` is uvicorn's and its cycle holds the whole body
+    already (a small request's, mostly): what `receive` would return at once, taken as it takes it; None
+    when it would not (then `read_body`)."""
+    cycle = getattr(receive, "__self__", None)
+    if (
+        type(cycle) is not RequestResponseCycle
+        or cycle.more_body
+        or cycle.waiting_for_100_continue
+        or cycle.disconnected
+        or cycle.response_complete
+        or not cycle.message_event.is_set()
+    ):
+        return None
+    _check_length(scope, limit)
+    body = bytes(cycle.body)
+    cycle.flow.resume_reading()
+    cycle.message_event.clear()
+    cycle.body = bytearray()
+    if len(body) > limit:
+        raise body_too_large(limit)
+    return body
+
+
+async def read_body(scope: Any, receive: Any, limit: int) -> bytes:
+    """The request body, refused with 413 past `limit` (by Content-Length first, then by bytes read)."""
+    _check_length(scope, limit)
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone
@@ -58,8 +88,19 @@ async def read_body(scope: Any, receive: Any, limit: int) -> bytes:
 
 def _header_list(headers: dict[str, str], content_type: bytes) -> list[tuple[bytes, bytes]]:
     out = [(_CONTENT_TYPE, content_type)]
-    out.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items())
+    if headers:
+        out.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items())
     return out
+
+
+def _body_headers(
+    headers: dict[str, str], body: bytes, content_type: bytes, raw_headers: list[tuple[bytes, bytes]] | None
+) -> list[tuple[bytes, bytes]]:
+    header_list = _header_list(headers, content_type)
+    if raw_headers:
+        header_list += raw_headers
+    header_list.append((_CONTENT_LENGTH, b"%d" % len(body)))
+    return header_list
 
 
 async def send_body(
@@ -72,11 +113,24 @@ async def send_body(
     fixed: Fixed = (),
     lines: bytes = b"",
 ) -> None:
-    header_list = _header_list(headers, content_type)
-    if raw_headers:
-        header_list += raw_headers
-    header_list.append((_CONTENT_LENGTH, b"%d" % len(body)))
+    header_list = _body_headers(headers, body, content_type, raw_headers)
     await send_head_and_body(send, status, header_list, body, False, fixed, lines)
+
+
+def body_sent(
+    send: Any,
+    status: int,
+    headers: dict[str, str],
+    body: bytes,
+    content_type: bytes,
+    raw_headers: list[tuple[bytes, bytes]] | None = None,
+    fixed: Fixed = (),
+    lines: bytes = b"",
+) -> bool:
+    """`send_body` when it need not wait, without a coroutine (`head_and_body_written`): True once sent;
+    False, nothing sent: `send_body` it is."""
+    header_list = _body_headers(headers, body, content_type, raw_headers)
+    return head_and_body_written(send, status, header_list, body, fixed, lines)
 
 
 async def send_error(send: Any, error: GatewayError, request_id: str) -> None:

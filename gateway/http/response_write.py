@@ -72,6 +72,24 @@ async def send_head_and_body(
     _write(cycle, head, body, more_body)  # type: ignore[arg-type]
 
 
+def head_and_body_written(
+    send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes, fixed: Fixed, lines: bytes
+) -> bool:
+    """`send_head_and_body` of a whole body when it need not wait (uvicorn's cycle, its transport not
+    paused), without a coroutine: True once done; False, nothing done: `send_head_and_body` it is."""
+    cycle = getattr(send, "__self__", None)
+    if type(cycle) is not RequestResponseCycle or (cycle.flow.write_paused and not cycle.disconnected):
+        return False
+    head = _head(cycle, status, headers, fixed, len(body), False)
+    if head is None:
+        return False
+    if not cycle.disconnected:  # else nothing is written, as uvicorn's `send` does
+        if lines:
+            head[0].append(lines)
+        _write(cycle, head, body, False)
+    return True
+
+
 def _head(
     cycle: RequestResponseCycle,
     status: int,

@@ -8,6 +8,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -19,6 +20,8 @@ from backends.catalog import Catalog
 from gateway.http.asgi_io import (
     ClientGone,
     DisconnectWatch,
+    body_at_hand,
+    body_sent,
     read_body,
     send_anthropic_error,
     send_body,
@@ -40,13 +43,15 @@ ErrorSender = Callable[[Any, GatewayError, str], Awaitable[None]]
 
 log = logging.getLogger("switchyard")
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _FORWARDED_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate"}
 _encoder = msgspec.json.Encoder()
 
 
 def valid_request_id(text: str) -> bool:
-    return _REQUEST_ID.match(text) is not None
+    """Whether a client's `x-request-id` may be echoed: the whole value (`fullmatch`, not `$`, which also
+    takes a value ending in a newline), as it goes into the head's lines unchecked (reply_headers.py)."""
+    return _REQUEST_ID.fullmatch(text) is not None
 
 
 _ID_HEX = 32
@@ -128,6 +133,9 @@ def read_anthropic_caller(scope: Any) -> Caller:
     return caller
 
 
+FAST = "switchyard_fast"
+"""The `opt` entry of a forwarding handler that gateway/http/fastpath.py calls instead of the handler."""
+
 _ALLOW = {"allow": "POST"}
 _INTERNAL_ERROR = GatewayError(500, "Internal gateway error.", "server_error")
 
@@ -169,7 +177,8 @@ def openai_handlers(
         try:
             if authenticate is not None:
                 caller.key = await authenticate(caller.authorization)
-            ctx.body = await read_body(scope, receive, max_body_bytes)
+            body = body_at_hand(scope, receive, max_body_bytes)
+            ctx.body = body if body is not None else await read_body(scope, receive, max_body_bytes)
             watch = DisconnectWatch(receive)  # the client leaving cancels the request from here on
             reply = await handle(ctx)
         except GatewayError as error:
@@ -208,32 +217,42 @@ def openai_handlers(
         try:
             content_type = reply.content_type.encode("latin-1")
             raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
-            await send_body(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines)
+            if not body_sent(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines):
+                await send_body(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines)
         except asyncio.CancelledError:
             if not watch.swallow():  # the client left as its answer was being sent: it was accounted
                 raise
 
-    @asgi("/v1/chat/completions", name="chat-completions", copy_scope=False)
-    async def chat_completions(scope: Any, receive: Any, send: Any) -> None:
-        await serve(scope, receive, send, "chat")
-
-    @asgi("/v1/completions", name="completions", copy_scope=False)
-    async def completions(scope: Any, receive: Any, send: Any) -> None:
-        await serve(scope, receive, send, "completions")
-
-    @asgi("/v1/embeddings", name="embeddings", copy_scope=False)
-    async def embeddings(scope: Any, receive: Any, send: Any) -> None:
-        await serve(scope, receive, send, "embeddings")
-
     respond = responses_handle or pipeline.handle
+    # `fast`: what gateway/http/fastpath.py calls for the path, `serve` itself with the endpoint bound (no
+    # coroutine of the handler's own around it: one frame less each time the request's task resumes).
+    chat = partial(serve, endpoint="chat")
+    plain = partial(serve, endpoint="completions")
+    embed = partial(serve, endpoint="embeddings")
+    anthropic = partial(
+        serve, endpoint="messages", read=read_anthropic_caller, send_error=send_anthropic_error
+    )
+    typed = partial(serve, endpoint="responses", handle=respond)
 
-    @asgi("/v1/messages", name="messages", copy_scope=False)
+    @asgi("/v1/chat/completions", name="chat-completions", copy_scope=False, opt={FAST: chat})
+    async def chat_completions(scope: Any, receive: Any, send: Any) -> None:
+        await chat(scope, receive, send)
+
+    @asgi("/v1/completions", name="completions", copy_scope=False, opt={FAST: plain})
+    async def completions(scope: Any, receive: Any, send: Any) -> None:
+        await plain(scope, receive, send)
+
+    @asgi("/v1/embeddings", name="embeddings", copy_scope=False, opt={FAST: embed})
+    async def embeddings(scope: Any, receive: Any, send: Any) -> None:
+        await embed(scope, receive, send)
+
+    @asgi("/v1/messages", name="messages", copy_scope=False, opt={FAST: anthropic})
     async def messages(scope: Any, receive: Any, send: Any) -> None:
-        await serve(scope, receive, send, "messages", read_anthropic_caller, send_anthropic_error)
+        await anthropic(scope, receive, send)
 
-    @asgi("/v1/responses", name="responses", copy_scope=False)
+    @asgi("/v1/responses", name="responses", copy_scope=False, opt={FAST: typed})
     async def responses(scope: Any, receive: Any, send: Any) -> None:
-        await serve(scope, receive, send, "responses", handle=respond)
+        await typed(scope, receive, send)
 
     created = int(time.time())
     cards = [

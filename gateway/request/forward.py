@@ -30,7 +30,7 @@ from gateway.request.prompt_count import count_prompt_tokens
 from gateway.request.relay import ABANDONED_DRAIN_S, OpenStream, RelayedStream
 from gateway.request.sse import SseRelay
 from gateway.upstream.client import KEEPALIVE_SECONDS
-from gateway.upstream.transport import Transport
+from gateway.upstream.transport import BackendResponse, Transport
 
 __all__ = [
     "ABANDONED_DRAIN_S",
@@ -98,6 +98,11 @@ class Upstream:
     async def complete(self, ctx: RequestContext) -> Answer:
         """Send a non-streaming request; the end of the request gives back the backend's in-flight slot."""
         response, body = await self.attempts.send(ctx)
+        return self.answered(ctx, response, body)
+
+    @staticmethod
+    def answered(ctx: RequestContext, response: BackendResponse, body: bytes) -> Answer:
+        """What `complete` returns, from `attempts.send`'s answer (its connection goes back to its pool)."""
         response.release()
         ctx.first_byte_at = asyncio.get_running_loop().time()
         return Answer(body, response.headers.get("content-type", "application/json"))

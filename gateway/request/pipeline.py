@@ -26,7 +26,7 @@ from gateway.request.backpressure import ClassQueue, no_room, overloaded
 from gateway.request.classify import classify
 from gateway.request.context import Observer, RequestContext, Tracer
 from gateway.request.drift import observe
-from gateway.request.forward import Upstream, upstream_status_error, with_attempts
+from gateway.request.forward import Answer, Upstream, upstream_status_error, with_attempts
 from gateway.request.limits import Limits, resolve_limits
 from gateway.request.parse import DEFAULT_LIMITS, ParsedRequest, parse, prompt_param
 from gateway.request.prompt_size import PromptSizer
@@ -64,8 +64,8 @@ class Reply:
     fixed: Fixed = ()
     """The backend's, pool's, vendor's, route's and class's headers (gateway/request/reply_headers.py)."""
     lines: bytes = b""
-    """Header lines the gateway formats from its own numbers (an API key's `x-ratelimit-*`), sent as
-    they are: nothing from outside goes in them."""
+    """Header lines the gateway formats from its own numbers and ids (the request ids, the cost, an API
+    key's `x-ratelimit-*`), sent as they are: nothing from outside goes in them unchecked."""
 
 
 class Pipeline:
@@ -124,33 +124,31 @@ class Pipeline:
         self.telemetry, self.tracing = telemetry, tracing
         self.recorded = telemetry.recorded if telemetry is not None else None
 
-    async def handle(self, ctx: RequestContext) -> Reply:
-        """Serve one request whose body has been read; an error raised here is ended by the caller."""
-        self.parse(ctx)
-        self.classify(ctx)
-        if ctx.caller.key is not None:
-            return await self.admitted(ctx)
+    async def handle(self, ctx: RequestContext, classified: bool = False) -> Reply:
+        """Serve one request whose body has been read (`classified`: parsed and classified already); an
+        error raised here is ended by the caller. An API key's request has its hints capped by the key, is
+        routed, then admitted by the key's and its team's limits and budget (one Redis round trip); `end`
+        settles or releases the admission. All in this one coroutine: each coroutine between the HTTP
+        layer and the backend's socket is one frame more every time the request's task resumes."""
+        if not classified:
+            self.parse(ctx)
+            self.classify(ctx)
+        caller, tenants = ctx.caller, self.tenants
+        key = caller.key
+        if key is not None:
+            assert tenants is not None  # a key is set only when the tenants seam is on
+            tenants.check(key, ctx.profile)
         self.route(ctx)
         if self.must_wait(ctx):
             await self.wait_for_room(ctx)
+        if key is not None and tenants is not None:
+            ignored = caller.hints_ignored or []
+            caller.admission = await tenants.admit(key, ctx.profile, ctx.decision.candidates, ignored)
         if ctx.parsed.stream:
             return await self.stream(ctx)
-        return await self.complete(ctx)
-
-    async def admitted(self, ctx: RequestContext) -> Reply:
-        """The request of an API key: hints capped by the key, routed, then admitted by the key's and its
-        team's limits and budget (one Redis round trip); `end` settles or releases the admission."""
-        tenants, caller = self.tenants, ctx.caller
-        assert tenants is not None and caller.key is not None
-        tenants.check(caller.key, ctx.profile)
-        self.route(ctx)
-        if self.must_wait(ctx):
-            await self.wait_for_room(ctx)
-        ignored = caller.hints_ignored or []
-        caller.admission = await tenants.admit(caller.key, ctx.profile, ctx.decision.candidates, ignored)
-        if ctx.parsed.stream:
-            return await self.stream(ctx)
-        return await self.complete(ctx)
+        upstream = self.upstream
+        response, body = await upstream.attempts.send(ctx)
+        return self.completed(ctx, upstream.answered(ctx, response, body))
 
     def parse(self, ctx: RequestContext) -> None:
         """The request starts (its trace context, with tracing on) and its body is read."""
@@ -176,7 +174,10 @@ class Pipeline:
 
     async def complete(self, ctx: RequestContext) -> Reply:
         """Forward a non-streaming request; its answer ends it."""
-        answer = await self.upstream.complete(ctx)
+        return self.completed(ctx, await self.upstream.complete(ctx))
+
+    def completed(self, ctx: RequestContext, answer: Answer) -> Reply:
+        """A non-streaming request's answer: the request ends with it."""
         backend = ctx.backend
         assert backend is not None
         if not 200 <= ctx.status < 300:
@@ -184,13 +185,13 @@ class Pipeline:
         ctx.usage = typed_usage(answer.body) if ctx.parsed.typed else answer_usage(answer.body)
         ctx.ended_at = ctx.first_byte_at
         record = self.end(ctx)
-        headers, fixed = reply_headers(ctx, backend)
+        headers, fixed, lines = reply_headers(ctx, backend)
         if record is not None:
-            headers["x-switchyard-cost-usd"] = f"{record.cost_usd:.10f}"
+            lines += b"x-switchyard-cost-usd: %.10f\r\n" % record.cost_usd
         admission = ctx.caller.admission
         if admission is None:
-            return Reply(headers, answer.body, answer.content_type, None, None, fixed)
-        raw, lines = admission.raw_headers, admission.rate_lines
+            return Reply(headers, answer.body, answer.content_type, None, None, fixed, lines)
+        raw, lines = admission.raw_headers, lines + admission.rate_lines
         return Reply(headers, answer.body, answer.content_type, None, raw, fixed, lines)
 
     async def stream(self, ctx: RequestContext) -> Reply:
@@ -202,11 +203,11 @@ class Pipeline:
         if ctx.parsed.client_wants_usage:
             sse.cost_of = stream_cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
-        headers, fixed = reply_headers(ctx, opened.backend)
+        headers, fixed, lines = reply_headers(ctx, opened.backend)
         admission = ctx.caller.admission
         if admission is None:
-            return Reply(headers, b"", "text/event-stream", stream, None, fixed)
-        raw, lines = admission.raw_headers, admission.rate_lines
+            return Reply(headers, b"", "text/event-stream", stream, None, fixed, lines)
+        raw, lines = admission.raw_headers, lines + admission.rate_lines
         return Reply(headers, b"", "text/event-stream", stream, raw, fixed, lines)
 
     # --- the end of every request ---------------------------------------------------------------------

@@ -18,12 +18,18 @@ _FIXED: dict[tuple[str, str, str, str, str], Fixed] = {}
 _KEPT = 1024
 
 
-def reply_headers(ctx: RequestContext, backend: Backend) -> tuple[dict[str, str], Fixed]:
+_IDS = "x-request-id: %s\r\nx-switchyard-request-id: %s\r\n"
+
+
+def reply_headers(ctx: RequestContext, backend: Backend) -> tuple[dict[str, str], Fixed, bytes]:
+    """The request's own headers (a dict), the backend's and route's (`Fixed`), and the request ids as the
+    head's lines (`name: value\r\n` each, sent unchecked): the gateway's id is its own (`req-` and hex)
+    and a client's `x-request-id` is echoed only when it passed `valid_request_id` (gateway/http/routes.py:
+    letters, digits and `._:-`), else the gateway's is sent in its place."""
     caller = ctx.caller
-    headers = {
-        "x-request-id": caller.client_request_id or caller.request_id,
-        "x-switchyard-request-id": caller.request_id,
-    }
+    own = caller.request_id
+    lines = (_IDS % (caller.client_request_id or own, own)).encode()
+    headers: dict[str, str] = {}
     if ctx.attempts > 1:
         headers["x-switchyard-attempts"] = str(ctx.attempts)
     pool = backend.pool
@@ -37,7 +43,7 @@ def reply_headers(ctx: RequestContext, backend: Backend) -> tuple[dict[str, str]
             )
         except UnicodeEncodeError:  # sent as before, where it fails the same way
             headers.update(zip(names, key, strict=True))
-            return headers, ()
+            return headers, (), lines
         if len(_FIXED) < _KEPT:
             _FIXED[key] = fixed
-    return headers, fixed
+    return headers, fixed, lines

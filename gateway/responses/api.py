@@ -205,14 +205,7 @@ class ResponsesApi:
 async def _routed_and_forwarded(pipeline: Pipeline, ctx: RequestContext) -> Reply:
     """`Pipeline.handle` past its parse and classify steps (which `handle` above runs, with the input's
     expansion between them)."""
-    if ctx.caller.key is not None:
-        return await pipeline.admitted(ctx)
-    pipeline.route(ctx)
-    if ctx.limits.backpressure is not None:
-        await pipeline.wait_for_room(ctx)
-    if ctx.parsed.stream:
-        return await pipeline.stream(ctx)
-    return await pipeline.complete(ctx)
+    return await pipeline.handle(ctx, classified=True)
 
 
 def _forwarded_body(body: bytes, items: list[Any]) -> bytes:

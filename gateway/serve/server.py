@@ -32,6 +32,7 @@ def server_config(
         port=port,
         loop="uvloop",
         http=protocol,
+        interface="asgi3",  # said, not guessed: FastPath's `__call__` returns its handler's coroutine
         ws="none",
         # uvicorn annotates it int but hands it to loop.call_later, which takes fractions of a second
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]

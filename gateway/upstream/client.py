@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Awaitable
 from urllib.parse import urlsplit
 
 from gateway.upstream.connection import (
@@ -73,8 +74,8 @@ class Response:
             return "application/octet-stream"
         return value.partition(";")[0].strip().lower()
 
-    async def read(self) -> bytes:
-        return await self._conn.read_all()
+    def read(self) -> Awaitable[bytes]:
+        return self._conn.read_all()
 
     def all_read(self) -> bool:
         conn = self._conn
@@ -153,7 +154,8 @@ class Pool:
     def idle_connections(self) -> int:
         return len(self._idle)
 
-    async def acquire(self, connect_timeout: float) -> Connection:
+    def idle(self) -> Connection | None:
+        """A pooled connection still fresh, if any (`acquire` without a coroutine)."""
         idle = self._idle
         if idle:
             expired_before = self._loop.time() - self._keepalive
@@ -162,6 +164,12 @@ class Pool:
                 if conn.idle_since >= expired_before and not conn.lost:
                     return conn
                 conn.abort()  # connection_lost will forget it
+        return None
+
+    async def acquire(self, connect_timeout: float) -> Connection:
+        conn = self.idle()
+        if conn is not None:
+            return conn
         if self.limit and self._open >= self.limit:
             waiter: asyncio.Future[Connection | None] = self._loop.create_future()
             self._waiters.append(waiter)
@@ -275,10 +283,16 @@ class BackendClient:
             )
         )
         for _ in range(2):
-            conn = await pool.acquire(connect_timeout)
+            conn = pool.idle() or await pool.acquire(connect_timeout)
             reused = conn.uses > 0
             try:
-                await conn.send(request)
+                answered = conn.send(request)
+                try:
+                    await answered
+                except BaseException:
+                    conn.abort()
+                    raise
+                conn.answered()
             except ConnectionBroken:
                 if reused and not conn.got_bytes:
                     continue  # closed by the backend while idle: it never saw this request

@@ -196,19 +196,20 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def send(self, request: bytes) -> None:
-        """Write `request` and wait for the answer's status line and headers."""
+    def send(self, request: bytes) -> asyncio.Future[None]:
+        """Write `request`; the future is done when the answer's status line and headers arrived or the
+        connection failed (then `answered` raises). Whoever awaits it aborts the connection if the wait is
+        cancelled (gateway/upstream/client.py): a plain function, not a coroutine of its own."""
         self.uses += 1
         transport = self.transport
         if transport is None or self.lost or transport.is_closing():
             raise ConnectionBroken("the connection closed before the request was sent")
         self._answer_waiter = waiter = self._loop.create_future()
         transport.write(request)
-        try:
-            await waiter
-        except BaseException:
-            self.abort()
-            raise
+        return waiter
+
+    def answered(self) -> None:
+        """After `send`'s future: raises the failure that came instead of an answer's head."""
         self._answer_waiter = None
         if self._error is not None and not self.status:
             raise self._error
@@ -290,6 +291,8 @@ class Connection(asyncio.Protocol):
         return data
 
     async def read_all(self) -> bytes:
+        if self.complete and not self._paused and self._sink is None:  # all here (a small answer, mostly)
+            return self.take_buffered()
         parts: list[bytes] = []
         while True:
             data = await self.read_some()

@@ -7,6 +7,7 @@ Failures are raised as `UpstreamError` subclasses (gateway/upstream/connection.p
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 
@@ -24,7 +25,7 @@ class BackendResponse(Protocol):
         """The media type without parameters (`text/event-stream`)."""
         ...
 
-    async def read(self) -> bytes:
+    def read(self) -> Awaitable[bytes]:
         """The whole body."""
         ...
 

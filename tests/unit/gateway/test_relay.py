@@ -25,6 +25,7 @@ from gateway.request.classify import Caller
 from gateway.request.context import RequestContext
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline, Reply
+from gateway.tenants.answers import pairs
 from policies.framework import Decision
 from policies.profile import RequestProfile
 from tests.memory_transport import SSE, MemoryTransport, Scripted
@@ -136,7 +137,9 @@ async def test_an_answer_is_accounted_and_its_cost_sent_back() -> None:
     assert out == body
     (record,) = seen.records
     assert isinstance(reply, Reply)
-    assert reply.headers["x-switchyard-cost-usd"] == f"{record.cost_usd:.10f}"
+    lines = dict(pairs(reply.lines))  # the gateway's own numbers and ids: the head's lines
+    assert lines[b"x-switchyard-cost-usd"] == b"%.10f" % record.cost_usd
+    assert lines[b"x-switchyard-request-id"] == lines[b"x-request-id"] == record.request_id.encode()
     assert "x-switchyard-attempts" not in reply.headers
     assert b0.inflight == 0
 

@@ -10,7 +10,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.http.response_write import send_head_and_body
+from gateway.http.response_write import head_and_body_written, send_head_and_body
 from gateway.tenants.answers import pairs
 
 DEFAULTS = [(b"date", b"Thu, 26 Nov 2026 23:59:00 GMT"), (b"server", b"uvicorn")]
@@ -253,4 +253,39 @@ async def test_a_client_gone_before_the_head_gets_nothing_written() -> None:
     ours, wire, responses = cycle()
     ours.disconnected = True
     await send_head_and_body(ours.send, 200, HEADERS, b"data: {}\n\n", False)
+    assert wire.writes == [] and responses == []
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+async def test_a_whole_answer_written_without_a_coroutine_is_what_uvicorn_writes(keep_alive: bool) -> None:
+    body = b'{"id":"x"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    fixed = ((b"x-switchyard-backend", b"b0"),)
+    ours, wire, responses = cycle(keep_alive)
+    theirs, theirs_wire, _ = cycle(keep_alive)
+    await _two(theirs, headers + list(fixed) + pairs(b"x-request-id: req-1\r\n"), body, False)
+    assert head_and_body_written(ours.send, 200, headers, body, fixed, b"x-request-id: req-1\r\n")
+    assert wire.writes == [b"".join(theirs_wire.writes)] and state(ours) == state(theirs)
+    assert responses == [1] and wire.closed is not keep_alive
+
+
+async def test_an_answer_that_must_wait_or_go_through_uvicorn_is_not_written_without_a_coroutine() -> None:
+    body = b"{}"
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+    paused, wire, _ = cycle()
+    paused.flow.write_paused = True  # the client's side full: `send_head_and_body` waits for it
+    assert not head_and_body_written(paused.send, 200, headers, body, (), b"")
+    refused, refused_wire, _ = cycle()
+    assert not head_and_body_written(refused.send, 200, [*headers, (b"bad", b"a\nb")], body, (), b"")
+
+    async def send(message: dict[str, Any]) -> None: ...
+
+    assert not head_and_body_written(send, 200, headers, body, (), b"")
+    assert wire.writes == refused_wire.writes == [] and not paused.response_started
+
+
+async def test_a_client_gone_gets_nothing_written_without_a_coroutine_either() -> None:
+    ours, wire, responses = cycle()
+    ours.disconnected = True
+    assert head_and_body_written(ours.send, 200, HEADERS, b"{}", (), b"")
     assert wire.writes == [] and responses == []
