@@ -26,9 +26,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from gateway.request.reply_headers import Fixed
 from gateway.tenants.answers import pairs
-
-Fixed = tuple[tuple[bytes, bytes], ...]
 
 WRITABLE_HOOK = "switchyard_on_writable"
 """The attribute of the gateway's server protocol (gateway/http/client_cap.py) that it calls, if set, with
@@ -55,7 +54,7 @@ async def send_head_and_body(
     cycle = getattr(send, "__self__", None)
     head = None
     if type(cycle) is RequestResponseCycle:
-        head = _head(cycle, status, headers, fixed, len(body), more_body)
+        head = _head(cycle, status, headers, fixed, lines, len(body), more_body)
     if head is None:
         if fixed or lines:
             headers = headers + list(fixed) + pairs(lines)
@@ -67,8 +66,6 @@ async def send_head_and_body(
         await flow.drain()
     if cycle.disconnected:  # type: ignore[union-attr]
         return  # as uvicorn's `send` does
-    if lines:
-        head[0].append(lines)
     _write(cycle, head, body, more_body)  # type: ignore[arg-type]
 
 
@@ -80,12 +77,10 @@ def head_and_body_written(
     cycle = getattr(send, "__self__", None)
     if type(cycle) is not RequestResponseCycle or (cycle.flow.write_paused and not cycle.disconnected):
         return False
-    head = _head(cycle, status, headers, fixed, len(body), False)
+    head = _head(cycle, status, headers, fixed, lines, len(body), False)
     if head is None:
         return False
     if not cycle.disconnected:  # else nothing is written, as uvicorn's `send` does
-        if lines:
-            head[0].append(lines)
         _write(cycle, head, body, False)
     return True
 
@@ -95,10 +90,12 @@ def _head(
     status: int,
     headers: list[tuple[bytes, bytes]],
     fixed: Fixed,
+    lines: bytes,
     size: int,
     more_body: bool,
 ) -> tuple[list[bytes], int | None] | None:
-    """The head's pieces and the declared Content-Length (None: chunked), or None for uvicorn's path."""
+    """The head's pieces, `headers` then `fixed` then `lines`, and the declared Content-Length (None:
+    chunked), or None for uvicorn's path."""
     if (
         cycle.response_started
         or cycle.access_log
@@ -107,13 +104,13 @@ def _head(
         or status in (204, 304)
     ):
         return None
-    lines = b""
+    fixed_lines = b""
     if fixed:
         known = _FIXED_CHECKED.get(id(fixed))
         checked = known[1] if known is not None and known[0] is fixed else _check_fixed(fixed)
         if checked is None:
             return None
-        lines = checked
+        fixed_lines = checked
     every = cycle.default_headers + headers
     names = tuple(map(_NAME, every))
     at = _NAMES_CHECKED.get(names)
@@ -130,8 +127,8 @@ def _head(
         if size > length or (not more_body and size != length):
             return None
     if not every:
-        return [STATUS_LINE[status], lines], length
-    return [STATUS_LINE[status], b"\r\n".join(map(_LINE, every)), b"\r\n", lines], length
+        return [STATUS_LINE[status], fixed_lines, lines], length
+    return [STATUS_LINE[status], b"\r\n".join(map(_LINE, every)), b"\r\n", fixed_lines, lines], length
 
 
 _NAME = itemgetter(0)

@@ -128,7 +128,7 @@ class ResponsesApi:
         check_expanded_input(self.limits, parsed.prompt_chars, len(items))
         parsed.body = _forwarded_body(ctx.body, items)
         pipeline.classify(ctx)
-        reply = await _routed_and_forwarded(pipeline, ctx)
+        reply = await pipeline.handle(ctx, classified=True)  # past the parse and classify above
         store = request.store is not False
         if not store and previous is None:
             return reply
@@ -200,12 +200,6 @@ class ResponsesApi:
             raise store_unavailable() from None
         if not removed:
             raise response_not_found(response_id)
-
-
-async def _routed_and_forwarded(pipeline: Pipeline, ctx: RequestContext) -> Reply:
-    """`Pipeline.handle` past its parse and classify steps (which `handle` above runs, with the input's
-    expansion between them)."""
-    return await pipeline.handle(ctx, classified=True)
 
 
 def _forwarded_body(body: bytes, items: list[Any]) -> bytes:
