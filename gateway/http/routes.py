@@ -209,14 +209,13 @@ def openai_handlers(
                     return
             pipeline.end(ctx, exc)
             raise
+        raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
         if reply.stream is not None:
-            raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
             await send_stream(send, watch, reply.headers, reply.content_type, reply.stream, raw, fixed, lines)
             return
         watch.stop()
         try:
             content_type = reply.content_type.encode("latin-1")
-            raw, fixed, lines = reply.raw_headers, reply.fixed, reply.lines
             if not body_sent(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines):
                 await send_body(send, 200, reply.headers, reply.body, content_type, raw, fixed, lines)
         except asyncio.CancelledError:

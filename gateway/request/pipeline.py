@@ -188,10 +188,7 @@ class Pipeline:
         headers, fixed, lines = reply_headers(ctx, backend)
         if record is not None:
             lines += b"x-switchyard-cost-usd: %.10f\r\n" % record.cost_usd
-        admission = ctx.caller.admission
-        if admission is None:
-            return Reply(headers, answer.body, answer.content_type, None, None, fixed, lines)
-        raw, lines = admission.raw_headers, lines + admission.rate_lines
+        raw, lines = _admitted_headers(ctx, lines)
         return Reply(headers, answer.body, answer.content_type, None, raw, fixed, lines)
 
     async def stream(self, ctx: RequestContext) -> Reply:
@@ -204,10 +201,7 @@ class Pipeline:
             sse.cost_of = stream_cost_of(self.ledger, ctx)
         stream = self.upstream.relay(ctx, opened, sse, self.end)
         headers, fixed, lines = reply_headers(ctx, opened.backend)
-        admission = ctx.caller.admission
-        if admission is None:
-            return Reply(headers, b"", "text/event-stream", stream, None, fixed, lines)
-        raw, lines = admission.raw_headers, lines + admission.rate_lines
+        raw, lines = _admitted_headers(ctx, lines)
         return Reply(headers, b"", "text/event-stream", stream, raw, fixed, lines)
 
     # --- the end of every request ---------------------------------------------------------------------
@@ -397,3 +391,9 @@ class Pipeline:
                 code="context_length_exceeded",
             )
         raise no_backend(profile.model, why)
+
+
+def _admitted_headers(ctx: RequestContext, lines: bytes) -> tuple[list[tuple[bytes, bytes]] | None, bytes]:
+    """`Reply.raw_headers`, and `lines` then the `x-ratelimit-*` ones, of the request's key admission."""
+    admission = ctx.caller.admission
+    return (None, lines) if admission is None else (admission.raw_headers, lines + admission.rate_lines)
