@@ -28,14 +28,11 @@ def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] 
     """
     if not sys.platform.startswith("linux"):
         return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before the fork, not in the child
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        # The parent may have died between fork and prctl: then nobody will send `sig` any more.
-        if os.getppid() != parent:
-            os.kill(os.getpid(), sig)
+        _signal_on_parent_death(prctl, sig, parent)
 
     return preexec
 
@@ -43,11 +40,14 @@ def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] 
 def end_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
     """Have Linux send the calling process `sig` when its parent dies (what `die_with_parent` does for
     a child, for a process about to exec a server in its place); nothing off Linux."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent:  # it died before the request took
+    if sys.platform.startswith("linux"):
+        _signal_on_parent_death(ctypes.CDLL(None, use_errno=True).prctl, sig, os.getppid())
+
+
+def _signal_on_parent_death(prctl: Callable[..., int], sig: signal.Signals, parent: int) -> None:
+    prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    # The parent may have died before prctl took: then nobody will send `sig` any more.
+    if os.getppid() != parent:
         os.kill(os.getpid(), sig)
 
 
