@@ -7,34 +7,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-import msgspec
 import pytest
 
-from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit, dump_profile, parse_profile
+from backends.calibrated import dump_profile, parse_profile
 from backends.sim.engine import BatchEngine, SimClock
 from backends.sim.metrics import EngineStats
 from backends.sim.profiles import calibrated_hardware
 from backends.sim.protocol import GenerationRequest
 from backends.sim.text import Generation
+from tests.unit.backends.test_calibrated import MODEL, profile
 
 FRONT_END_S = 0.05
-MODEL = "tiny-llama"
-PROFILE = CalibratedProfile(
-    accelerator="mi300x",
-    model=MODEL,
-    step=StepFit(
-        step_s=0.002,
-        per_seq_s=0.0001,
-        per_prefill_token_s=5e-5,
-        per_context_token_s=0.0,
-        request_s=FRONT_END_S,
-    ),
-    limits=Limits(
-        block_size=16, num_blocks=512, max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=512
-    ),
-    fit_error=FitError(ttft_mean=0.0, ttft_max=0.0, tpot_mean=0.0, tpot_max=0.0),
-    saturated_tokens_per_second=1000.0,
-)
 
 
 def _request() -> GenerationRequest:
@@ -51,9 +34,10 @@ def _request() -> GenerationRequest:
     )
 
 
-def _engine() -> tuple[BatchEngine, SimClock]:
+def _engine(**step: float) -> tuple[BatchEngine, SimClock]:
+    """An engine of a profile whose front end takes `FRONT_END_S` (and `step`'s other terms)."""
     clock = SimClock()
-    hardware = calibrated_hardware(PROFILE)
+    hardware = calibrated_hardware(profile(request_s=FRONT_END_S, **step))
     return BatchEngine(hardware, EngineStats(model_name=MODEL, kv_capacity_tokens=0), clock), clock
 
 
@@ -133,33 +117,24 @@ async def test_the_clock_learns_how_late_its_loop_wakes_and_aims_that_much_early
 async def test_the_clients_own_round_trip_is_not_held_again() -> None:
     """A profile whose front end held 20 ms of the client's own round trip (`http_s`): the simulator,
     whose client pays its own round trip, holds the request 20 ms less; never before it arrived."""
-    hardware = calibrated_hardware(
-        msgspec.structs.replace(PROFILE, step=msgspec.structs.replace(PROFILE.step, http_s=0.02))
-    )
-    engine = BatchEngine(hardware, EngineStats(model_name=MODEL, kv_capacity_tokens=0), SimClock())
+    engine, clock = _engine(http_s=0.02)
     try:
         await asyncio.sleep(0.1)
-        now = engine._clock.now()
+        now = clock.now()
         assert _leaves(engine, None) == pytest.approx(now + FRONT_END_S - 0.02, abs=0.005)
     finally:
         await engine.close()
-    whole = msgspec.structs.replace(PROFILE.step, http_s=1.0)  # more than the whole front end
-    engine = BatchEngine(
-        calibrated_hardware(msgspec.structs.replace(PROFILE, step=whole)),
-        EngineStats(model_name=MODEL, kv_capacity_tokens=0),
-        SimClock(),
-    )
+    engine, clock = _engine(http_s=1.0)  # more than the whole front end
     try:
         await asyncio.sleep(0.1)
-        now = engine._clock.now()
+        now = clock.now()
         assert now - 0.005 <= _leaves(engine, None) <= now + 0.005
     finally:
         await engine.close()
 
 
 def test_a_profile_keeps_its_round_trip_and_one_without_is_written_as_before() -> None:
-    with_trip = msgspec.structs.replace(PROFILE, step=msgspec.structs.replace(PROFILE.step, http_s=0.0017))
-    text = dump_profile(with_trip)
+    text = dump_profile(profile(http_s=0.0017))
     assert "http_s: 0.0017" in text
     assert parse_profile(text).step.http_s == 0.0017
-    assert "http_s" not in dump_profile(PROFILE)
+    assert "http_s" not in dump_profile(profile())
