@@ -9,6 +9,7 @@ token, and the mean gap between tokens after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import statistics
@@ -124,6 +125,14 @@ class Server:
             if entry.get("id") == self.model and isinstance(entry.get("max_model_len"), int):
                 return int(entry["max_model_len"])
         raise ServerError(f"{self.url} does not serve model `{self.model}` (GET /v1/models)")
+
+    async def version(self) -> str:
+        """vLLM's version (/version), or "" when it does not say."""
+        with contextlib.suppress(Exception):
+            r = await self.client.get(self.url + "/version")
+            if r.status_code == 200:
+                return str(r.json().get("version", ""))
+        return ""
 
     async def round_trip(self, tries: int = 16) -> float:
         """The median time of a bare request (`GET /health`): what the client and HTTP cost alone."""

@@ -1,6 +1,7 @@
 """`switchyard calibrate`'s measurement: sweep a live vLLM server and fit its profile.
 
-The sweep, in order, each level stopping the run early when the time budget would not hold it:
+The sweep, in order, each level stopping the run early when the time budget would not hold it (after a
+warm-up: loadtest/calibrate/warmup.py):
 
 1. what the server says about itself: `max_model_len` (/v1/models), KV-cache block size and blocks
    (`vllm:cache_config_info`), token ids to build prompts from (/tokenize);
@@ -44,10 +45,14 @@ from loadtest.calibrate.levels import (
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
+from loadtest.calibrate.warmup import longest_prompt, warm_up
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 GROWTH = 1.10
+"""A load level must beat the one before by this factor in output tokens/s for the sweep to go on."""
+WARM_UP_SHARE = 0.15
+"""The budget's share the warm-up may take (loadtest/calibrate/warmup.py)."""
 WATCH_INTERVAL_S = 1.0
 """When a level first polls /metrics for the running and waiting gauges. A scrape holds vLLM's API server
 for some 10-25 ms on a quiet machine (its histograms rendered; far longer on a busy one), which a request
@@ -59,7 +64,6 @@ WATCH_EVERY_S = 5.0
 PHASES = (0.2, 0.3, 0.2, 0.2)
 """The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
 rest: prefix reuse); a phase that ends early leaves its time to the next."""
-"""A load level must beat the one before by this factor in output tokens/s for the sweep to go on."""
 CPU_LIMITS = (128, 2048)
 """vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
 GPU_LIMITS = (1024, 8192)
@@ -152,16 +156,17 @@ class Calibration:
                 f"{server.url}/metrics has no vllm:cache_config_info with block_size and num_gpu_blocks "
                 "(is it a vLLM server?)"
             ) from None
-        version = await self._version()
+        version = await server.version()
         trip = await server.round_trip()
         self.geometry = Geometry(max_model_len, block_size, num_blocks, version, trip)
         self.say(
             f"{server.url} serves {options.model}: max_model_len {max_model_len}, "
             f"{num_blocks} KV blocks of {block_size} tokens, vLLM {version or '?'}"
         )
-        longest = max(8, max_model_len - 16 - 8)
+        longest = longest_prompt(max_model_len)
         budget = options.budget_s
-        await self._level("prefill", 1, 16, 8, repeats=2, record=False)  # warm-up, not fitted
+        sent = await warm_up(server, longest, self.rng, self.started + WARM_UP_SHARE * budget)
+        self.say(f"warm-up: {sent} prompts of 1 to {longest} tokens, one token out each")
         self.phase_end = self.started + PHASES[0] * budget
         for prompt in extremes_first(ladder(longest)):
             if not self.in_phase(1.0):
@@ -177,7 +182,7 @@ class Calibration:
                 if not self.in_phase(0.5):
                     break
                 level = await self._level(
-                    "load", concurrency, prompt, output, repeats=max(16, 4 * concurrency)
+                    "load", concurrency, prompt, output, repeats=max(32, 8 * concurrency)
                 )
                 # two levels in a row that do not beat the best by 10 %: throughput stopped growing (one
                 # alone may be a busy moment of the machine)
@@ -191,7 +196,7 @@ class Calibration:
         for concurrency in (1, 4, 16):
             if concurrency > options.max_concurrency or not self.in_phase(0.5):
                 break
-            await self._level("load", concurrency, short, longer, repeats=max(4, concurrency))
+            await self._level("load", concurrency, short, longer, repeats=max(8, 2 * concurrency))
         self.phase_end = self.started + budget
         if self.in_phase(1.0):
             await self._prefix(long)
@@ -207,13 +212,6 @@ class Calibration:
         assert self.geometry is not None
         return fit_profile(self.options, self.geometry, self.levels, deadline, self.say, source)
 
-    async def _version(self) -> str:
-        with contextlib.suppress(Exception):
-            r = await self.server.client.get(self.server.url + "/version")
-            if r.status_code == 200:
-                return str(r.json().get("version", ""))
-        return ""
-
     async def _level(
         self,
         kind: Literal["prefill", "load"],
@@ -221,7 +219,6 @@ class Calibration:
         prompt: int,
         output: int,
         repeats: int,
-        record: bool = True,
     ) -> Level:
         server = self.server
         level = Level(kind, concurrency, prompt, output)
@@ -241,7 +238,7 @@ class Calibration:
         self.requests += len(level.timed)
         level.engine_ttft_s, _ = histogram_mean(before, after, TTFT)
         level.engine_itl_s = _itl(before, after)
-        if record and level.timed:  # a level the budget cut before it began is not a measurement
+        if level.timed:  # a level the budget cut before it began is not a measurement
             self.levels.append(level)
             self.say(
                 f"{kind:7} prompt {prompt:5} out {output:3} x{concurrency:<3}: "
