@@ -8,13 +8,15 @@
 #
 # GPU: `vllm` must be on PATH (the CUDA or ROCm build) and the model reachable (hub or local path).
 # CPU: the vLLM CPU virtualenv and the tiny model of `make vllm-model` (built when missing).
-# Exit status: 0 when every level agrees within 20 %, 1 when one does not, 2 on a setup error.
+# --repeats N: runs of the real server against itself first (default 1; 0: none), which show how
+# closely this machine can agree at all. Exit status: 0 when every level agrees within 20 %, 1 when one
+# does not, 2 on a setup error.
 # Everything it starts is stopped when it ends; the profile and logs stay in --out (default a temp dir).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-model="" accelerator="" vendor="" port=18700 budget=5m out=""
+model="" accelerator="" vendor="" port=18700 budget=5m out="" repeats=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;;
@@ -23,7 +25,8 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -67,6 +70,11 @@ curl -fsS "$url/v1/models" >/dev/null || { echo "vLLM not ready in 10 minutes" >
 echo "== calibrate (budget $budget)"
 .venv/bin/switchyard calibrate --url "$url" --model calibrated --accelerator "$accelerator" \
   --budget "$budget" --out "$out/profile.yaml"
+
+if [ "$repeats" -gt 0 ]; then
+  echo "== the real server against itself: the held-apart load twice per level (the floor under the bounds)"
+  "$py" -m loadtest.calibrate.repeatability --url "$url" --model calibrated --runs "$repeats" || true
+fi
 
 echo "== held-apart load: the real server, then the simulator of the profile"
 "$py" -m loadtest.calibrate.check --url "$url" --model calibrated --profile "$out/profile.yaml" --workdir "$out"
