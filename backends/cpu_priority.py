@@ -12,12 +12,19 @@ as well. How much lower was measured (docs/calibrate.md): at nice 1 or 2 one run
 the client for a second; at 19 a busy process beside the client doubled the server's inter-token latency
 (7.7 against 3.5 ms); at 5 neither happened in 18 runs. In a real deployment the clients are other
 machines and none of this is needed.
+
+The CPU build's compute threads are the other half (`compute_apart`): by default it runs one OpenMP
+thread on every core, and each step waits for the slowest of them, so any client, gateway or simulator
+scheduled on one of those cores stalls the whole step. On the 2-core machine, one thread bound to the
+second core made steps a third shorter and their spread from one level to the next far smaller; the
+first core is left to the clients (docs/calibrate.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 
 NICE = 5
 """The server's nice value, and its session's: below its clients, not so far below that they starve it."""
@@ -43,3 +50,13 @@ def autogroup_nice(pid: int) -> int | None:
             return int(group.read().rsplit("nice", 1)[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def compute_apart(cpus: Iterable[int] | None = None) -> dict[str, str]:
+    """The CPU build's environment that keeps its compute threads off the first of `cpus` (default: the
+    ones this process may run on), one bound thread per other CPU; nothing with fewer than two."""
+    allowed = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if len(allowed) < 2:
+        return {}
+    rest = allowed[1:]
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rest)), "OMP_NUM_THREADS": str(len(rest))}

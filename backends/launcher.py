@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
-from backends.cpu_priority import below_clients
+from backends.cpu_priority import below_clients, compute_apart
 from backends.lifetime import end_with_parent
 
 Target = Literal[Vendor, "cpu"]
@@ -237,7 +237,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--below-clients",
         action="store_true",
         help="with --run: its own session, a little below the clients timing it from this machine, "
-        "ending with the process that started it",
+        "ending with the process that started it; CPU: its compute threads off the first core",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--print", action="store_true", help="print the shell line (the default)")
@@ -253,6 +253,8 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         if not sep or not key:
             raise LaunchError(f"--env wants K=V, not `{item}`")
         env[key] = value
+    if args.below_clients and args.vendor == "cpu":
+        env = {**compute_apart(), **env}
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)

@@ -1,16 +1,16 @@
 """Calibrated from a real backend: measure one vLLM server, fit its profile, prove the simulator predicts it.
 
 This module starts its own real vLLM CPU server of the tiny model (or uses the one at
-SWITCHYARD_CALIBRATE_URL), with the engine core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=1`,
-vLLM's normal mode). `switchyard calibrate`'s sweep measures it and fits a profile; a held-apart load
-(another seed, prompt lengths over the whole context, concurrency 3, 6 and 12, which the sweep never
-used) runs on it through a gateway with its access log on, one level after each phase of the sweep, so
-both see the same minute of the machine (the fit never sees the held-apart levels). Then the same load
-runs through a gateway each to a simulator started from the profile and to one started from the built-in
-MI300X profile. Per level the client's TTFT p50 and p90 and time per output token p50 must agree within
-20 %, and the what-if replay of the real gateway's access log on the profile must agree with the run's
-SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must fail
-the same comparison, so the test can fail.
+SWITCHYARD_CALIBRATE_URL), started as the launcher starts a CPU server, below its clients and with its
+compute on a core of its own (backends/cpu_priority.py). `switchyard calibrate`'s sweep measures it and fits
+a profile; a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6 and 12,
+which the sweep never used) runs on it through a gateway with its access log on, one level after each phase
+of the sweep, so both see the same minute of the machine (the fit never sees the held-apart levels). Then
+the same load runs through a gateway each to a simulator started from the profile and to one started from
+the built-in MI300X profile. Per level the client's TTFT p50 and p90 and time per output token p50 must
+agree within 20 %, and the what-if replay of the real gateway's access log on the profile must agree with
+the run's SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must
+fail the same comparison, so the test can fail.
 
 With SWITCHYARD_CALIBRATE_RECORD=DIR it records the real measurements (the sweep, the held-apart load and
 its real run, the access log, the policy) to DIR before comparing anything, and
@@ -30,6 +30,7 @@ import httpx
 import pytest
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
+from backends.cpu_priority import compute_apart
 from backends.launcher import LaunchSpec, build_launch
 from backends.server_process import start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
@@ -100,7 +101,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             python=_python(),
             port=free_port(),
             max_model_len=MAX_MODEL_LEN,
-            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+            env=compute_apart(),  # the clients keep the first core
         )
     )
     process = start(launch, log, below_clients=True)  # the client shares the CPUs (backends/cpu_priority.py)

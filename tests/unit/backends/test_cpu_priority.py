@@ -3,6 +3,7 @@ and the process that started it keeps its own priority (backends/cpu_priority.py
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.cpu_priority import NICE, autogroup_nice
-from backends.launcher import Launch
+from backends.cpu_priority import NICE, autogroup_nice, compute_apart
+from backends.launcher import Launch, add_arguments, build_launch, spec_from_args
 from backends.server_process import start, stop
 
 SLEEPER = "import time; time.sleep(60)"
@@ -55,7 +56,10 @@ def test_the_launcher_cli_runs_the_server_in_its_own_session_below_its_clients(t
     for the CPU build's interpreter that records what it got)."""
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\necho "$(ps -o sid= -p $$) $$ $(ps -o ni= -p $$)" > {seen}\nexec sleep 60\n')
+    record = (
+        '"$(ps -o sid= -p $$) $$ $(ps -o ni= -p $$) ${VLLM_CPU_OMP_THREADS_BIND:--} ${OMP_NUM_THREADS:--}"'
+    )
+    fake.write_text(f"#!/bin/sh\necho {record} > {seen}\nexec sleep 60\n")
     fake.chmod(0o755)
     argv = [sys.executable, "-m", "backends.launcher", "--vendor", "cpu", "--model", "m"]
     argv += ["--python", str(fake), "--port", "18999", "--below-clients", "--run"]
@@ -66,12 +70,18 @@ def test_the_launcher_cli_runs_the_server_in_its_own_session_below_its_clients(t
             assert time.monotonic() < deadline, "the server stand-in did not start"
             assert process.poll() is None, "the launcher exited"
             time.sleep(0.05)
-        sid, pid, nice = (int(x) for x in seen.read_text().split())
+        sid_text, pid_text, nice_text, bind, threads = seen.read_text().split()
+        sid, pid, nice = int(sid_text), int(pid_text), int(nice_text)
         assert pid == process.pid  # `--run` replaced the launcher
         assert sid == pid  # a session of its own
         assert nice == NICE
         group = autogroup_nice(pid)
         assert group in (None, NICE)
+        apart = compute_apart()  # its compute threads off the first core, where there are two or more
+        assert (bind, threads) == (
+            apart.get("VLLM_CPU_OMP_THREADS_BIND", "-"),
+            apart.get("OMP_NUM_THREADS", "-"),
+        )
     finally:
         process.kill()
         process.wait()
@@ -102,3 +112,26 @@ def test_a_server_run_below_its_clients_ends_with_the_process_that_started_it(tm
         caller.kill()
         with contextlib.suppress(ProcessLookupError, NameError):
             os.kill(server, signal.SIGKILL)
+
+
+def test_the_cpu_builds_compute_threads_leave_the_first_core_to_the_clients() -> None:
+    assert compute_apart([0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
+    assert compute_apart([3, 0, 2, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "1,2,3", "OMP_NUM_THREADS": "3"}
+    assert compute_apart([4]) == {}  # one core: nothing to keep apart
+
+
+def _launch_env(*args: str) -> dict[str, str]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return build_launch(spec_from_args(parser.parse_args(["--model", "m", *args]))).env
+
+
+def test_below_clients_keeps_a_cpu_servers_compute_apart_and_an_explicit_env_wins() -> None:
+    apart = compute_apart()
+    assert apart.items() <= _launch_env("--vendor", "cpu", "--below-clients").items()
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in _launch_env("--vendor", "cpu")
+    assert "OMP_NUM_THREADS" not in _launch_env(
+        "--vendor", "nvidia", "--accelerator", "h100", "--below-clients"
+    )
+    chosen = _launch_env("--vendor", "cpu", "--below-clients", "--env", "OMP_NUM_THREADS=7")
+    assert chosen["OMP_NUM_THREADS"] == "7"
