@@ -3,12 +3,13 @@ replays of each (loadtest/calibrate/refine.py), and the front end's first estima
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from loadtest.calibrate.measure import Timed
+from loadtest.calibrate.measure import Server, Timed
 from loadtest.calibrate.refine import Shape
 from loadtest.stats import percentile
 
@@ -37,6 +38,9 @@ class Level:
     max_waiting: float = 0.0
     prefix_hits: float = 0.0
     prefix_queries: float = 0.0
+    outputs: tuple[int, ...] = ()
+    """Each request's output, in the order sent, where they differ (`staggered`); `output_tokens` is then
+    their mean."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,6 +73,7 @@ def shape_of(level: Level) -> Shape:
         engine_itl_s=level.engine_itl_s,
         client_ttft_p50_s=percentile(ttfts, 50) or 0.0,
         client_ttft_p90_s=percentile(ttfts, 90) or 0.0,
+        outputs=level.outputs,
     )
 
 
@@ -114,3 +119,26 @@ def ladder(longest: int) -> list[int]:
         size *= 2
     sizes.append(longest)
     return sizes
+
+
+def staggered(requests: int, shortest: int, longest: int) -> tuple[int, ...]:
+    """Outputs spread evenly over `shortest` .. `longest`, in an order that mixes them: a closed loop of
+    these ends its requests one at a time, so newcomers arrive among running streams (one at a time into
+    a decoding batch), where outputs of one length make them arrive, and wait, as a cohort."""
+    span = longest - shortest + 1
+    step = next(s for s in (13, 11, 7, 5, 3, 1) if span % s)  # coprime with the span: every length comes up
+    return tuple(shortest + (i * step) % span for i in range(requests))
+
+
+async def prefix_level(server: Server, prompt_tokens: int, rng: random.Random) -> Level:
+    """Prefix reuse: one prompt sent twice, and how many of the repeat's tokens vLLM found cached."""
+    prompt = server.prompt(prompt_tokens, rng)
+    await server.complete(prompt, 4)
+    before = await server.metrics()
+    await server.complete(prompt, 4)
+    after = await server.metrics()
+    level = Level("prefix", 1, prompt_tokens, 4)
+    hits, queries = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+    level.prefix_hits = after.get(hits) - before.get(hits)
+    level.prefix_queries = after.get(queries) - before.get(queries)
+    return level

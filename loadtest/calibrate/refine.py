@@ -59,6 +59,8 @@ class Shape:
     engine_itl_s: float
     client_ttft_p50_s: float
     client_ttft_p90_s: float
+    outputs: tuple[int, ...] = ()
+    """Each request's output where they differ (levels.staggered)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,10 @@ class Simulated:
 def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
     """One sweep level, closed loop on a virtual clock (`closed_loop`). `cap`: at most two requests per
     client (a closed loop of one request size repeats itself after that), which keeps the search quick."""
+    if shape.outputs:  # a staggered level only reaches its steady mix after a few rounds
+        count = min(shape.requests, max(8, 4 * shape.concurrency)) if cap else shape.requests
+        jobs = [(shape.prompt_tokens, output) for output in shape.outputs[:count]]
+        return closed_loop(step, limits, jobs, shape.concurrency)
     count = min(shape.requests, max(4, 2 * shape.concurrency)) if cap else shape.requests
     return closed_loop(step, limits, [(shape.prompt_tokens, shape.output_tokens)] * count, shape.concurrency)
 

@@ -9,8 +9,8 @@ warm-up: loadtest/calibrate/warmup.py):
    (with the other levels that send one request at a time, the profile's prefill curve);
 3. load: closed-loop concurrency 1, 2, 4, ... (never above `max_concurrency`) for a short and a long
    prompt, until output throughput stops growing (two levels in a row under 10 % more than the best);
-   then a long
-   output (a quarter of the context) at concurrency 1, 4 and 16;
+   then a long output (a quarter of the context) at concurrency 1, 4 and 16, and outputs of 16 to 64
+   tokens mixed (`levels.staggered`) at concurrency 4 and 16;
 4. prefix reuse: one long prompt sent twice, and the share of its tokens vLLM found cached.
 
 Every level reads vLLM's histograms before and after (`vllm:time_to_first_token_seconds`,
@@ -41,7 +41,9 @@ from loadtest.calibrate.levels import (
     extremes_first,
     front_end,
     ladder,
+    prefix_level,
     shape_of,
+    staggered,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
@@ -197,6 +199,11 @@ class Calibration:
             if concurrency > options.max_concurrency or not self.in_phase(0.5):
                 break
             await self._level("load", concurrency, short, longer, repeats=max(8, 2 * concurrency))
+        for concurrency in (4, 16):  # outputs of many lengths: newcomers arrive among running streams
+            if concurrency > options.max_concurrency or not self.in_phase(0.5):
+                break
+            outputs = staggered(8 * concurrency, 16, max(17, min(64, max_model_len - short - 1)))
+            await self._level("load", concurrency, short, 0, repeats=len(outputs), outputs=outputs)
         self.phase_end = self.started + budget
         if self.in_phase(1.0):
             await self._prefix(long)
@@ -219,10 +226,13 @@ class Calibration:
         prompt: int,
         output: int,
         repeats: int,
+        outputs: tuple[int, ...] = (),
     ) -> Level:
+        """`outputs`: each request's own output, in place of `output` for all."""
         server = self.server
-        level = Level(kind, concurrency, prompt, output)
-        jobs = [(server.prompt(prompt, self.rng), output) for _ in range(repeats)]
+        output = round(statistics.fmean(outputs)) if outputs else output
+        level = Level(kind, concurrency, prompt, output, outputs=outputs)
+        jobs = [(server.prompt(prompt, self.rng), o) for o in (outputs or (output,) * repeats)]
         before = await server.metrics()
         started = time.perf_counter()
         stop = asyncio.Event()
@@ -267,20 +277,8 @@ class Calibration:
                 level.max_waiting = max(level.max_waiting, m.get("vllm:num_requests_waiting"))
 
     async def _prefix(self, prompt_tokens: int) -> None:
-        server = self.server
-        prompt = server.prompt(prompt_tokens, self.rng)
-        await server.complete(prompt, 4)
-        before = await server.metrics()
-        await server.complete(prompt, 4)
-        after = await server.metrics()
+        level = await prefix_level(self.server, prompt_tokens, self.rng)
         self.requests += 2
-        level = Level("prefix", 1, prompt_tokens, 4)
-        level.prefix_hits = after.get("vllm:prefix_cache_hits_total") - before.get(
-            "vllm:prefix_cache_hits_total"
-        )
-        level.prefix_queries = after.get("vllm:prefix_cache_queries_total") - before.get(
-            "vllm:prefix_cache_queries_total"
-        )
         self.levels.append(level)
         rate = level.prefix_hits / level.prefix_queries if level.prefix_queries else 0.0
         self.say(f"prefix  prompt {prompt_tokens:5} sent twice: {rate:.0%} of the repeat found in the cache")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import msgspec
@@ -9,6 +10,7 @@ import pytest
 
 from backends.calibrated import Limits, StepFit
 from loadtest.calibrate.check import LevelRun, bursts, compare, failures
+from loadtest.calibrate.levels import Level, shape_of, staggered
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.refine import (
     Shape,
@@ -167,3 +169,32 @@ def test_a_level_whose_tokens_came_in_bursts_is_named() -> None:
     burst = LevelRun([_timed(0.3, 0.0001) for _ in range(5)], engine_ttft_s=0.05, engine_itl_s=0.005)
     notes = bursts([steady, burst], [3, 6])
     assert len(notes) == 1 and notes[0].startswith("x6:")
+
+
+def test_staggered_outputs_cover_their_range_and_mix_it() -> None:
+    outputs = staggered(64, 16, 64)
+    assert len(outputs) == 64 and min(outputs) == 16 and max(outputs) == 64
+    assert len(set(outputs)) == 49  # every length in 16..64 comes up
+    assert any(abs(a - b) > 8 for a, b in itertools.pairwise(outputs))  # not in order
+    assert set(staggered(40, 16, 28)) == set(range(16, 29))  # a span of 13: another step
+
+
+def test_a_staggered_level_replays_each_requests_own_output() -> None:
+    """Outputs of many lengths end their requests one at a time: newcomers prefill among running
+    streams. Against one length (the mean), the same concurrency's decode steps carry those prefills, so
+    its inter-token latency is higher, and requests rarely wait behind a whole cohort."""
+    outputs = staggered(64, 16, 48)
+    mean = round(statistics.fmean(outputs))
+    one = simulate(TRUE, LIMITS, Shape(16, 61, mean, 64, 0.0, 0.0, 0.0, 0.0), cap=False)
+    mixed = simulate(TRUE, LIMITS, Shape(16, 61, mean, 64, 0.0, 0.0, 0.0, 0.0, outputs=outputs), cap=False)
+    assert len(mixed.client_tpot_s) == 64
+    assert mixed.engine_itl_s > one.engine_itl_s
+    assert statistics.median(mixed.client_ttft_s) < statistics.median(one.client_ttft_s)
+
+
+def test_a_levels_outputs_reach_its_shape_and_a_recording_without_them_still_loads() -> None:
+    level = Level("load", 4, 61, 32, outputs=(16, 48, 32))
+    level.timed = [Timed(61, 16, 0.0, 0.01, 0.002, 0.05)]
+    assert shape_of(level).outputs == (16, 48, 32)
+    old = msgspec.json.encode(Level("load", 4, 61, 32)).replace(b',"outputs":[]', b"")
+    assert b"outputs" not in old and msgspec.json.decode(old, type=Level).outputs == ()
