@@ -250,8 +250,9 @@ class Calibration:
         level.engine_itl_s = _itl(before, after)
         if level.timed:  # a level the budget cut before it began is not a measurement
             self.levels.append(level)
+            out = f"{min(outputs)}-{max(outputs)}" if outputs else str(output)
             self.say(
-                f"{kind:7} prompt {prompt:5} out {output:3} x{concurrency:<3}: "
+                f"{kind:7} prompt {prompt:5} out {out:>5} x{concurrency:<3}: "
                 f"{len(level.timed):3} requests, "
                 f"TTFT {level.engine_ttft_s * 1000:7.1f} ms (client {level.client_ttft_s * 1000:7.1f}), "
                 f"ITL {level.engine_itl_s * 1000:6.2f} ms (client {level.client_tpot_s * 1000:6.2f}), "
