@@ -126,14 +126,18 @@ async def run_level(
     return LevelRun(timed, ttft, itl)
 
 
+def load_client() -> httpx.AsyncClient:
+    """The client a held-apart load is sent with: as many connections as the level's streams."""
+    return httpx.AsyncClient(timeout=120, trust_env=False, limits=httpx.Limits(max_connections=None))
+
+
 async def run_interleaved(
     targets: Sequence[Target], model: str, levels: Sequence[list[Job]], concurrency: Sequence[int]
 ) -> list[list[LevelRun]]:
     """Every level on every target, level by level (the real server's level, then the simulator's), so
     the legs of one level run seconds apart, not a whole run apart; per target, its levels."""
     runs: list[list[LevelRun]] = [[] for _ in targets]
-    limits = httpx.Limits(max_connections=None)
-    async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
+    async with load_client() as client:
         for jobs, width in zip(levels, concurrency, strict=True):
             for target, run in zip(targets, runs, strict=True):
                 run.append(await run_level(client, target, model, jobs, width))

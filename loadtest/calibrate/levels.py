@@ -3,6 +3,7 @@ replays of each (loadtest/calibrate/refine.py), and the front end's first estima
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -126,7 +127,7 @@ def staggered(requests: int, shortest: int, longest: int) -> tuple[int, ...]:
     these ends its requests one at a time, so newcomers arrive among running streams (one at a time into
     a decoding batch), where outputs of one length make them arrive, and wait, as a cohort."""
     span = longest - shortest + 1
-    step = next(s for s in (13, 11, 7, 5, 3, 1) if span % s)  # coprime with the span: every length comes up
+    step = next(s for s in (13, 11, 7, 5, 3, 1) if math.gcd(s, span) == 1)  # so every length comes up
     return tuple(shortest + (i * step) % span for i in range(requests))
 
 

@@ -22,8 +22,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import httpx
-
+from loadtest.calibrate.agreement import ClassSlo, attained
 from loadtest.calibrate.check import (
     LEVELS,
     TOLERANCE,
@@ -36,8 +35,8 @@ from loadtest.calibrate.check import (
     failures,
     format_rows,
     held_apart_jobs,
+    load_client,
     run_level,
-    vocabulary_of,
 )
 from loadtest.calibrate.measure import Server
 from loadtest.calibrate.warmup import longest_prompt, warm_up
@@ -60,13 +59,14 @@ def attainment(reference: Sequence[LevelRun], other: Sequence[LevelRun], q: floa
     """The share of `reference`'s requests and of `other`'s with TTFT and time per output token both
     within `reference`'s own `q`th percentiles of each."""
     ref = [t for run in reference for t in run.timed]
-    ttft_bound = percentile([t.ttft_s for t in ref], q) or 0.0
-    tpot_bound = percentile([t.tpot_s for t in ref if t.tpot_s is not None], q) or 0.0
+    bounds = ClassSlo(
+        percentile([t.ttft_s for t in ref], q) or 0.0,
+        percentile([t.tpot_s for t in ref if t.tpot_s is not None], q) or 0.0,
+    )
 
     def share(runs: Sequence[LevelRun]) -> float:
         timed = [t for run in runs for t in run.timed]
-        met = sum(t.ttft_s <= ttft_bound and (t.tpot_s is None or t.tpot_s <= tpot_bound) for t in timed)
-        return met / len(timed) if timed else 0.0
+        return sum(attained(t.ttft_s, t.tpot_s, bounds) for t in timed) / len(timed) if timed else 0.0
 
     return share(reference), share(other)
 
@@ -91,21 +91,22 @@ async def twice(url: str, model: str, levels: Sequence[list[Job]], again: Sequen
     target = Target(url, url)
     first: list[LevelRun] = []
     second: list[LevelRun] = []
-    async with httpx.AsyncClient(
-        timeout=120, trust_env=False, limits=httpx.Limits(max_connections=None)
-    ) as client:
+    async with load_client() as client:
         for jobs, jobs_again, width in zip(levels, again, WIDTHS, strict=True):
             first.append(await run_level(client, target, model, jobs, width))
             second.append(await run_level(client, target, model, jobs_again, width))
     return repeat(first, second)
 
 
-async def _warm_up(url: str, model: str, max_model_len: int, rng: random.Random) -> int:
-    """The sweep's warm-up (loadtest/calibrate/warmup.py), so that both legs meet a warm server."""
+async def _warmed_up(url: str, model: str, rng: random.Random) -> tuple[list[int], int, int]:
+    """The server's vocabulary and `max_model_len`, after the sweep's warm-up (loadtest/calibrate/warmup.py)
+    so that both legs meet a warm server; and how many prompts that sent."""
     server = Server(url, model)
     try:
         await server.learn_vocabulary()
-        return await warm_up(server, longest_prompt(max_model_len), rng, math.inf)
+        max_model_len = await server.max_model_len()
+        sent = await warm_up(server, longest_prompt(max_model_len), rng, math.inf)
+        return server.vocabulary, max_model_len, sent
     finally:
         await server.close()
 
@@ -117,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    vocabulary, max_model_len = asyncio.run(vocabulary_of(args.url, args.model))
     rng = random.Random(args.seed)
-    print(f"warm-up: {asyncio.run(_warm_up(args.url, args.model, max_model_len, rng))} prompts")
+    vocabulary, max_model_len, sent = asyncio.run(_warmed_up(args.url, args.model, rng))
+    print(f"warm-up: {sent} prompts")
     held = 0
     print(f"the held-apart load ({', '.join(f'x{w}: {n} requests' for w, n in LEVELS)}), twice per level")
     for run in range(args.runs):

@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
@@ -52,6 +51,7 @@ from loadtest.calibrate.check import (
     failures,
     format_rows,
     held_apart_jobs,
+    load_client,
     run_interleaved,
     run_level,
     start_simulator,
@@ -140,8 +140,7 @@ async def _calibrate_around(
     held-apart levels. Returns the profile and the held-apart levels as measured."""
     pending = list(zip(levels, WIDTHS, strict=True))
     measured: list[LevelRun] = []
-    limits = httpx.Limits(max_connections=None)
-    async with httpx.AsyncClient(timeout=120, trust_env=False, limits=limits) as client:
+    async with load_client() as client:
 
         async def between() -> None:
             if pending:
