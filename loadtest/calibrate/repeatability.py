@@ -10,7 +10,8 @@ same tokens would be found in the prefix cache), and prints the check's rows wit
 and the second in the simulator's place; then each leg's SLO attainment against bounds at the other leg's
 own percentiles of TTFT and time per output token (both classes together: they share one server), as the
 check sets them at the 80th. Exit status 0 when every row held and the attainment agreed within 5 points at
-the 80th percentile in every run.
+the 80th percentile in every run, 1 when not, 2 when the server could not be measured (nothing answers, or
+it is no vLLM server).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import argparse
 import asyncio
 import math
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import httpx
 
 from loadtest.calibrate.agreement import ClassSlo, attained
 from loadtest.calibrate.check import (
@@ -38,7 +42,7 @@ from loadtest.calibrate.check import (
     load_client,
     run_level,
 )
-from loadtest.calibrate.measure import Server
+from loadtest.calibrate.measure import Server, ServerError
 from loadtest.calibrate.warmup import longest_prompt, warm_up
 from loadtest.stats import percentile
 
@@ -111,15 +115,26 @@ async def _warmed_up(url: str, model: str, rng: random.Random) -> tuple[list[int
         await server.close()
 
 
+def _at_least_one(text: str) -> int:
+    runs = int(text)
+    if runs < 1:
+        raise argparse.ArgumentTypeError(f"runs must be 1 or more, not {runs}")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.calibrate.repeatability", description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=_at_least_one, default=3)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    vocabulary, max_model_len, sent = asyncio.run(_warmed_up(args.url, args.model, rng))
+    try:
+        vocabulary, max_model_len, sent = asyncio.run(_warmed_up(args.url, args.model, rng))
+    except (ServerError, httpx.HTTPError) as exc:  # not a vLLM server, or none there: say so, no traceback
+        print(f"repeatability: {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     print(f"warm-up: {sent} prompts")
     held = 0
     print(f"the held-apart load ({', '.join(f'x{w}: {n} requests' for w, n in LEVELS)}), twice per level")

@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from pathlib import Path
 
-from loadtest.calibrate.check import WIDTHS, LevelRun, held_apart_jobs
+import pytest
+
+from loadtest.calibrate.check import WIDTHS, LevelRun, held_apart_jobs, start_simulator, stop_process
 from loadtest.calibrate.measure import Server, Timed
-from loadtest.calibrate.repeatability import attainment, fresh_tokens, repeat
+from loadtest.calibrate.repeatability import attainment, fresh_tokens, main, repeat
 from loadtest.calibrate.warmup import MAX_REQUESTS, lengths, longest_prompt, warm_up
+from tests.support import free_port
 
 VOCABULARY = list(range(100, 4000))
 
@@ -95,3 +99,28 @@ def test_warm_up_stops_at_its_deadline() -> None:
             await server.close()
 
     assert 2 <= asyncio.run(run()) <= 7
+
+
+def test_runs_must_be_one_or_more() -> None:
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(SystemExit) as exited:
+            main(["--url", "http://127.0.0.1:9", "--model", "m", "--runs", bad])
+        assert exited.value.code == 2
+
+
+def test_a_server_that_cannot_be_measured_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert main(["--url", nobody, "--model", "m", "--runs", "1"]) == 2
+    assert f"repeatability: {nobody}: ConnectError" in capsys.readouterr().err
+    # a simulator answers /v1/models and /metrics but has no /tokenize: no vLLM server to measure
+    process, url = start_simulator(
+        ["--gpu", "h100", "--model-profile", "llama-3.1-8b"], "m", 512, tmp_path / "sim.log"
+    )
+    try:
+        assert main(["--url", url, "--model", "m", "--runs", "1"]) == 2
+    finally:
+        stop_process(process)
+    err = capsys.readouterr().err
+    assert f"repeatability: {url}: ServerError" in err and "/tokenize answered 404" in err
