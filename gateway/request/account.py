@@ -10,7 +10,6 @@ capped by the bound. Estimate and final allocation both lie in [0, bound].
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,12 +118,11 @@ def account(
 
 def stream_cost_of(ledger: Ledger, ctx: RequestContext) -> Callable[[Usage], float]:
     """The cost estimate for the stream's final usage event (the client asked for usage)."""
-    loop = asyncio.get_running_loop()
     backend = ctx.backend
     assert backend is not None
 
     def cost_of(usage: Usage) -> float:
-        duration = loop.time() - ctx.started_at
+        duration = time.monotonic() - ctx.started_at
         return estimate_cost(
             ledger, backend, usage.prompt_tokens, usage.completion_tokens, duration, ctx.concurrency
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from time import monotonic
 
 from backends.breaker import CLOSED, Breaker
 from backends.models import Backend
@@ -133,7 +134,7 @@ class Attempts:
             tries += 1
             if tries > 1:
                 _tried(ctx, backend)
-            ctx.started_at = loop.time()
+            ctx.started_at = monotonic()  # latency stamps: uvloop's loop.time() counts whole milliseconds
             ctx.hold(backend)
             response: BackendResponse | None = None
             headers = self.headers.lines(backend, forwarded) + trace.attempt(backend, tries)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import monotonic
 
 import aiohttp
 
@@ -104,13 +105,13 @@ class Upstream:
     def answered(ctx: RequestContext, response: BackendResponse, body: bytes) -> Answer:
         """What `complete` returns, from `attempts.send`'s answer (its connection goes back to its pool)."""
         response.release()
-        ctx.first_byte_at = asyncio.get_running_loop().time()
+        ctx.first_byte_at = monotonic()
         return Answer(body, response.headers.get("content-type", "application/json"))
 
     async def open_stream(self, ctx: RequestContext) -> OpenStream:
         """Send a streaming request and wait for its first chunk; errors before it become HTTP errors."""
         response, first = await self.attempts.send(ctx)
-        ctx.first_byte_at = asyncio.get_running_loop().time()
+        ctx.first_byte_at = monotonic()
         backend = ctx.backend
         assert backend is not None  # the attempt that answered set it
         return OpenStream(backend, response, first)
@@ -124,7 +125,9 @@ class Upstream:
     ) -> RelayedStream:
         """The client's side of an open stream; see RelayedStream."""
         limits = ctx.limits
-        deadline = None if limits.total is None else ctx.started_at + limits.total
+        # the watchdog runs on the loop's clock; the request's stamps are on time.monotonic's
+        left = None if limits.total is None else limits.total - (monotonic() - ctx.started_at)
+        deadline = None if left is None else asyncio.get_running_loop().time() + left
         return RelayedStream(ctx, stream, sse, finish, limits.between_chunks, deadline, self._draining)
 
     async def count_prompt_tokens(self, backend: Backend, parsed: ParsedRequest) -> int | None:

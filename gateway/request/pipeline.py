@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import time_ns
+from time import monotonic, time_ns
 from typing import TYPE_CHECKING
 
 from backends.catalog import Catalog
@@ -247,7 +247,7 @@ class Pipeline:
             return
         ctx.status = CLIENT_CLOSED_REQUEST
         ctx.usage = None
-        ctx.ended_at = asyncio.get_running_loop().time()
+        ctx.ended_at = monotonic()
         self.end(ctx)
 
     def _account(self, ctx: RequestContext, served: Served, observe_latency: bool) -> UsageRecord:
@@ -332,10 +332,10 @@ class Pipeline:
 
     async def wait_for_room(self, ctx: RequestContext) -> None:
         """Back-pressure: queue while every candidate is saturated (see gateway/request/backpressure.py)."""
-        began = asyncio.get_running_loop().time()
+        began = monotonic()
         decision = await self._room(ctx.profile, ctx.decision, ctx.limits)
         if decision is not ctx.decision:  # it waited, then was routed again
-            ctx.queued_s = asyncio.get_running_loop().time() - began
+            ctx.queued_s = monotonic() - began
         ctx.decision = decision
         ctx.routed_ns = time_ns()
 

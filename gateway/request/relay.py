@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from time import monotonic
 from typing import Protocol, cast
 
 from backends.models import Backend
@@ -293,7 +294,7 @@ class RelayedStream:
         self._ended = True
         self._watchdog.cancel()
         response = self._stream.response
-        self._ctx.ended_at = self._loop.time()
+        self._ctx.ended_at = monotonic()
         if not self._first_fed:  # the client left before the stream was relayed: its first chunk counts
             self._first_fed = True
             self._sse.feed(self._stream.first_chunk)
