@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from backends.calibrated import Limits, StepFit
-from loadtest.calibrate.check import LevelRun, bursts, compare, failures
+from loadtest.calibrate.check import LevelRun, bursts, compare, failures, format_rows
 from loadtest.calibrate.levels import Level, shape_of, staggered
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.refine import (
@@ -138,6 +138,19 @@ def test_the_check_asserts_the_client_figures_and_shows_the_servers() -> None:
     assert [r.metric for r in rows if r.asserted] == ["client TTFT p50", "client TTFT p90", "client TPOT p50"]
     assert not failures(rows)  # the servers' own means are off by 300 %, but only shown
     assert [r.metric for r in failures(compare(real, far, [3]))] == ["client TTFT p50", "client TTFT p90"]
+
+
+def test_the_check_shows_the_engines_own_part_of_the_ttft_where_the_real_server_says_it() -> None:
+    """vLLM's queue and prefill times are the engine core's part of its TTFT; the simulator has no
+    prefill histogram, so its column says nothing rather than a 100 % error."""
+    real = [LevelRun([_timed(0.1, 0.01) for _ in range(5)], 0.05, 0.01, engine_own_s=0.02)]
+    sim = [LevelRun([_timed(0.1, 0.01) for _ in range(5)], 0.05, 0.01)]
+    rows = compare(real, sim, [3])
+    own = [r for r in rows if r.metric == "engine's own TTFT"]
+    assert len(own) == 1 and own[0].real_s == 0.02 and not own[0].asserted
+    line = format_rows(rows).splitlines()[-1]
+    assert line.split() == ["x3", "engine's", "own", "TTFT", "20.00", "-", "-"]
+    assert all(r.metric != "engine's own TTFT" for r in compare(sim, sim, [3]))
 
 
 def test_a_decode_curve_follows_a_server_whose_steps_do_not_grow_in_a_line() -> None:
