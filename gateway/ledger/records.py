@@ -117,6 +117,9 @@ class AccessLine(msgspec.Struct, omit_defaults=True):
     """Seconds it waited for room before it was sent (it arrived at ts - duration_s - queued_s)."""
     prompt_chars: int = 0
     """The prompt's characters: a replay estimates its tokens again from them, as the gateway would."""
+    session_hash: str | None = None
+    """A hash of the request's session id (`x-session-id`, or the body's `user`), never the id itself: a
+    replay sends a session's next request only after its previous answer (loadtest/whatif/sessions.py)."""
 
 
 @dataclass(slots=True)

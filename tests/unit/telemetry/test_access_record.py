@@ -10,11 +10,11 @@ from pathlib import Path
 import msgspec
 
 from gateway.ledger.records import LEDGER_ONLY, AccessLine, UsageRecord
-from gateway.telemetry.logs import AccessLog
+from gateway.telemetry.logs import AccessLog, session_hash
 from loadtest.whatif.accesslog import read_log
 
-LOG_ONLY = {"ts", "error_code", "error", "request_body", "level", "logger"}
-"""Fields of a line that are the log's own, not a record's."""
+LOG_ONLY = {"ts", "error_code", "error", "request_body", "level", "logger", "session_hash"}
+"""Fields of a line that are the log's own, not a record's (`session_hash`: of the record's `session`)."""
 
 
 def _record() -> UsageRecord:
@@ -92,5 +92,7 @@ def test_a_record_written_by_the_access_log_reads_back_equal(tmp_path: Path):
     for name in AccessLine.__struct_fields__:
         if name not in LOG_ONLY:
             assert getattr(line, name) == getattr(record, name), name
+    assert line.session_hash == session_hash("s-1") and len(line.session_hash) == 16
+    assert b"s-1" not in out.getvalue()  # the session id itself is never written
     # The reader keeps the writer's schema: encoding what it read gives the same line back.
     assert msgspec.json.encode(line) == out.getvalue().strip()
