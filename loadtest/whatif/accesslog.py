@@ -28,6 +28,8 @@ class Recorded:
     index: int
     at_s: float
     line: AccessLine
+    end_s: float = 0.0
+    """When its answer ended in the log (its `ts`), on the same clock as `at_s`."""
 
     @property
     def output_per_choice(self) -> int:
@@ -88,7 +90,8 @@ def read_log(path: str | Path, scale: float = 1.0) -> Trace:
     order = sorted(range(len(lines)), key=arrivals.__getitem__)
     origin = arrivals[order[0]]
     requests = [
-        Recorded(index=i, at_s=(arrivals[j] - origin) / scale, line=lines[j]) for i, j in enumerate(order)
+        Recorded(i, (arrivals[j] - origin) / scale, lines[j], (lines[j].ts - origin) / scale)
+        for i, j in enumerate(order)
     ]
     duration = max(requests[-1].at_s, 1.0)
     return Trace(str(path), requests, duration, refused, bad, endpoints)

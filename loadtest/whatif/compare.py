@@ -87,13 +87,15 @@ def replay_policy(
     fleet = build_fleet(scenario.fleet)
     engine = PolicyEngine(load_policy(policy), [s.backend for s in fleet])
     began = time.perf_counter()
-    result = Replay(fleet, engine, trace.requests, scrape_interval_s, clock_scale=clock_scale).run()
+    replay = Replay(fleet, engine, trace.requests, scrape_interval_s, clock_scale=clock_scale)
+    result = replay.run()
     wall = time.perf_counter() - began
     rows = cost_rows(fleet, result)
     report = policy_report(scenario, result.outcomes, rows, wall_s=trace.duration_s, max_lag_s=0.0)
     report["wall_s"] = round(wall, 3)
     report["replayed_per_s"] = round(len(result.outcomes) / wall, 1) if wall > 0 else None
     report["held_for_room"] = result.held  # then sent, or refused (`error_kinds` counts the 429s)
+    report["sent_after_their_session"] = len(replay.sessions.follows)  # loadtest/whatif/sessions.py
     return PolicyRun(name, result, wall, report)
 
 

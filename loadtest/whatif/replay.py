@@ -24,7 +24,9 @@ from backends.models import Backend
 from loadtest.client import Outcome
 from loadtest.whatif.accesslog import Recorded
 from loadtest.whatif.coasting import coast
+from loadtest.whatif.flight import Flight, hold
 from loadtest.whatif.holds import Held, Holds
+from loadtest.whatif.sessions import Sessions
 from loadtest.whatif.simfleet import SimBackend
 from loadtest.whatif.standins import BlockNames, Profiles
 from policies.engine import PolicyEngine
@@ -32,35 +34,6 @@ from policies.framework import Decision
 from policies.profile import RequestProfile
 
 EMBEDDINGS = ("/v1/embeddings", "embeddings")  # the access log's name for the endpoint (a path in older logs)
-
-
-@dataclass(slots=True)
-class _Flight:
-    request: Recorded
-    sim: SimBackend
-    outcome: Outcome
-    steps: int
-    ttft_at: float | None = None
-    decision: Decision | None = None
-    """Its routing decision, told when the gateway would see the answer start (`Decision.answered`)."""
-    prompt_estimate: int = 0
-    forwarded_at: float = 0.0
-    """When the gateway sent it (its arrival, unless held for room): its latency figures count from it."""
-
-    def answered(self) -> None:
-        """The gateway's pipeline calls this at a stream's first chunk, or with a whole answer."""
-        if self.decision is not None:
-            self.decision.answered(self.prompt_estimate)
-
-
-def _hold(flight: _Flight, sign: int = 1) -> None:
-    """The gateway's `hold` (`sign` -1: `release`): in flight, its n seats, and by class, with its tokens."""
-    backend, cls = flight.sim.backend, flight.decision.request_class if flight.decision else ""
-    backend.inflight += sign
-    backend.inflight_seqs += sign * flight.request.line.n
-    by_class, tokens = backend.inflight_by_class, backend.prompt_tokens_by_class
-    by_class[cls] = by_class.get(cls, 0) + sign
-    tokens[cls] = tokens.get(cls, 0) + sign * flight.prompt_estimate
 
 
 @dataclass(slots=True)
@@ -88,8 +61,10 @@ class Replay:
         scrape_interval_s: float = 1.0,
         drain_s: float = 600.0,
         clock_scale: float = 1.0,
+        keep_sessions: bool = True,
     ) -> None:
-        """`clock_scale`: simulated seconds per second of the gateway's scaled clock (its real seconds
+        """`keep_sessions`: a session's next request waits for its previous answer (whatif/sessions.py).
+        `clock_scale`: simulated seconds per second of the gateway's scaled clock (its real seconds
         times its `policy.clock_scale`). The load test writes its `time_scale` into the gateway's
         `policy.clock_scale`, so its latency averages are on the fleet's clock and this is 1; a log of a
         gateway that measured a faster-running fleet in real time needs the ratio of the two."""
@@ -103,7 +78,7 @@ class Replay:
         for sim in fleet:
             serving.setdefault(sim.model, []).append(sim.backend)
         self._serving = {model: tuple(backends) for model, backends in serving.items()}
-        self._events: list[tuple[float, int, SimBackend | _Flight | Held]] = []
+        self._events: list[tuple[float, int, SimBackend | Flight | Held]] = []
         self._seq = 0
         self._horizon = math.inf
         self.steps = 0
@@ -113,8 +88,9 @@ class Replay:
         self._observed_per_simulated = 1.0 / clock_scale
         self.holds = Holds(engine, self._serving, clock_scale)
         self._outcomes: list[Outcome | None] = [None] * len(requests)
-        self._flights: dict[int, _Flight] = {}
+        self._flights: dict[int, Flight] = {}
         self.refused = 0
+        self.sessions = Sessions(requests, keep_sessions)
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -127,8 +103,12 @@ class Replay:
         deadline = last + self.drain_s
         i, count = 0, len(requests)
         now = 0.0
+        sessions, follows = self.sessions, self.sessions.follows
         while True:
-            t_arrival = requests[i].at_s if i < count else math.inf
+            while i < count and requests[i].index in follows:
+                i += 1  # sent when its session's previous request ends
+            t_logged, t_released = requests[i].at_s if i < count else math.inf, sessions.next_at()
+            t_arrival = min(t_logged, t_released)
             t_event = events[0][0] if events else math.inf
             now = min(t_arrival, t_event)
             if now == math.inf or now > deadline:
@@ -138,6 +118,9 @@ class Replay:
                     sim.scrape(next_scrape)
                 next_scrape += interval
             if t_arrival <= t_event:
+                if t_released < t_logged:
+                    self._arrive(sessions.pop(), now)
+                    continue
                 self._arrive(requests[i], now)
                 i += 1
                 continue
@@ -160,7 +143,7 @@ class Replay:
                 self._room_made(now)
         for index, flight in flights.items():
             flight.outcome.error = "unfinished at deadline"
-            _hold(flight, -1)
+            hold(flight, -1)
             outcomes[index] = flight.outcome
         for held in self.holds.waiting():
             held.outcome.error = "unfinished at deadline"
@@ -175,7 +158,7 @@ class Replay:
             refused=self.refused,
         )
 
-    def _push(self, when: float, item: SimBackend | _Flight | Held) -> None:
+    def _push(self, when: float, item: SimBackend | Flight | Held) -> None:
         self._seq += 1
         heapq.heappush(self._events, (when, self._seq, item))
 
@@ -188,12 +171,14 @@ class Replay:
             self.limits["embeddings"] += 1
             outcome.error = "not modelled: embeddings"
             self._outcomes[request.index] = outcome
+            self.sessions.ended(request.index, now + (line.duration_s or 0.0))  # as long as it took
             return
         serving = self._serving.get(line.model)
         if serving is None:
             self.limits[f"model:{line.model}"] += 1
             outcome.error = "not modelled: unknown model"
             self._outcomes[request.index] = outcome
+            self.sessions.ended(request.index, now + (line.duration_s or 0.0))
             return
         profile = self.profiles.of(line)
         decision = self.engine.choose(profile, serving)
@@ -220,8 +205,8 @@ class Replay:
                 continue
             outcome.backend, outcome.pool, outcome.vendor = backend.name, backend.pool.name, backend.vendor
             estimate = profile.prompt_tokens_estimate
-            flight = _Flight(request, sim, outcome, steps, None, decision, estimate, now)
-            _hold(flight)
+            flight = Flight(request, sim, outcome, steps, None, decision, estimate, now)
+            hold(flight)
             self._flights[request.index] = flight
             if sim.scheduler is None:
                 flight.ttft_at = now + sim.ttft_s
@@ -238,6 +223,7 @@ class Replay:
             outcome.error = "no backend: " + (decision.why_none or "")
         outcome.status = 400 if decision.candidates or decision.rejected_for_context else 503
         self._outcomes[request.index] = outcome
+        self.sessions.ended(request.index, now)
         self._room_made(now)
 
     # --- back-pressure ---------------------------------------------------------------------------------
@@ -271,6 +257,7 @@ class Replay:
         outcome.error = "refused (429)"
         outcome.e2e = now - outcome.sent_at
         self._outcomes[outcome.index] = outcome
+        self.sessions.ended(outcome.index, now)
         self.refused += 1
         decision.answered(profile.prompt_tokens_estimate)
         self._room_made(now)
@@ -292,7 +279,7 @@ class Replay:
         capacity = sim.kv_capacity_tokens
         return capacity is None or prompt + n * steps <= capacity
 
-    def _submit(self, sim: SimBackend, flight: _Flight, now: float) -> None:
+    def _submit(self, sim: SimBackend, flight: Flight, now: float) -> None:
         scheduler = sim.scheduler
         assert scheduler is not None
         line = flight.request.line
@@ -323,13 +310,13 @@ class Replay:
         self.steps += 1
         self._push(start + duration, sim)
 
-    def _step_end(self, sim: SimBackend, end: float) -> list[_Flight]:
+    def _step_end(self, sim: SimBackend, end: float) -> list[Flight]:
         scheduler = sim.scheduler
         assert scheduler is not None
-        finished: list[_Flight] = []
+        finished: list[Flight] = []
         if sim.plan is not None:  # None: the end of coasted steps, already applied
             for group in scheduler.apply(sim.plan, end):
-                flight: _Flight = group.waiter
+                flight: Flight = group.waiter
                 if flight.ttft_at is None:
                     flight.ttft_at = group.first_token_at
                     if flight.request.line.stream:
@@ -362,16 +349,17 @@ class Replay:
 
     # --- the end of a request ------------------------------------------------------------------------
 
-    def _fixed_end(self, flight: _Flight, end: float) -> None:
+    def _fixed_end(self, flight: Flight, end: float) -> None:
         flight.sim.fixed_open -= 1
         self._finish(flight, end)
 
-    def _finish(self, flight: _Flight, end: float) -> None:
+    def _finish(self, flight: Flight, end: float) -> None:
         """What the gateway's `account` and `observe` see, and what the load-test client measures."""
         outcome = flight.outcome
         line = flight.request.line
         backend = flight.sim.backend
-        _hold(flight, -1)
+        hold(flight, -1)
+        self.sessions.ended(flight.request.index, end)
         flight.answered()  # a whole answer (or a stream on a fixed-latency backend): no-op if told already
         n = max(1, line.n)
         tokens = flight.steps * n

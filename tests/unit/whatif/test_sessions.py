@@ -1,0 +1,90 @@
+"""A replay keeps each session's order: its next request waits for the replayed answer and the logged think
+time (loadtest/whatif/sessions.py); requests without a session, or that overlapped in the log, keep their
+logged times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backends.sim.fleet_spec import load_fleet_spec
+from loadtest.client import Outcome
+from loadtest.stack import policy_file
+from loadtest.whatif.accesslog import read_log
+from loadtest.whatif.replay import Replay
+from loadtest.whatif.sessions import Sessions
+from loadtest.whatif.simfleet import build_fleet
+from policies.config import load_policy
+from policies.engine import PolicyEngine
+from tests.unit.whatif.test_replay import _line, _write
+
+THINK_S = 0.5
+
+
+def _log(tmp_path: Path, output_tokens: int) -> Path:
+    """Session `a`: four turns, each sent THINK_S after the previous one ended (1 s each in the log);
+    session `b`: two requests that overlapped; four requests without a session."""
+    size = {"completion_tokens": output_tokens, "max_tokens": output_tokens}
+    turns = [_line(k * (1.0 + THINK_S), request_id=f"a{k}", session_hash="aa", **size) for k in range(4)]
+    overlapping = [_line(t, request_id=f"b{t}", session_hash="bb", **size) for t in (0.1, 0.6)]
+    lone = [
+        _line(k * 1.5 + 0.2, request_id=f"lone{k}", completion_tokens=20, max_tokens=20) for k in range(4)
+    ]
+    return _write(tmp_path / "access.jsonl", [*turns, *overlapping, *lone])
+
+
+def _replay(log: Path, tmp_path: Path, keep_sessions: bool) -> tuple[dict[str, Outcome], dict[str, float]]:
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(
+        "model: llama-3.1-8b\ngroups:\n  - {pool: h100, vendor: nvidia, accelerator: h100, count: 1,"
+        " price_per_gpu_hour: 2.9, profile: {gpu: h100-sxm5}}\n"
+    )
+    trace = read_log(log)
+    fleet = build_fleet(load_fleet_spec(fleet_file))
+    engine = PolicyEngine(load_policy(policy_file("balanced")), [s.backend for s in fleet])
+    result = Replay(fleet, engine, trace.requests, 0.2, keep_sessions=keep_sessions).run()
+    ids = {r.index: r.line.request_id for r in trace.requests}
+    logged = {r.line.request_id: r.at_s for r in trace.requests}
+    return {ids[o.index]: o for o in result.outcomes}, logged
+
+
+def _end(outcome: Outcome) -> float:
+    assert outcome.status == 200 and outcome.e2e is not None
+    return outcome.sent_at + outcome.e2e
+
+
+@pytest.mark.parametrize("output_tokens", [40, 600], ids=["faster-fleet", "slower-fleet"])
+def test_a_sessions_next_turn_is_sent_its_think_time_after_the_replayed_answer(
+    tmp_path: Path, output_tokens: int
+) -> None:
+    log = _log(tmp_path, output_tokens)
+    kept, logged = _replay(log, tmp_path, keep_sessions=True)
+    assert len(kept) == 10
+    for k in range(1, 4):
+        assert kept[f"a{k}"].sent_at == pytest.approx(_end(kept[f"a{k - 1}"]) + THINK_S, abs=1e-9)
+        assert kept[f"a{k}"].sent_at != pytest.approx(logged[f"a{k}"], abs=0.01)  # the fleet is not the log's
+    untouched = [name for name in kept if not name.startswith("a") or name == "a0"]
+    for name in untouched:  # no session, overlapping in the log, or a session's first: at its logged time
+        assert kept[name].sent_at == pytest.approx(logged[name], abs=1e-9), name
+
+
+def test_an_open_loop_replay_sends_every_request_at_its_logged_time(tmp_path: Path) -> None:
+    """The slower fleet without sessions: a session's turns pile up (sent before the previous ended)."""
+    opened, logged = _replay(_log(tmp_path, 600), tmp_path, keep_sessions=False)
+    assert all(outcome.sent_at == pytest.approx(logged[name], abs=1e-9) for name, outcome in opened.items())
+    assert any(opened[f"a{k}"].sent_at < _end(opened[f"a{k - 1}"]) for k in range(1, 4))
+
+
+def test_sessions_chain_only_what_followed_an_answer(tmp_path: Path) -> None:
+    requests = read_log(_log(tmp_path, 40)).requests
+    names = {r.index: r.line.request_id for r in requests}
+    sessions = Sessions(requests)
+    assert {names[i] for i in sessions.follows} == {"a1", "a2", "a3"}
+    assert not Sessions(requests, keep_order=False).follows
+    first = next(r for r in requests if r.line.request_id == "a0")
+    sessions.ended(first.index, 10.0)
+    assert sessions.next_at() == pytest.approx(10.0 + THINK_S)
+    assert sessions.pop().line.request_id == "a1"
+    sessions.ended(first.index, 20.0)  # told twice: released once
+    assert sessions.next_at() == float("inf")
