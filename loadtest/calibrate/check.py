@@ -28,6 +28,7 @@ import httpx
 
 from loadtest.calibrate.levels import bursty
 from loadtest.calibrate.measure import (
+    WORKER,
     Metrics,
     Server,
     Timed,
@@ -117,7 +118,11 @@ async def run_level(
     by_prompt = {id(job.prompt): job for job in jobs}
 
     async def send(prompt: list[int], output_tokens: int) -> Timed:
-        extra = {"x-switchyard-class": by_prompt[id(prompt)].request_class}
+        # one session per client of the closed loop: a replay of the access log keeps its order
+        extra = {
+            "x-switchyard-class": by_prompt[id(prompt)].request_class,
+            "x-session-id": f"x{width}-{WORKER.get()}",
+        }
         return await stream_completion(client, target.url, model, prompt, output_tokens, extra)
 
     scraped = Server(target.metrics_url, model)

@@ -14,6 +14,7 @@ import random
 import re
 import statistics
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -220,6 +221,10 @@ async def stream_completion(
     return Timed(len(prompt), output_tokens, sent, first - sent, tpot, last - sent)
 
 
+WORKER: ContextVar[int] = ContextVar("closed_loop_worker", default=0)
+"""Which of `run_closed_loop`'s workers sends the request being sent: one client's requests, in order."""
+
+
 async def run_closed_loop(
     jobs: list[tuple[list[int], int]],
     concurrency: int,
@@ -232,10 +237,11 @@ async def run_closed_loop(
     queue = list(reversed(jobs))
     results: list[Timed] = []
 
-    async def worker() -> None:
+    async def worker(number: int) -> None:
+        WORKER.set(number)  # each worker runs in a task of its own, with its own copy of the context
         while queue and (deadline is None or time.monotonic() < deadline):
             prompt, output = queue.pop()
             results.append(await send(prompt, output))
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(jobs)))))
+    await asyncio.gather(*(worker(number) for number in range(min(concurrency, len(jobs)))))
     return results
