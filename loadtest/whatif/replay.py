@@ -339,7 +339,8 @@ class Replay:
 
     def _coast(self, sim: SimBackend, start: float) -> float:
         """Coasted decode steps up to the next arrival or scrape (loadtest/whatif/coasting.py)."""
-        horizon = self._horizon
+        # a session's next request, released by an answer that ended in this very step, is an arrival too
+        horizon = min(self._horizon, self.sessions.next_at())
         if self.holds.held_now and self._events:
             # a held request may be sent whenever anything happens (a request ends, a poll): stop there
             horizon = min(horizon, self._events[0][0])

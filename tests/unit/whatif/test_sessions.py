@@ -34,7 +34,9 @@ def _log(tmp_path: Path, output_tokens: int) -> Path:
     return _write(tmp_path / "access.jsonl", [*turns, *overlapping, *lone])
 
 
-def _replay(log: Path, tmp_path: Path, keep_sessions: bool) -> tuple[dict[str, Outcome], dict[str, float]]:
+def _replay(
+    log: Path, tmp_path: Path, keep_sessions: bool, scrape_interval_s: float = 0.2
+) -> tuple[dict[str, Outcome], dict[str, float]]:
     fleet_file = tmp_path / "fleet.yaml"
     fleet_file.write_text(
         "model: llama-3.1-8b\ngroups:\n  - {pool: h100, vendor: nvidia, accelerator: h100, count: 1,"
@@ -43,7 +45,7 @@ def _replay(log: Path, tmp_path: Path, keep_sessions: bool) -> tuple[dict[str, O
     trace = read_log(log)
     fleet = build_fleet(load_fleet_spec(fleet_file))
     engine = PolicyEngine(load_policy(policy_file("balanced")), [s.backend for s in fleet])
-    result = Replay(fleet, engine, trace.requests, 0.2, keep_sessions=keep_sessions).run()
+    result = Replay(fleet, engine, trace.requests, scrape_interval_s, keep_sessions=keep_sessions).run()
     ids = {r.index: r.line.request_id for r in trace.requests}
     logged = {r.line.request_id: r.at_s for r in trace.requests}
     return {ids[o.index]: o for o in result.outcomes}, logged
@@ -88,3 +90,21 @@ def test_sessions_chain_only_what_followed_an_answer(tmp_path: Path) -> None:
     assert sessions.pop().line.request_id == "a1"
     sessions.ended(first.index, 20.0)  # told twice: released once
     assert sessions.next_at() == float("inf")
+
+
+def test_a_turn_released_while_decode_steps_are_coasted_joins_the_next_step(tmp_path: Path) -> None:
+    """The replay applies runs of decode-only steps at once up to the next arrival (coasting); a turn its
+    session releases inside such a run is an arrival too: the replay gives the same answers whether it
+    coasts (scrapes far apart) or steps one at a time (a scrape before every step)."""
+    background = _line(0.0, request_id="long", completion_tokens=3000, max_tokens=3000)
+    turns = [_line(0.05 + k * 1.5, request_id=f"a{k}", session_hash="aa", completion_tokens=30, max_tokens=30)
+             for k in range(6)]  # fmt: skip
+    log = _write(tmp_path / "access.jsonl", [background, *turns])
+    coasting, _ = _replay(log, tmp_path, keep_sessions=True, scrape_interval_s=1000.0)
+    stepwise, _ = _replay(log, tmp_path, keep_sessions=True, scrape_interval_s=0.001)
+    assert coasting.keys() == stepwise.keys() and len(coasting) == 7
+    assert _end(stepwise["a5"]) < _end(stepwise["long"])  # every turn was released during the long decode
+    for name, outcome in stepwise.items():
+        assert coasting[name].sent_at == pytest.approx(outcome.sent_at, abs=1e-6), name
+        assert coasting[name].ttft == pytest.approx(outcome.ttft, abs=1e-6), name
+        assert coasting[name].e2e == pytest.approx(outcome.e2e, abs=1e-6), name
