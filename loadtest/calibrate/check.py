@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from loadtest.calibrate.levels import bursty
@@ -34,6 +35,7 @@ from loadtest.calibrate.measure import (
     Timed,
     histogram_mean,
     run_closed_loop,
+    stream_client,
     stream_completion,
 )
 from loadtest.processes import free_port
@@ -112,7 +114,7 @@ class Target:
 
 
 async def run_level(
-    client: httpx.AsyncClient, target: Target, model: str, jobs: list[Job], width: int
+    client: aiohttp.ClientSession, target: Target, model: str, jobs: list[Job], width: int
 ) -> LevelRun:
     """One level closed-loop at `width`, each job with its class header."""
     by_prompt = {id(job.prompt): job for job in jobs}
@@ -139,9 +141,10 @@ async def run_level(
     return LevelRun(timed, ttft, itl, own)
 
 
-def load_client() -> httpx.AsyncClient:
-    """The client a held-apart load is sent with: as many connections as the level's streams."""
-    return httpx.AsyncClient(timeout=120, trust_env=False, limits=httpx.Limits(max_connections=None))
+def load_client() -> aiohttp.ClientSession:
+    """The client a held-apart load is sent with (measure.stream_client): as many connections as the
+    level's streams. Make it inside the event loop."""
+    return stream_client()
 
 
 async def run_interleaved(

@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import aiohttp
 import httpx
 
 SEED_TEXT = (
@@ -96,10 +97,21 @@ class Server:
         self.client = httpx.AsyncClient(
             timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=None)
         )
+        self.timeout = timeout
+        self._streams: aiohttp.ClientSession | None = None
         self.vocabulary: list[int] = []
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self._streams is not None:
+            await self._streams.close()
+
+    @property
+    def streams(self) -> aiohttp.ClientSession:
+        """The timed requests' client (`stream_client`), made on first use (inside the event loop)."""
+        if self._streams is None:
+            self._streams = stream_client(self.timeout)
+        return self._streams
 
     async def metrics(self) -> Metrics:
         r = await self.client.get(self.url + "/metrics")
@@ -136,14 +148,16 @@ class Server:
         return ""
 
     async def round_trip(self, tries: int = 16) -> float:
-        """The median time of a bare request (`GET /health`): what the client and HTTP cost alone."""
+        """The median time of a bare request (`GET /health`): what the client and HTTP cost alone (the
+        timed requests' client, `streams`)."""
         times = []
         for _ in range(tries):
             sent = time.perf_counter()
-            r = await self.client.get(self.url + "/health")
-            times.append(time.perf_counter() - sent)
-            if r.status_code != 200:
-                raise ServerError(f"GET {self.url}/health answered {r.status_code}")
+            async with self.streams.get(self.url + "/health") as r:
+                await r.read()
+                times.append(time.perf_counter() - sent)
+                if r.status != 200:
+                    raise ServerError(f"GET {self.url}/health answered {r.status}")
         return statistics.median(times)
 
     async def learn_vocabulary(self) -> None:
@@ -173,16 +187,26 @@ class Server:
         """One timed request; a broken connection is retried (twice) rather than ending the sweep."""
         for attempt in range(3):
             try:
-                return await stream_completion(self.client, self.url, self.model, prompt, output_tokens)
-            except httpx.TransportError:
+                return await stream_completion(self.streams, self.url, self.model, prompt, output_tokens)
+            except aiohttp.ClientConnectionError:
                 if attempt == 2:
                     raise
                 await asyncio.sleep(0.2)
         raise AssertionError("unreachable")
 
 
+def stream_client(timeout: float = 120.0) -> aiohttp.ClientSession:
+    """The client that sends and times the streamed requests: aiohttp, whose C parser costs a third of
+    httpx's CPU per streamed token. On a machine the server shares (the CPU proof), the measuring client
+    competes with the server's API process for a core: with httpx, twelve streams took 41 % of a core
+    and doubled the server's TTFT at that load (docs/calibrate.md). Must be made inside the event loop."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=timeout)
+    )
+
+
 async def stream_completion(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     url: str,
     model: str,
     prompt: list[int],
@@ -203,12 +227,12 @@ async def stream_completion(
     first: float | None = None
     last = sent
     chunks = 0
-    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-        if r.status_code != 200:
-            text = (await r.aread()).decode(errors="replace")[:300]
-            raise ServerError(f"POST {url}/v1/completions answered {r.status_code}: {text}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    async with client.post(url + "/v1/completions", json=body, headers=headers) as r:
+        if r.status != 200:
+            text = (await r.read()).decode(errors="replace")[:300]
+            raise ServerError(f"POST {url}/v1/completions answered {r.status}: {text}")
+        async for line in r.content:  # one SSE line at a time, as it arrives
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
             now = time.perf_counter()
             if first is None:

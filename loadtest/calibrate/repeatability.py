@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import aiohttp
 import httpx
 
 from loadtest.calibrate.agreement import ClassSlo, attained
@@ -132,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     try:
         vocabulary, max_model_len, sent = asyncio.run(_warmed_up(args.url, args.model, rng))
-    except (ServerError, httpx.HTTPError) as exc:  # not a vLLM server, or none there: say so, no traceback
+    except (
+        ServerError,
+        httpx.HTTPError,
+        aiohttp.ClientError,
+    ) as exc:  # not a vLLM server, or none there: say so, no traceback
         print(f"repeatability: {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     print(f"warm-up: {sent} prompts")
