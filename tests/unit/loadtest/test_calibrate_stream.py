@@ -37,7 +37,7 @@ async def test_a_streamed_completion_is_timed_from_its_sse_lines() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     url = f"http://127.0.0.1:{port}"
     try:
         async with stream_client() as client:
