@@ -148,6 +148,11 @@ class Replay:
         for held in self.holds.waiting():
             held.outcome.error = "unfinished at deadline"
             outcomes[held.request.index] = held.outcome
+        for request in requests:  # a session's turn whose previous one had not ended: never sent
+            if outcomes[request.index] is None:
+                never = Outcome(request.index, request.line.request_class or "default", request.at_s)
+                never.error = "unfinished at deadline"
+                outcomes[request.index] = never
         return ReplayResult(
             outcomes=[o for o in outcomes if o is not None],
             duration_s=now if now != math.inf else last,

@@ -35,7 +35,7 @@ def _log(tmp_path: Path, output_tokens: int) -> Path:
 
 
 def _replay(
-    log: Path, tmp_path: Path, keep_sessions: bool, scrape_interval_s: float = 0.2
+    log: Path, tmp_path: Path, keep_sessions: bool, scrape_interval_s: float = 0.2, drain_s: float = 600.0
 ) -> tuple[dict[str, Outcome], dict[str, float]]:
     fleet_file = tmp_path / "fleet.yaml"
     fleet_file.write_text(
@@ -45,7 +45,9 @@ def _replay(
     trace = read_log(log)
     fleet = build_fleet(load_fleet_spec(fleet_file))
     engine = PolicyEngine(load_policy(policy_file("balanced")), [s.backend for s in fleet])
-    result = Replay(fleet, engine, trace.requests, scrape_interval_s, keep_sessions=keep_sessions).run()
+    replay = Replay(fleet, engine, trace.requests, scrape_interval_s, drain_s, keep_sessions=keep_sessions)
+    result = replay.run()
+    assert len(result.outcomes) == len(trace.requests)  # one outcome per logged request, always
     ids = {r.index: r.line.request_id for r in trace.requests}
     logged = {r.line.request_id: r.at_s for r in trace.requests}
     return {ids[o.index]: o for o in result.outcomes}, logged
@@ -108,3 +110,13 @@ def test_a_turn_released_while_decode_steps_are_coasted_joins_the_next_step(tmp_
         assert coasting[name].sent_at == pytest.approx(outcome.sent_at, abs=1e-6), name
         assert coasting[name].ttft == pytest.approx(outcome.ttft, abs=1e-6), name
         assert coasting[name].e2e == pytest.approx(outcome.e2e, abs=1e-6), name
+
+
+def test_a_turn_whose_previous_answer_outlasts_the_replay_is_reported_unsent(tmp_path: Path) -> None:
+    """The replay drains for `drain_s` after the last logged arrival; a session's turn still waiting for
+    its previous answer then was never sent: it is an outcome with an error, not a missing line."""
+    size = {"completion_tokens": 4000, "max_tokens": 4000, "duration_s": 0.2}
+    turns = [_line(k * 0.5, request_id=f"a{k}", session_hash="aa", **size) for k in range(2)]
+    outcomes, _ = _replay(_write(tmp_path / "access.jsonl", turns), tmp_path, True, drain_s=1.0)
+    assert outcomes["a0"].error == outcomes["a1"].error == "unfinished at deadline"
+    assert outcomes["a1"].e2e is None
