@@ -141,19 +141,13 @@ async def run_level(
     return LevelRun(timed, ttft, itl, own)
 
 
-def load_client() -> aiohttp.ClientSession:
-    """The client a held-apart load is sent with (measure.stream_client): as many connections as the
-    level's streams. Make it inside the event loop."""
-    return stream_client()
-
-
 async def run_interleaved(
     targets: Sequence[Target], model: str, levels: Sequence[list[Job]], concurrency: Sequence[int]
 ) -> list[list[LevelRun]]:
     """Every level on every target, level by level (the real server's level, then the simulator's), so
     the legs of one level run seconds apart, not a whole run apart; per target, its levels."""
     runs: list[list[LevelRun]] = [[] for _ in targets]
-    async with load_client() as client:
+    async with stream_client() as client:
         for jobs, width in zip(levels, concurrency, strict=True):
             for target, run in zip(targets, runs, strict=True):
                 run.append(await run_level(client, target, model, jobs, width))

@@ -40,10 +40,9 @@ from loadtest.calibrate.check import (
     failures,
     format_rows,
     held_apart_jobs,
-    load_client,
     run_level,
 )
-from loadtest.calibrate.measure import Server, ServerError
+from loadtest.calibrate.measure import Server, ServerError, stream_client
 from loadtest.calibrate.warmup import longest_prompt, warm_up
 from loadtest.stats import percentile
 
@@ -96,7 +95,7 @@ async def twice(url: str, model: str, levels: Sequence[list[Job]], again: Sequen
     target = Target(url, url)
     first: list[LevelRun] = []
     second: list[LevelRun] = []
-    async with load_client() as client:
+    async with stream_client() as client:
         for jobs, jobs_again, width in zip(levels, again, WIDTHS, strict=True):
             first.append(await run_level(client, target, model, jobs, width))
             second.append(await run_level(client, target, model, jobs_again, width))

@@ -51,13 +51,13 @@ from loadtest.calibrate.check import (
     failures,
     format_rows,
     held_apart_jobs,
-    load_client,
     run_interleaved,
     run_level,
     start_simulator,
     stop_process,
     vocabulary_of,
 )
+from loadtest.calibrate.measure import stream_client
 from loadtest.calibrate.recording import Recording, save
 from loadtest.calibrate.sweep import Calibration, Options
 from tests.support import free_port, metric, running_gateway, sim_metrics
@@ -140,7 +140,7 @@ async def _calibrate_around(
     held-apart levels. Returns the profile and the held-apart levels as measured."""
     pending = list(zip(levels, WIDTHS, strict=True))
     measured: list[LevelRun] = []
-    async with load_client() as client:
+    async with stream_client() as client:
 
         async def between() -> None:
             if pending:
