@@ -30,6 +30,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$repeats" in
+  ''|*[!0-9]*) echo "--repeats wants a whole number (0: none), not \`$repeats\`" >&2; exit 2 ;;
+esac
 
 if [ -z "$vendor" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then vendor=nvidia
