@@ -24,12 +24,16 @@ from gateway.ledger.records import Ledger
 from gateway.request.context import Tracer
 from gateway.request.forward import Upstream
 from gateway.request.pipeline import Pipeline
+from gateway.stopping import STEP_LIMIT_S, stop_step
 from gateway.telemetry import Telemetry
 
 log = logging.getLogger("switchyard")
 
 YOUNG_GC_THRESHOLD = 20_000
 """Net new container objects between young-generation GC passes once the app is up (Python: 700)."""
+
+LEDGER_LIMIT_S = 2 * STEP_LIMIT_S
+"""The ledger bounds its own flush and its spill; this only catches a close that hangs past both."""
 
 
 def lifespan(
@@ -95,16 +99,18 @@ def lifespan(
             gc.set_threshold(*thresholds)
             gc.unfreeze()  # an app stopped inside a longer-lived process (tests) can be collected
             if policy_watcher is not None:
-                await policy_watcher.stop()
-            await scraper.stop()
+                await stop_step("the policy watcher", policy_watcher.stop())
+            await stop_step("the metrics scraper", scraper.stop())
             if fleet is not None:
-                await fleet.stop()
-            await checker.stop()
+                await stop_step("the fleet view", fleet.stop())
+            await stop_step("the health checker", checker.stop())
             for backend in catalog.backends:
                 backend.breaker.close()
-            await pipeline.settle_pending()  # streams cut short, still asking their backend for a count
-            await upstream.close()
-            await ledger.close()  # flushes what is still buffered, logs what it could not
+            # streams cut short, still asking their backend for a count
+            await stop_step("the settling of streams", pipeline.settle_pending())
+            await stop_step("the upstream pool", upstream.close())
+            # flushes what is still buffered (spilling what Redis will not take), logs what it could not
+            await stop_step("the ledger", ledger.close(), limit=LEDGER_LIMIT_S)
             telemetry.close()  # the access log's last lines
             if tracing is not None:
                 tracing.shutdown()  # exports the last spans

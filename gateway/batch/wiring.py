@@ -11,6 +11,7 @@ from gateway.batch.api import batches_controller
 from gateway.batch.files_api import files_controller
 from gateway.batch.runner import BatchRunner
 from gateway.batch.service import BatchService, build_batches
+from gateway.stopping import stop_step
 
 __all__ = ["batch_controllers", "batch_lifespan", "build_batches"]
 
@@ -29,8 +30,8 @@ def batch_lifespan(service: BatchService):
         try:
             yield
         finally:
-            await runner.stop()
-            await service.state.close()
-            await service.files.close()
+            await stop_step("the batch runner", runner.stop())
+            await stop_step("the batch store", service.state.close())
+            await stop_step("the file store", service.files.close())
 
     return run

@@ -34,6 +34,7 @@ from gateway.request.pipeline import Pipeline, Reply
 from gateway.request.relay import RelayedStream
 from gateway.request.typed_sse import TypedSseRelay
 from gateway.responses.store import MemoryResponseStore, RedisResponseStore, ResponseStore
+from gateway.stopping import stop_step
 
 if TYPE_CHECKING:
     from gateway.tenants.admission import Tenant, Tenants
@@ -332,6 +333,6 @@ def responses_lifespan(api: ResponsesApi):
         try:
             yield
         finally:
-            await api.store.close()
+            await stop_step("the responses store", api.store.close())
 
     return run

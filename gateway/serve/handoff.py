@@ -16,6 +16,8 @@ from typing import Any
 
 import uvicorn
 
+from gateway.serve.watched import WatchedServer
+
 log = logging.getLogger("switchyard.workers")
 
 READY = b"R"
@@ -23,7 +25,7 @@ CLOSED = b"."
 CONNECTION = b"c"
 
 
-class HandoffServer(uvicorn.Server):
+class HandoffServer(WatchedServer):
     """uvicorn's Server serving the connections the supervisor hands over (plus any listening `sockets`,
     the admin port's) with the protocol its own listeners use."""
 

@@ -17,6 +17,7 @@ from gateway.app import asgi_entry, create_app
 from gateway.config.settings import Settings
 from gateway.http.limits import protocol_class
 from gateway.serve.handoff import HandoffServer
+from gateway.serve.watched import WatchedServer
 
 
 def server_config(
@@ -62,7 +63,7 @@ def run_server(
     its supervisor and serves the connections it hands over, or listens on `main_socket` (SO_REUSEPORT)."""
     admin_port = settings.server.admin_port
     if admin_port is None and channel is None:
-        uvicorn.Server(server_config(settings, host, port, log_level)).run()
+        WatchedServer(server_config(settings, host, port, log_level)).run()
         return
     if main_socket is not None:
         sockets = [main_socket]
@@ -74,5 +75,5 @@ def run_server(
         sockets.append(admin)
         app = asgi_entry(create_app(settings), admin_port=admin.getsockname()[1])
     config = server_config(settings, host, port, log_level, app)
-    server = uvicorn.Server(config) if channel is None else HandoffServer(config, channel)
+    server = WatchedServer(config) if channel is None else HandoffServer(config, channel)
     server.run(sockets=sockets)

@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from gateway.config.settings import Settings
 from gateway.ledger.records import Ledger
 from gateway.redis.client import redis_client
+from gateway.stopping import stop_step
 from gateway.tenants.admin_key import check_admin_key
 from gateway.tenants.admission import Tenants
 from gateway.tenants.store import TenantStore
@@ -60,6 +61,6 @@ def tenants_lifespan(tenants: Tenants):
         try:
             yield
         finally:
-            await tenants.close()
+            await stop_step("the tenants' store", tenants.close())
 
     return run
