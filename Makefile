@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many worker processes (0: in one process), then the tests marked
+# `alone` (they measure time or capacity) by themselves.
+TEST_WORKERS ?= 2
 
 # `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
 # minutes): `make test-whatif` runs them (and .ci/run).
@@ -43,7 +46,8 @@ test: venv browser haproxy docs
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not whatif" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not whatif and not alone" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m "alone and not whatif" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-whatif: venv
 	$(PY) -m pytest -m whatif -p no:cacheprovider $(PYTEST_ARGS)

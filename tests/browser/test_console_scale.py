@@ -24,6 +24,9 @@ import yaml
 from tests.browser.harness import ADMIN_KEY, clean_redis, gateway_config, login, save_screenshot, seed_history
 from tests.support import RecordingBackend, running_gateway
 
+# measures time or capacity on the whole machine: `make test` runs it by itself (pyproject.toml)
+pytestmark = pytest.mark.alone
+
 BUDGET_MS = 300.0
 POOLS = (("h100", "nvidia", 2.90), ("h200", "nvidia", 3.60), ("mi300x", "amd", 1.75), ("mi325x", "amd", 2.10))
 MODEL = "llama-3.1-8b"

@@ -19,6 +19,9 @@ import pytest
 
 from tests.support import RecordingBackend, running_gateway
 
+# measures time or capacity on the whole machine: `make test` runs it by itself (pyproject.toml)
+pytestmark = pytest.mark.alone
+
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.5
 KEEP_ALIVE = 1.0

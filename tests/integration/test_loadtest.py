@@ -11,6 +11,9 @@ from loadtest.compare import compare
 from loadtest.scenario import parse_scenario
 from loadtest.workload import plan
 
+# measures time or capacity on the whole machine: `make test` runs it by itself (pyproject.toml)
+pytestmark = pytest.mark.alone
+
 SCENARIO = """
 name: tiny
 seed: 2

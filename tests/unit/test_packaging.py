@@ -64,8 +64,18 @@ def _imports(module: str, *, at_import_time: bool, root: Path = ROOT) -> set[str
                 if isinstance(children, list):
                     walk([c for c in children if isinstance(c, ast.stmt | ast.excepthandler)])
 
-    walk(ast.parse(path.read_text()).body)
+    walk(_parse(path.read_text()).body)
     return found
+
+
+def _parse(source: str) -> ast.Module:
+    # CPython 3.11 keeps the AST builder's recursion depth in state that all threads share: a module
+    # compiled from source in another thread at the same moment (an import in a thread a test left
+    # running) makes ast.parse raise SystemError "AST constructor recursion depth mismatch". Once more.
+    try:
+        return ast.parse(source)
+    except SystemError:
+        return ast.parse(source)
 
 
 def _project_modules(names: set[str], root: Path = ROOT) -> set[str]:

@@ -17,6 +17,9 @@ from loadtest.bench._util import pick_cpus, session_cpu_seconds
 from loadtest.bench.http_clients import payloads, run
 from loadtest.processes import ProcessGroup
 
+# measures time or capacity on the whole machine: `make test` runs it by itself (pyproject.toml)
+pytestmark = pytest.mark.alone
+
 
 def test_payloads_are_valid_answers() -> None:
     request = json.loads(payloads.chat_request(stream=True))
