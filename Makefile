@@ -46,7 +46,9 @@ test: venv browser haproxy docs
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not whatif and not alone" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -m "not whatif and not alone" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ] \
+	  || (echo "make test: the tests that failed beside another worker, again by themselves (they must pass)" \
+	      && $(PY) -m pytest -m "not whatif and not alone" --last-failed --last-failed-no-failures none $(PYTEST_ARGS))
 	$(PY) -m pytest -m "alone and not whatif" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-whatif: venv

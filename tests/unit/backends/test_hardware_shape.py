@@ -18,6 +18,9 @@ from backends.sim.app import RunningServer, start_server
 from backends.sim.options import SimOptions
 from backends.sim.profiles import build_hardware
 
+# measures time or capacity on the whole machine: `make test` runs it by itself (pyproject.toml)
+pytestmark = pytest.mark.alone
+
 MODEL = "llama-3.1-8b"
 SCALE = 200.0  # the engine loop may fall behind real time at this pace; its timeline stays exact
 PROMPT = " ".join(f"w{i}" for i in range(100))  # 100 tokens
