@@ -37,6 +37,9 @@ async def stop_step(name: str, step: Coroutine[Any, Any, object], limit: float =
         task.cancel()
         await asyncio.wait({task}, timeout=1.0)
         return
+    if task.cancelled():  # the step ended by a cancellation of its own (it awaited a cancelled task)
+        log.error("shutdown: %s was cancelled; going on without it", name)
+        return
     error = task.exception()
     if error is not None:
         log.error("shutdown: %s failed; going on without it", name, exc_info=error)

@@ -95,6 +95,28 @@ def test_a_step_that_fails_is_logged_and_the_next_step_runs(caplog: pytest.LogCa
     assert caplog.records[0].exc_info is not None
 
 
+def test_a_step_that_ends_cancelled_does_not_end_the_shutdown(caplog: pytest.LogCaptureFixture) -> None:
+    ran: list[str] = []
+
+    async def awaits_a_cancelled_task() -> None:
+        task = asyncio.create_task(asyncio.sleep(5))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    async def flush() -> None:
+        ran.append("flush")
+
+    async def main() -> None:
+        await stop_step("the scraper", awaits_a_cancelled_task())
+        await stop_step("the ledger", flush())
+
+    with caplog.at_level(logging.ERROR, logger="switchyard"):
+        asyncio.run(main())
+    assert ran == ["flush"]
+    assert "shutdown: the scraper was cancelled" in caplog.records[0].getMessage()
+
+
 STUCK_SERVER = textwrap.dedent(
     """
     import socket, sys, time
