@@ -1,4 +1,5 @@
-"""Helpers shared by the test suites: free ports, a gateway subprocess, a recording backend."""
+"""Helpers shared by the test suites: free ports, a gateway subprocess, a recording backend, an aiohttp app
+served for a block."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import redis
 import yaml
+from aiohttp import web
 
 from backends.lifetime import die_with_parent
 
@@ -35,6 +37,18 @@ pools:
       - {url: "http://127.0.0.1:8003", models: [m], max_model_len: 4096}
 """
 """The smallest config a settings test can load: one H100 pool of one backend (nothing listens there)."""
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, shutdown_timeout: float = 60.0) -> AsyncIterator[str]:
+    """`app` served on 127.0.0.1 (a port the kernel picks) for the block; its base URL."""
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def free_port() -> int:

@@ -132,11 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     try:
         vocabulary, max_model_len, sent = asyncio.run(_warmed_up(args.url, args.model, rng))
-    except (
-        ServerError,
-        httpx.HTTPError,
-        aiohttp.ClientError,
-    ) as exc:  # not a vLLM server, or none there: say so, no traceback
+    # not a vLLM server, or none there: say so, no traceback
+    except (ServerError, httpx.HTTPError, aiohttp.ClientError) as exc:
         print(f"repeatability: {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     print(f"warm-up: {sent} prompts")

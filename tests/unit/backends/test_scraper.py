@@ -10,6 +10,7 @@ from aiohttp import web
 
 from backends.models import Backend, BackendConfig, EngineLoad, PoolConfig, build_backends
 from backends.scraper import MetricsScraper, parse_engine_load
+from tests.support import serving
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -125,16 +126,9 @@ async def server():
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    state["url"] = f"http://127.0.0.1:{port}"
-    try:
+    async with serving(app) as url:
+        state["url"] = url
         yield state
-    finally:
-        await runner.cleanup()
 
 
 def _unused_port() -> int:

@@ -32,7 +32,7 @@ from gateway.request.sse import SseRelay
 from gateway.upstream.client import KEEPALIVE_SECONDS, BackendClient
 from gateway.upstream.connection import Connection
 from policies.framework import Decision
-from tests.support import free_port
+from tests.support import free_port, serving
 
 POOL = Pool(
     name="p", vendor="nvidia", accelerator="h100", gpus_per_backend=1, price_per_gpu_hour=1.0, labels={}
@@ -130,15 +130,8 @@ async def server() -> AsyncIterator[tuple[str, web.Application]]:
     app = web.Application()
     app[SEEN] = []
     app.router.add_post("/v1/chat/completions", _handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        await runner.cleanup()
+    async with serving(app, shutdown_timeout=0.1) as url:
+        yield url, app
 
 
 @pytest.fixture

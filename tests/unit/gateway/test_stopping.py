@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,21 @@ from gateway.stopping import stop_step
 async def _hang_on_a_lock(lock: asyncio.Lock) -> None:
     async with lock:
         pass
+
+
+def _then_the_ledger(name: str, step: Coroutine[Any, Any, object]) -> bool:
+    """Stop `step` as `name`, then a ledger step; whether the ledger step ran."""
+    ran: list[str] = []
+
+    async def flush() -> None:
+        ran.append("flush")
+
+    async def main() -> None:
+        await stop_step(name, step)
+        await stop_step("the ledger", flush())
+
+    asyncio.run(main())
+    return ran == ["flush"]
 
 
 async def _swallow_cancellation() -> None:
@@ -58,62 +75,38 @@ def test_a_step_that_hangs_is_cut_off_named_and_the_next_step_runs(caplog: pytes
 
 
 def test_the_log_shows_where_other_tasks_wait(caplog: pytest.LogCaptureFixture) -> None:
-    async def background(lock: asyncio.Lock) -> None:
-        async with lock:
-            pass
-
     async def main() -> None:
         lock = asyncio.Lock()
         await lock.acquire()
-        task = asyncio.create_task(background(lock))
+        task = asyncio.create_task(_hang_on_a_lock(lock))
         await asyncio.sleep(0)
         await stop_step("the health checker", asyncio.sleep(5), limit=0.1)
         task.cancel()
 
     with caplog.at_level(logging.ERROR, logger="switchyard"):
         asyncio.run(main())
-    assert "in background" in caplog.records[0].getMessage()
+    assert "in _hang_on_a_lock" in caplog.records[0].getMessage()
 
 
 def test_a_step_that_fails_is_logged_and_the_next_step_runs(caplog: pytest.LogCaptureFixture) -> None:
-    ran: list[str] = []
-
     async def broken() -> None:
         raise ConnectionResetError("peer went away")
 
-    async def flush() -> None:
-        ran.append("flush")
-
-    async def main() -> None:
-        await stop_step("the upstream pool", broken())
-        await stop_step("the ledger", flush())
-
     with caplog.at_level(logging.ERROR, logger="switchyard"):
-        asyncio.run(main())
-    assert ran == ["flush"]
+        assert _then_the_ledger("the upstream pool", broken())
     assert "shutdown: the upstream pool failed" in caplog.records[0].getMessage()
     assert caplog.records[0].exc_info is not None
 
 
 def test_a_step_that_ends_cancelled_does_not_end_the_shutdown(caplog: pytest.LogCaptureFixture) -> None:
-    ran: list[str] = []
-
     async def awaits_a_cancelled_task() -> None:
         task = asyncio.create_task(asyncio.sleep(5))
         await asyncio.sleep(0)
         task.cancel()
         await task
 
-    async def flush() -> None:
-        ran.append("flush")
-
-    async def main() -> None:
-        await stop_step("the scraper", awaits_a_cancelled_task())
-        await stop_step("the ledger", flush())
-
     with caplog.at_level(logging.ERROR, logger="switchyard"):
-        asyncio.run(main())
-    assert ran == ["flush"]
+        assert _then_the_ledger("the scraper", awaits_a_cancelled_task())
     assert "shutdown: the scraper was cancelled" in caplog.records[0].getMessage()
 
 

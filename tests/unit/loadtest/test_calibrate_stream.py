@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from loadtest.calibrate.measure import ServerError, stream_client, stream_completion
+from tests.support import serving
 
 GAP_S = 0.02
 
@@ -33,20 +34,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def test_a_streamed_completion_is_timed_from_its_sse_lines() -> None:
     app = web.Application()
     app.router.add_post("/v1/completions", _completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with stream_client() as client:
-            timed = await stream_completion(client, url, "m", [1, 2, 3], 5, {"x-session-id": "s"})
-            assert timed.prompt_tokens == 3 and timed.output_tokens == 5
-            assert 2 * GAP_S * 0.9 <= timed.ttft_s < 2 * GAP_S + 0.05
-            assert timed.tpot_s == pytest.approx(GAP_S, rel=0.5)
-            assert timed.e2e_s >= timed.ttft_s + 4 * GAP_S * 0.9
-            with pytest.raises(ServerError, match=r"answered 404: .*no such model"):
-                await stream_completion(client, url, "other", [1], 2)
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url, stream_client() as client:
+        timed = await stream_completion(client, url, "m", [1, 2, 3], 5, {"x-session-id": "s"})
+        assert timed.prompt_tokens == 3 and timed.output_tokens == 5
+        assert 2 * GAP_S * 0.9 <= timed.ttft_s < 2 * GAP_S + 0.05
+        assert timed.tpot_s == pytest.approx(GAP_S, rel=0.5)
+        assert timed.e2e_s >= timed.ttft_s + 4 * GAP_S * 0.9
+        with pytest.raises(ServerError, match=r"answered 404: .*no such model"):
+            await stream_completion(client, url, "other", [1], 2)
