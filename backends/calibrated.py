@@ -15,6 +15,8 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
     one process: requests that arrive together queue for it; http_s of it is the client's own round trip,
     which a simulator's clients pay to the simulator instead),
     then waits admit_s (and, when the engine is busy, admit_busy_s more) before it is scheduled
+    and, when the profile measured the server's slow spells (`pace`), every step's time is multiplied by
+    the factor of the spell it starts in (backends/sim/spells.py)
 
 so the simulator's scheduler (backends/sim/scheduler.py) replays queueing, chunked prefill and KV-cache
 pressure on it as it does on the datasheet profiles. The record also keeps what was measured (`points`,
@@ -38,6 +40,27 @@ _Count = Annotated[int, msgspec.Meta(ge=1)]
 
 PRIOR_PROMPT_TOKENS = 128
 """The short prompt a profile's TTFT prior is for (the datasheet priors' `ttft_s` is "a short prompt")."""
+
+
+class Pace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The server's slow spells: how much slower or faster than its mean a stretch of steps runs.
+
+    A real server's steps do not take the same time for the same work every time: a neighbour's work, the
+    CPU's clock, the allocator and the host move whole stretches of them (the same level run twice moves
+    by a fifth on a shared machine). Within a request that is not noise that averages out: a request that
+    lands in a slow spell is slow throughout. The sweep measures it as the spread of its requests' time per
+    output token within levels of one shape (`factors`: equally likely step-time factors, quantiles of
+    that spread, their mean 1, so the fitted means stay the means), over stretches about as long as one of
+    those requests (`spell_s`)."""
+
+    spell_s: Annotated[float, msgspec.Meta(gt=0)]
+    factors: Annotated[list[_NonNeg], msgspec.Meta(min_length=1)]
+
+    def __post_init__(self) -> None:
+        if any(a > b for a, b in itertools.pairwise(self.factors)):
+            raise ValueError("pace: the factors must not decrease")
+        if not self.factors[0] > 0:
+            raise ValueError("pace: every factor must be above 0")
 
 
 class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -72,6 +95,9 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     A real server's step does not grow in a line with its batch (a CPU's threads, a GPU's kernels fill
     up in steps), so a line through the levels on either side misses the ones between; empty:
     per_seq_s alone."""
+
+    pace: Pace | None = None
+    """The server's slow spells (`Pace`); None: every step takes its model's time."""
 
     def __post_init__(self) -> None:
         _check_curve("prefill", "token counts", self.prefill)
@@ -235,6 +261,8 @@ def dump_profile(profile: CalibratedProfile) -> str:
             del data["step"][curve]  # a profile without a curve is written as before it had one
     if not profile.step.http_s:
         del data["step"]["http_s"]  # nor one measured before it was
+    if profile.step.pace is None:
+        del data["step"]["pace"]
     header = (
         f"# {profile.accelerator} / {profile.model}: measured by `switchyard calibrate` (docs/calibrate.md)\n"
     )

@@ -185,9 +185,9 @@ class BatchRun:
 class BatchEngine:
     """Continuous batching over a `Hardware` profile (see `scheduler` and `perf`)."""
 
-    def __init__(self, hardware: Hardware, stats: EngineStats, clock: SimClock) -> None:
+    def __init__(self, hardware: Hardware, stats: EngineStats, clock: SimClock, seed: int = 0) -> None:
         self.hardware = hardware
-        self.perf = PerfModel(hardware)
+        self.perf = PerfModel(hardware, seed)
         self.scheduler = Scheduler(hardware.limits, hardware.num_blocks, stats)
         self._clock = clock
         self._wake = asyncio.Event()
@@ -276,7 +276,7 @@ class BatchEngine:
             else:
                 start = last_end
             plan = scheduler.plan(start)
-            duration = perf.step_seconds(plan.work)
+            duration = perf.step_seconds(plan.work, start)
             waiting = scheduler.waiting
             if duration <= 0 and waiting and waiting[0].ready > start:  # a calibrated front end's wait
                 ready = waiting[0].ready

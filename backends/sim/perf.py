@@ -19,7 +19,8 @@ weights and the batch's KV cache once) until a large batch makes its FLOPs the b
 `max`). `tp` is `tp_efficiency` with more than one GPU, else 1.
 
 A calibrated backend (`Hardware.fitted`, backends/calibrated.py) is priced by its measured linear model
-instead: overhead + per sequence + per prefill token + per decode context token.
+instead: overhead + per sequence + per prefill token + per decode context token, times the factor of
+the slow spell the step starts in when the profile measured them (backends/sim/spells.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.sim.profiles import Hardware
+from backends.sim.spells import Spells
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,8 @@ class StepWork:
 
 
 class PerfModel:
-    def __init__(self, hardware: Hardware) -> None:
+    def __init__(self, hardware: Hardware, seed: int = 0) -> None:
+        """`seed`: the draw of a calibrated backend's slow spells (two backends, two seeds)."""
         gpu, model = hardware.gpu, hardware.model
         scale = hardware.gpus * (gpu.tp_efficiency if hardware.gpus > 1 else 1.0)
         self.hardware = hardware
@@ -55,13 +58,18 @@ class PerfModel:
         self._flops_per_token = model.flops_per_token
         self._attention = model.attention_flops_per_context_token
         self._fitted = hardware.fitted
+        pace = hardware.fitted.pace if hardware.fitted is not None else None
+        self._spells = Spells(pace, seed) if pace is not None else None
 
-    def step_seconds(self, work: StepWork) -> float:
+    def step_seconds(self, work: StepWork, at: float | None = None) -> float:
+        """The step's duration; `at`: when it starts (the simulator's clock), for a slow spell's factor."""
         seqs = work.prefill_seqs + work.decode_seqs
         if seqs == 0:
             return 0.0
         if self._fitted is not None:
-            return self._fitted.step_seconds(seqs, work.prefill_tokens, work.decode_context)
+            seconds = self._fitted.step_seconds(seqs, work.prefill_tokens, work.decode_context)
+            spells = self._spells
+            return seconds * spells.factor(at) if spells is not None and at is not None else seconds
         flops = self._flops * self._flops_eff(work.prefill_tokens + work.decode_seqs)
         bandwidth = self._bandwidth * self._bw_eff(seqs)
         attention = self._attention_flops

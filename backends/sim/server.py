@@ -81,7 +81,8 @@ class SimServer:
         self.stats = EngineStats(model_name=options.models[0], kv_capacity_tokens=options.kv_capacity_tokens)
         self.engine: Engine
         if options.hardware is not None:
-            self.engine = BatchEngine(options.hardware, self.stats, self.clock)
+            spells = zlib.crc32(f"{options.name}/{options.seed}".encode())  # a server's own slow spells
+            self.engine = BatchEngine(options.hardware, self.stats, self.clock, spells)
         else:
             self.engine = FixedEngine(options.resolved_timing(), self.stats, self.clock)
         self.faults = FaultState(options.resolved_faults(), options.seed, self.clock.sleep)

@@ -1,14 +1,14 @@
 """Re-run a calibration check from a recording (loadtest/calibrate/recording.py), without the real server.
 
-    python -m loadtest.calibrate.offline DIR [--http] [--refine-s 60] [--linear-decode]
+    python -m loadtest.calibrate.offline DIR [--http] [--refine-s 60] [--linear-decode] [--no-spells]
 
 It fits the profile from the recorded sweep exactly as `switchyard calibrate` does (the fit sees the
 sweep only), writes it to DIR/offline-profile.yaml (`--linear-decode`: without the decode curve, to
-DIR/offline-linear.yaml), runs the recorded held-apart load on the simulator's
-scheduler on a virtual clock (`--http`: on `python -m backends.sim` servers of the profile and of the
-built-in MI300X one, as the test does), prints the comparison with the recorded real run, and replays the
-recorded access log with `whatif` for the SLO attainment per class. Exit status 0 when every level and
-every class agrees.
+DIR/offline-linear.yaml; `--no-spells`: without the server's slow spells, to DIR/offline-*-steady.yaml),
+runs the recorded held-apart load on the simulator's scheduler on a virtual clock (`--http`: on
+`python -m backends.sim` servers of the profile and of the built-in MI300X one, as the test does), prints the
+comparison with the recorded real run, and replays the recorded access log with `whatif` for the SLO
+attainment per class. Exit status 0 when every level and every class agrees.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
 SCRAPE_S = 1.0
 
 
-def refit(recording: Recording, refine_s: float, decode_curve: bool = True) -> CalibratedProfile:
+def refit(
+    recording: Recording, refine_s: float, decode_curve: bool = True, spells: bool = True
+) -> CalibratedProfile:
     deadline = time.monotonic() + refine_s
     return fit_profile(
         recording.options,
@@ -60,6 +62,7 @@ def refit(recording: Recording, refine_s: float, decode_curve: bool = True) -> C
         deadline,
         lambda _: None,
         decode_curve=decode_curve,
+        spells=spells,
     )
 
 
@@ -106,12 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--linear-decode", action="store_true", help="fit without the decode curve (per_seq_s alone)"
     )
+    parser.add_argument(
+        "--no-spells", action="store_true", help="fit without the server's slow spells (every step its mean)"
+    )
     args = parser.parse_args(argv)
     directory: Path = args.directory
     recording = load(directory)
     print(f"recording {directory}: load average {recording.loadavg} when its real legs ended")
-    profile_path = directory / ("offline-linear.yaml" if args.linear_decode else "offline-profile.yaml")
-    profile_path.write_text(dump_profile(refit(recording, args.refine_s, not args.linear_decode)))
+    name = "offline-linear" if args.linear_decode else "offline-profile"
+    profile_path = directory / f"{name}{'-steady' if args.no_spells else ''}.yaml"
+    profile_path.write_text(
+        dump_profile(refit(recording, args.refine_s, not args.linear_decode, not args.no_spells))
+    )
     profile = load_profile(profile_path)
     failed = False
     if args.http:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+import msgspec
+
 from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
 from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, prefill_row
 from loadtest.calibrate.levels import (
@@ -46,6 +48,7 @@ from loadtest.calibrate.levels import (
     staggered,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
+from loadtest.calibrate.pace import pace_of
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
 from loadtest.calibrate.warmup import longest_prompt, warm_up
 
@@ -310,11 +313,12 @@ def fit_profile(
     say: Callable[[str], None],
     source: Source | None = None,
     decode_curve: bool = True,
+    spells: bool = True,
 ) -> CalibratedProfile:
     """The profile the sweep's `levels` give: the linear fit, the curves, then the refinement on the
     simulator's scheduler until `deadline` (time.monotonic()). A recording's levels give the same
     profile offline (loadtest/calibrate/offline.py); `decode_curve=False`: the per-sequence line only
-    (to compare the two on one recording)."""
+    (to compare the two on one recording); `spells=False`: without the server's slow spells."""
     rows: list[tuple[Level, str, Row]] = []
     for level in levels:
         if level.kind == "prefill" and level.engine_ttft_s > 0:
@@ -341,6 +345,11 @@ def fit_profile(
     curved = with_measured_curves(linear, limits, shapes, decode_curve)
     step, before, after = refine(curved, limits, shapes, say, deadline)
     say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
+    pace = pace_of(levels) if spells else None
+    if pace is not None:  # fitted to the means, which the spells keep (their factors' mean is 1)
+        step = msgspec.structs.replace(step, pace=pace)
+        low, high = pace.factors[0], pace.factors[-1]
+        say(f"slow spells: {pace.spell_s * 1000:.0f} ms, step-time factors {low:.2f}-{high:.2f}")
     points = []
     replayed = [level for level in levels if level.kind != "prefix" and level.timed]
     for level, shape in zip(replayed, shapes, strict=True):

@@ -29,7 +29,7 @@ def coast(sim: SimBackend, start: float, horizon: float) -> tuple[float, int]:
     steps, t = 0, start
     step_seconds = perf.step_seconds
     while steps < room and t < horizon:
-        t += step_seconds(StepWork(decode_seqs=seqs, decode_context=context))
+        t += step_seconds(StepWork(decode_seqs=seqs, decode_context=context), t)
         context += seqs
         steps += 1
     pool = scheduler.pool

@@ -302,7 +302,7 @@ class Replay:
         scheduler, perf = sim.scheduler, sim.perf
         assert scheduler is not None and perf is not None
         plan = scheduler.plan(start)
-        duration = perf.step_seconds(plan.work)
+        duration = perf.step_seconds(plan.work, start)
         if duration <= 0:  # idle until the next submit, or until a request leaves a calibrated front end
             ready = sim.leaves_front_end(start)
             sim.stepping, sim.plan = ready is not None, None

@@ -8,6 +8,7 @@ HTTP simulator runs them.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ class SimBackend:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
         if self.hardware is not None:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
-            self.perf = PerfModel(self.hardware)
+            self.perf = PerfModel(self.hardware, zlib.crc32(self.backend.name.encode()))
 
     def enter(
         self, prompt_tokens: int, hashes: list[int], lengths: list[int], reasons: list[str], now: float

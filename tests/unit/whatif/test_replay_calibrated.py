@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit, dump_profile
+from backends.calibrated import CalibratedProfile, FitError, Limits, Pace, StepFit, dump_profile
 from loadtest.calibrate.agreement import ClassSlo, calibrated_fleet, replayed_attainment
 from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import read_log
@@ -20,7 +20,11 @@ MODEL = "tiny-llama"
 
 
 def _profile(
-    path: Path, request_s: float, admit_busy_s: float, prefill: list[tuple[int, float]] | None = None
+    path: Path,
+    request_s: float,
+    admit_busy_s: float,
+    prefill: list[tuple[int, float]] | None = None,
+    pace: Pace | None = None,
 ) -> Path:
     profile = CalibratedProfile(
         accelerator="mi300x",
@@ -33,6 +37,7 @@ def _profile(
             request_s=request_s,
             admit_busy_s=admit_busy_s,
             prefill=prefill or [],
+            pace=pace,
         ),
         limits=Limits(
             block_size=16, num_blocks=1024, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=512
@@ -67,11 +72,16 @@ def _log(path: Path, arrivals: list[float]) -> Path:
     return path
 
 
-def _ttfts(log: Path, profile: Path) -> list[float]:
+def _outcomes(log: Path, profile: Path) -> list[tuple[float, float]]:
+    """Each request's replayed TTFT and time per output token."""
     fleet = build_fleet(calibrated_fleet(profile, MODEL, 512, "calibrated"))
     engine = PolicyEngine(load_policy(policy_file("balanced")), [s.backend for s in fleet])
     result = Replay(fleet, engine, read_log(log).requests, 0.2).run()
-    return [o.ttft or 0.0 for o in result.outcomes]
+    return [(o.ttft or 0.0, o.tpot or 0.0) for o in result.outcomes]
+
+
+def _ttfts(log: Path, profile: Path) -> list[float]:
+    return [ttft for ttft, _ in _outcomes(log, profile)]
 
 
 def test_replayed_ttft_counts_the_front_end_and_the_busy_engines_wait(tmp_path: Path) -> None:
@@ -100,3 +110,20 @@ def test_replay_prefills_on_the_profiles_curve_at_each_steps_total(tmp_path: Pat
     assert ttfts[2:] == pytest.approx([alone + 0.002 + 0.010 - 0.001] * 2)
     linear = _ttfts(log, _profile(tmp_path / "linear.yaml", 0.0, 0.0))
     assert linear[2:] == pytest.approx([0.002 + 100 * 0.0001 + 0.002 + 200 * 0.0001 - 0.001] * 2)
+
+
+def test_replayed_steps_run_at_the_pace_of_the_servers_spells(tmp_path: Path) -> None:
+    """Every step, coasted decode steps too, takes its model's time times its spell's factor; the front
+    end is not a step and keeps its own time."""
+    log = _log(tmp_path / "a.jsonl", [0.0, 10.0, 10.001])
+    steady = _outcomes(log, _profile(tmp_path / "steady.yaml", 0.01, 0.0))
+    slow = _outcomes(log, _profile(tmp_path / "slow.yaml", 0.01, 0.0, pace=Pace(spell_s=0.05, factors=[2.0])))
+    for (ttft, tpot), (slow_ttft, slow_tpot) in zip(steady, slow, strict=True):
+        assert slow_ttft - 0.01 == pytest.approx(2 * (ttft - 0.01), rel=0.05)
+        assert slow_tpot == pytest.approx(2 * tpot)
+    spread = _outcomes(
+        log, _profile(tmp_path / "spread.yaml", 0.01, 0.0, pace=Pace(spell_s=0.001, factors=[0.5, 1.5]))
+    )
+    assert spread != steady and spread == _outcomes(
+        log, tmp_path / "spread.yaml"
+    )  # drawn, and the same each time
