@@ -49,9 +49,10 @@ class Pace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     CPU's clock, the allocator and the host move whole stretches of them (the same level run twice moves
     by a fifth on a shared machine). Within a request that is not noise that averages out: a request that
     lands in a slow spell is slow throughout. The sweep measures it as the spread of its requests' time per
-    output token within levels of one shape (`factors`: equally likely step-time factors, quantiles of
-    that spread, their mean 1, so the fitted means stay the means), over stretches about as long as one of
-    those requests (`spell_s`)."""
+    output token within levels of one shape, over stretches about as long as one of those requests
+    (`spell_s`). `factors`: a spell's step-time factor, equally likely each; a slow spell holds fewer
+    steps than a fast one, so they are that spread counted by time, and their harmonic mean is 1, so that
+    steps counted one by one keep the fitted mean (loadtest/calibrate/pace.py)."""
 
     spell_s: Annotated[float, msgspec.Meta(gt=0)]
     factors: Annotated[list[_NonNeg], msgspec.Meta(min_length=1)]

@@ -3,18 +3,23 @@
 Within a level every request has the same shape (prompt, output, the same number of others running), so
 the model gives them all one time per output token; what the server gave them spreads around it. Each
 request's time per output token over its level's mean is one sample of how fast the server ran while that
-request decoded. The samples of every such level, pooled, are the profile's factors (quantiles, their mean
-1), and the time a request took to decode is how long a spell lasts.
+request decoded, and the time a request took to decode is how long a spell lasts.
+
+The simulator draws a factor per stretch of its clock, not per step, and a slow stretch holds fewer steps
+than a fast one: drawn from the samples as they are, its steps would run faster on average than the
+server's. So the factors are the samples' quantiles with each sample counted by its own ratio (the time
+it stands for), scaled so their harmonic mean is 1: then the steps, counted one by one, run at the
+samples' spread with the fitted mean.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 
 from backends.calibrated import Pace
 from loadtest.calibrate.levels import Level
-from loadtest.stats import percentile
 
 QUANTILES = 10
 """Factors kept: the middles of ten equal shares of the samples."""
@@ -37,9 +42,33 @@ def pace_of(levels: Sequence[Level]) -> Pace | None:
         decode_times.extend(t.e2e_s - t.ttft_s for t in timed)
     if len(ratios) < MIN_SAMPLES:
         return None
-    factors = [percentile(ratios, 100.0 * (i + 0.5) / QUANTILES) or 0.0 for i in range(QUANTILES)]
-    scale = statistics.fmean(factors)
+    factors = _time_weighted_quantiles(ratios, QUANTILES)
     spell_s = statistics.median(decode_times)
-    if scale <= 0 or factors[0] <= 0 or spell_s <= 0:
+    if factors[0] <= 0 or spell_s <= 0:
         return None
+    scale = statistics.harmonic_mean(factors)
     return Pace(spell_s=round(spell_s, 6), factors=[round(f / scale, 4) for f in factors])
+
+
+def _time_weighted_quantiles(ratios: list[float], count: int) -> list[float]:
+    """The ratios at the middles of `count` equal shares of their total (each ratio weighs itself),
+    linear between neighbours."""
+    ordered = sorted(ratios)
+    total = sum(ordered)
+    middles: list[float] = []  # each sample's weight centre on the cumulative scale, 0..1
+    below = 0.0
+    for r in ordered:
+        middles.append((below + r / 2) / total)
+        below += r
+    factors = []
+    for i in range(count):
+        q = (i + 0.5) / count
+        j = bisect.bisect_left(middles, q)
+        if j == 0:
+            factors.append(ordered[0])
+        elif j == len(ordered):
+            factors.append(ordered[-1])
+        else:
+            share = (q - middles[j - 1]) / (middles[j] - middles[j - 1])
+            factors.append(ordered[j - 1] + (ordered[j] - ordered[j - 1]) * share)
+    return factors
