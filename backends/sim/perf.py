@@ -61,6 +61,11 @@ class PerfModel:
         pace = hardware.fitted.pace if hardware.fitted is not None else None
         self._spells = Spells(pace, seed) if pace is not None else None
 
+    @property
+    def paced(self) -> bool:
+        """Whether its steps meet slow spells (a calibrated profile that measured them)."""
+        return self._spells is not None
+
     def step_seconds(self, work: StepWork, at: float | None = None) -> float:
         """The step's duration; `at`: when it starts (the simulator's clock), for a slow spell's factor."""
         seqs = work.prefill_seqs + work.decode_seqs

@@ -41,6 +41,8 @@ class SimBackend:
     """Seconds the engine spent in steps (utilisation)."""
     plan: Any = None
     """The step in flight (`Scheduler.plan`), applied when it ends."""
+    draw: int = 0
+    """Which draw of a calibrated backend's slow spells this replay runs (backends/sim/spells.py)."""
     front: FrontEnd = field(default_factory=FrontEnd)
     """A calibrated server's front end (it takes one request at a time)."""
 
@@ -48,7 +50,8 @@ class SimBackend:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
         if self.hardware is not None:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
-            self.perf = PerfModel(self.hardware, zlib.crc32(self.backend.name.encode()))
+            seed = zlib.crc32(f"{self.backend.name}/{self.draw}".encode())
+            self.perf = PerfModel(self.hardware, seed)
 
     def enter(
         self, prompt_tokens: int, hashes: list[int], lengths: list[int], reasons: list[str], now: float
@@ -111,8 +114,9 @@ def pool_configs(spec: FleetSpec) -> list[dict[str, Any]]:
     ]
 
 
-def build_fleet(spec: FleetSpec) -> list[SimBackend]:
-    """Fresh backends (empty queues, cold caches) for one replay."""
+def build_fleet(spec: FleetSpec, draw: int = 0) -> list[SimBackend]:
+    """Fresh backends (empty queues, cold caches) for one replay; `draw`: which of the calibrated backends'
+    slow spells it meets (another draw, another sequence of them)."""
     backends = build_backends(msgspec.convert(pool_configs(spec), list[PoolConfig]), environ={})
     by_pool = {g.pool: g for g in spec.groups}
     return [
@@ -122,6 +126,7 @@ def build_fleet(spec: FleetSpec) -> list[SimBackend]:
             hardware=by_pool[backend.pool.name].hardware(spec.model),
             ttft_s=by_pool[backend.pool.name].ttft_ms / 1000,
             tpot_s=by_pool[backend.pool.name].tpot_ms / 1000,
+            draw=draw,
         )
         for backend in backends
     ]

@@ -127,3 +127,27 @@ def test_replayed_steps_run_at_the_pace_of_the_servers_spells(tmp_path: Path) ->
     assert spread != steady and spread == _outcomes(
         log, tmp_path / "spread.yaml"
     )  # drawn, and the same each time
+
+
+def test_attainment_on_a_profile_with_spells_is_the_mean_over_draws(tmp_path: Path) -> None:
+    """One replay meets one draw of the spells; the attainment the check compares is the mean of several,
+    each its own draw (another seed per draw), and a profile without spells is replayed once."""
+    arrivals = [i * 0.05 for i in range(60)]
+    log = _log(tmp_path / "a.jsonl", arrivals)
+    paced = _profile(tmp_path / "p.yaml", 0.0, 0.0, pace=Pace(spell_s=0.02, factors=[0.5, 1.0, 2.0]))
+    fleet = calibrated_fleet(paced, MODEL, 512, "calibrated")
+    policy = policy_file("balanced")
+    ttfts = sorted(_ttfts(log, paced))
+    slos = {"chat": ClassSlo(ttft_s=ttfts[len(ttfts) // 2], tpot_s=1.0)}
+    singles = []
+    for draw in range(4):
+        sims = build_fleet(fleet, draw)
+        engine = PolicyEngine(load_policy(policy), [s.backend for s in sims])
+        outcomes = Replay(sims, engine, read_log(log).requests, 0.2).run().outcomes
+        singles.append(sum(o.ok and (o.ttft or 0.0) <= slos["chat"].ttft_s for o in outcomes) / len(outcomes))
+    assert len(set(singles)) > 1  # each draw its own spells
+    assert replayed_attainment(log, fleet, policy, slos, draws=4)["chat"] == pytest.approx(sum(singles) / 4)
+    steady = calibrated_fleet(_profile(tmp_path / "s.yaml", 0.0, 0.0), MODEL, 512, "calibrated")
+    assert replayed_attainment(log, steady, policy, slos, draws=4) == replayed_attainment(
+        log, steady, policy, slos, draws=1
+    )
