@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from backends.calibrated import Pace
+import msgspec
+
+from backends.calibrated import Pace, StepFit
 from loadtest.calibrate.levels import Level
 
 QUANTILES = 10
@@ -26,6 +28,17 @@ QUANTILES = 10
 MIN_LEVEL_REQUESTS = 8
 MIN_SAMPLES = 40
 """Fewer samples than this (a sweep cut short by its budget) measure no spread: no `Pace`."""
+
+
+def with_spells(step: StepFit, levels: Sequence[Level], say: Callable[[str], None]) -> StepFit:
+    """`step` with the spells `levels` measured, if they measured any. The step model was fitted to the
+    means, which the spells keep."""
+    pace = pace_of(levels)
+    if pace is None:
+        return step
+    low, high = pace.factors[0], pace.factors[-1]
+    say(f"slow spells: {pace.spell_s * 1000:.0f} ms, step-time factors {low:.2f}-{high:.2f}")
+    return msgspec.structs.replace(step, pace=pace)
 
 
 def pace_of(levels: Sequence[Level]) -> Pace | None:

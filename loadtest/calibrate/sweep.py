@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-import msgspec
-
 from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
 from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, prefill_row
 from loadtest.calibrate.levels import (
@@ -48,7 +46,7 @@ from loadtest.calibrate.levels import (
     staggered,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
-from loadtest.calibrate.pace import pace_of
+from loadtest.calibrate.pace import with_spells
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
 from loadtest.calibrate.warmup import longest_prompt, warm_up
 
@@ -345,11 +343,7 @@ def fit_profile(
     curved = with_measured_curves(linear, limits, shapes, decode_curve)
     step, before, after = refine(curved, limits, shapes, say, deadline)
     say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
-    pace = pace_of(levels) if spells else None
-    if pace is not None:  # fitted to the means, which the spells keep (their factors' mean is 1)
-        step = msgspec.structs.replace(step, pace=pace)
-        low, high = pace.factors[0], pace.factors[-1]
-        say(f"slow spells: {pace.spell_s * 1000:.0f} ms, step-time factors {low:.2f}-{high:.2f}")
+    step = with_spells(step, levels, say) if spells else step
     points = []
     replayed = [level for level in levels if level.kind != "prefix" and level.timed]
     for level, shape in zip(replayed, shapes, strict=True):
