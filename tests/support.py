@@ -1,5 +1,5 @@
 """Helpers shared by the test suites: free ports, a gateway subprocess, a recording backend, an aiohttp app
-served for a block."""
+served for a block, a simulator of a calibrated profile timing one prompt."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import redis
 import yaml
 from aiohttp import web
 
+from backends.calibrated import CalibratedProfile
 from backends.lifetime import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,3 +224,27 @@ def metric(values: dict[str, float], name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in series for k, v in labels.items()):
             total += value
     return total
+
+
+async def simulated_ttft(profile: CalibratedProfile, prompt_tokens: int) -> float:
+    """The TTFT a simulator server of `profile` (20 times real time) reports in its own metrics for one
+    completion of a `prompt_tokens` prompt, in simulated seconds."""
+    from backends.sim.app import start_server
+    from backends.sim.options import SimOptions
+    from backends.sim.profiles import calibrated_hardware
+
+    hardware = calibrated_hardware(profile)
+    options = SimOptions(models=(profile.model,), max_model_len=512, hardware=hardware, time_scale=20)
+    server = await start_server(options)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=30) as http:
+            body = {"prompt": list(range(prompt_tokens)), "max_tokens": 3}
+            assert (await http.post("/v1/completions", json=body)).status_code == 200
+            text = (await http.get("/metrics")).text
+    finally:
+        await server.close()
+    return next(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:time_to_first_token_seconds_sum")
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import msgspec
 import pytest
 
@@ -19,14 +18,13 @@ from backends.calibrated import (
     parse_profile,
 )
 from backends.models import PoolConfig, build_backends
-from backends.sim.app import start_server
 from backends.sim.metrics import EngineStats
-from backends.sim.options import SimOptions
 from backends.sim.perf import PerfModel, StepWork
 from backends.sim.profiles import build_hardware, calibrated_hardware
 from backends.sim.scheduler import Group, Scheduler
 from backends.yamlfile import ConfigError
 from gateway.batch.slowdown import LineShape, line_cost
+from tests.support import simulated_ttft
 
 MODEL = "tiny-llama"
 STEP = StepFit(
@@ -101,23 +99,9 @@ def test_scheduler_does_not_admit_a_group_before_it_is_ready() -> None:
     assert scheduler.plan(0.5).work.prefill_tokens == 32 and stats.running == 1
 
 
-async def test_simulator_from_a_profile_times_ttft_as_the_fit_predicts(tmp_path: Path) -> None:
+async def test_simulator_from_a_profile_times_ttft_as_the_fit_predicts() -> None:
     p = profile(request_s=0.0)
-    options = SimOptions(models=(MODEL,), max_model_len=512, hardware=calibrated_hardware(p), time_scale=20)
-    server = await start_server(options)
-    try:
-        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=30) as http:
-            r = await http.post("/v1/completions", json={"prompt": list(range(200)), "max_tokens": 3})
-            assert r.status_code == 200
-            metrics = (await http.get("/metrics")).text
-    finally:
-        await server.close()
-    ttft = next(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("vllm:time_to_first_token_seconds_sum")
-    )
-    assert ttft == pytest.approx(p.ttft_seconds(200), rel=0.02)
+    assert await simulated_ttft(p, 200) == pytest.approx(p.ttft_seconds(200), rel=0.02)
 
 
 def test_catalogue_records_replace_the_datasheet_priors_for_their_model(measured: Path) -> None:

@@ -3,19 +3,17 @@ model, old files without one, and the simulator, the priors and the drift check 
 
 from __future__ import annotations
 
-import httpx
 import msgspec
 import pytest
 
 from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit, dump_profile, parse_profile
 from backends.drift import predict
-from backends.sim.app import start_server
 from backends.sim.metrics import EngineStats
-from backends.sim.options import SimOptions
 from backends.sim.perf import PerfModel
 from backends.sim.profiles import calibrated_hardware
 from backends.sim.scheduler import Group, Scheduler
 from backends.yamlfile import ConfigError
+from tests.support import simulated_ttft
 
 MODEL = "tiny-llama"
 CURVE = [(16, 0.008), (128, 0.020), (256, 0.024), (488, 0.026)]
@@ -129,21 +127,7 @@ def test_drift_predicts_ttft_from_the_curve() -> None:
 
 
 async def _server_ttft(step: StepFit, prompt: int) -> float:
-    p = profile(step)
-    options = SimOptions(models=(MODEL,), max_model_len=512, hardware=calibrated_hardware(p), time_scale=20)
-    server = await start_server(options)
-    try:
-        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=30) as http:
-            r = await http.post("/v1/completions", json={"prompt": list(range(prompt)), "max_tokens": 3})
-            assert r.status_code == 200
-            metrics = (await http.get("/metrics")).text
-    finally:
-        await server.close()
-    return next(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("vllm:time_to_first_token_seconds_sum")
-    )
+    return await simulated_ttft(profile(step), prompt)
 
 
 async def test_the_simulator_times_a_prompt_on_the_curve() -> None:

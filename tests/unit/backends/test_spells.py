@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import statistics
 
-import httpx
 import pytest
 
 from backends.calibrated import Pace, StepFit, dump_profile, parse_profile
-from backends.sim.app import start_server
-from backends.sim.options import SimOptions
 from backends.sim.perf import PerfModel, StepWork
 from backends.sim.profiles import calibrated_hardware
 from backends.sim.spells import Spells
@@ -18,7 +15,8 @@ from backends.yamlfile import ConfigError
 from loadtest.calibrate.levels import Level
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.pace import MIN_SAMPLES, pace_of
-from tests.unit.backends.test_calibrated import MODEL, STEP, profile
+from tests.support import simulated_ttft
+from tests.unit.backends.test_calibrated import STEP, profile
 
 PACE = Pace(spell_s=0.2, factors=[0.6, 0.8, 1.0, 1.2, 1.4])
 
@@ -71,29 +69,12 @@ def test_the_step_model_takes_the_factor_of_the_spell_a_step_starts_in() -> None
 
 
 async def test_the_http_simulator_runs_its_steps_at_the_spells_pace() -> None:
-    async def ttft(pace: Pace | None) -> float:
-        p = profile(request_s=0.0)
-        p.step = _paced(pace, request_s=0.0)
-        options = SimOptions(
-            models=(MODEL,), max_model_len=512, hardware=calibrated_hardware(p), time_scale=20
-        )
-        server = await start_server(options)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=30) as http:
-                r = await http.post("/v1/completions", json={"prompt": list(range(200)), "max_tokens": 3})
-                assert r.status_code == 200
-                metrics = (await http.get("/metrics")).text
-        finally:
-            await server.close()
-        return next(
-            float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines()
-            if line.startswith("vllm:time_to_first_token_seconds_sum")
-        )
-
-    steady = await ttft(None)
-    assert steady == pytest.approx(profile().ttft_seconds(200) - STEP.request_s, rel=0.02)
-    assert await ttft(Pace(spell_s=0.5, factors=[3.0])) == pytest.approx(3 * steady, rel=0.02)
+    steady, slow = profile(request_s=0.0), profile(request_s=0.0)
+    steady.step = _paced(None, request_s=0.0)
+    slow.step = _paced(Pace(spell_s=0.5, factors=[3.0]), request_s=0.0)
+    alone = await simulated_ttft(steady, 200)
+    assert alone == pytest.approx(steady.ttft_seconds(200), rel=0.02)
+    assert await simulated_ttft(slow, 200) == pytest.approx(3 * alone, rel=0.02)  # a step, not a front end
 
 
 def _level(
