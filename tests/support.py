@@ -205,9 +205,14 @@ class RecordingBackend:
 
 
 def sim_metrics(url: str) -> dict[str, float]:
-    """Parse a backend's Prometheus text into {series: value} (labels kept in the key)."""
+    """A backend's /metrics as {series: value} (labels kept in the key)."""
+    return parse_metrics(httpx.get(url + "/metrics").text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as {series: value} (labels kept in the key)."""
     values: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
+    for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             values[name] = float(value)
@@ -234,7 +239,10 @@ async def simulated_ttft(profile: CalibratedProfile, prompt_tokens: int) -> floa
     from backends.sim.profiles import calibrated_hardware
 
     hardware = calibrated_hardware(profile)
-    options = SimOptions(models=(profile.model,), max_model_len=512, hardware=hardware, time_scale=20)
+    max_model_len = profile.limits.max_model_len
+    options = SimOptions(
+        models=(profile.model,), max_model_len=max_model_len, hardware=hardware, time_scale=20
+    )
     server = await start_server(options)
     try:
         async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=30) as http:
@@ -243,8 +251,4 @@ async def simulated_ttft(profile: CalibratedProfile, prompt_tokens: int) -> floa
             text = (await http.get("/metrics")).text
     finally:
         await server.close()
-    return next(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:time_to_first_token_seconds_sum")
-    )
+    return metric(parse_metrics(text), "vllm:time_to_first_token_seconds_sum")

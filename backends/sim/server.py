@@ -38,6 +38,7 @@ from backends.sim.protocol import (
     stream_usage,
 )
 from backends.sim.responses_api import ResponsesShape, not_found_response, responses_to_chat
+from backends.sim.spells import spell_seed
 from backends.sim.text import Generation, generate
 
 log = logging.getLogger("backends.sim")
@@ -81,7 +82,7 @@ class SimServer:
         self.stats = EngineStats(model_name=options.models[0], kv_capacity_tokens=options.kv_capacity_tokens)
         self.engine: Engine
         if options.hardware is not None:
-            spells = zlib.crc32(f"{options.name}/{options.seed}".encode())  # a server's own slow spells
+            spells = spell_seed(options.name, options.seed)
             self.engine = BatchEngine(options.hardware, self.stats, self.clock, spells)
         else:
             self.engine = FixedEngine(options.resolved_timing(), self.stats, self.clock)

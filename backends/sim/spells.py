@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 
 from backends.calibrated import Pace
+
+
+def spell_seed(backend: str, draw: int) -> int:
+    """The seed of a backend's spells: its own (by name), and another for each draw of them."""
+    return zlib.crc32(f"{backend}/{draw}".encode())
 
 
 class Spells:

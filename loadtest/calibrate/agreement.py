@@ -107,10 +107,11 @@ def replayed_attainment(
     mean over `draws` replays, each meeting its own draw of a calibrated profile's slow spells (one
     draw is one of many runs the server might have given; the real run is another)."""
     trace = read_log(log)
+    loaded = load_policy(policy)
     results = []
     for draw in range(draws):
         sims = build_fleet(fleet, draw)
-        engine = PolicyEngine(load_policy(policy), [s.backend for s in sims])
+        engine = PolicyEngine(loaded, [s.backend for s in sims])
         result = Replay(sims, engine, trace.requests, scrape_interval_s).run()
         for request, outcome in zip(trace.requests, result.outcomes, strict=True):
             cls = request.line.request_class

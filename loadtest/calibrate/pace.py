@@ -47,12 +47,12 @@ def pace_of(levels: Sequence[Level]) -> Pace | None:
     for level in levels:
         if level.kind not in ("prefill", "load") or level.outputs or level.bursty:
             continue  # staggered outputs differ by design; a bursty client timed its own starvation
-        timed = [t for t in level.timed if t.tpot_s is not None and t.tpot_s > 0]
-        if len(timed) < MIN_LEVEL_REQUESTS:
+        samples = [(t.tpot_s, t.e2e_s - t.ttft_s) for t in level.timed if t.tpot_s]
+        if len(samples) < MIN_LEVEL_REQUESTS:
             continue
-        mean = statistics.fmean(t.tpot_s for t in timed if t.tpot_s is not None)
-        ratios.extend(t.tpot_s / mean for t in timed if t.tpot_s is not None)
-        decode_times.extend(t.e2e_s - t.ttft_s for t in timed)
+        mean = statistics.fmean(tpot for tpot, _ in samples)
+        ratios.extend(tpot / mean for tpot, _ in samples)
+        decode_times.extend(decode for _, decode in samples)
     if len(ratios) < MIN_SAMPLES:
         return None
     factors = _time_weighted_quantiles(ratios, QUANTILES)

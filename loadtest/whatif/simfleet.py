@@ -8,7 +8,6 @@ HTTP simulator runs them.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from backends.sim.metrics import EngineStats
 from backends.sim.perf import PerfModel
 from backends.sim.profiles import Hardware
 from backends.sim.scheduler import Group, Scheduler
+from backends.sim.spells import spell_seed
 
 
 @dataclass(eq=False, slots=True)
@@ -50,8 +50,7 @@ class SimBackend:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
         if self.hardware is not None:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
-            seed = zlib.crc32(f"{self.backend.name}/{self.draw}".encode())
-            self.perf = PerfModel(self.hardware, seed)
+            self.perf = PerfModel(self.hardware, spell_seed(self.backend.name, self.draw))
 
     def enter(
         self, prompt_tokens: int, hashes: list[int], lengths: list[int], reasons: list[str], now: float
