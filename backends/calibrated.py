@@ -14,7 +14,8 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
     the server's front end (HTTP, tokenisation), which takes one request at a time (vLLM's API server is
     one process: requests that arrive together queue for it; http_s of it is the client's own round trip,
     which a simulator's clients pay to the simulator instead),
-    then waits admit_s (and, when the engine is busy, admit_busy_s more) before it is scheduled
+    then waits admit_s (and, when the engine is busy, admit_busy_s more, and admit_per_seq_s per sequence
+    running) before it is scheduled; a step the running sequences share does not wait for it
     and, when the profile measured the server's slow spells (`pace`), every step's time is multiplied by
     the factor of the spell it starts in (backends/sim/spells.py)
 
@@ -85,6 +86,9 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     admit_busy_s: _NonNeg = 0.0
     """A newcomer's further wait when it reaches a busy engine (any sequence running) before it is
     scheduled, counted in its TTFT: the server's front end competing with the streams it serves."""
+    admit_per_seq_s: _NonNeg = 0.0
+    """And per sequence running: the server's front end hands a newcomer to the engine, and its first
+    token back, between the outputs of every stream it serves."""
     prefill: list[tuple[_Count, _NonNeg]] = []
     """The measured prefill curve, `[tokens, seconds]` by tokens: what prefilling that many prompt tokens
     adds to a step (on top of step_s and per_seq_s). Prefill is not linear on real hardware (launch
@@ -122,7 +126,9 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return self.request_s + self.request_per_seq_s * max(0, running)
 
     def admission_wait(self, running: int) -> float:
-        return self.admit_s + (self.admit_busy_s if running > 0 else 0.0)
+        if running <= 0:
+            return self.admit_s
+        return self.admit_s + self.admit_busy_s + self.admit_per_seq_s * running
 
     def step_seconds(self, seqs: int, prefill_tokens: float, decode_context: float) -> float:
         if seqs <= 0:
@@ -260,8 +266,9 @@ def dump_profile(profile: CalibratedProfile) -> str:
     for curve in ("prefill", "decode"):
         if not getattr(profile.step, curve):
             del data["step"][curve]  # a profile without a curve is written as before it had one
-    if not profile.step.http_s:
-        del data["step"]["http_s"]  # nor one measured before it was
+    for measured_later in ("http_s", "admit_per_seq_s"):
+        if not getattr(profile.step, measured_later):
+            del data["step"][measured_later]  # nor one measured before it was
     if profile.step.pace is None:
         del data["step"]["pace"]
     header = (

@@ -58,21 +58,34 @@ def predict(coefficients: Sequence[float], features: Sequence[float]) -> float:
 
 def prefill_curve(
     step: StepFit, alone: Sequence[tuple[int, float]], max_tokens: int
-) -> list[tuple[int, float]]:
-    """The prefill curve (StepFit.prefill) under which `step` reproduces what requests sent one at a time
-    measured, `alone`: (prompt tokens, vLLM's mean TTFT). A request alone waits its admission and then
-    runs one step of one sequence that prefills its whole prompt (when the prompt fits in a step,
-    `max_tokens`; a longer one is chunked over several steps and left to per_prefill_token_s), so its
-    prompt's share is that TTFT less the rest of the step. The median per size, then made non-decreasing
-    (a longer prompt that measured faster is pooled with the shorter ones: noise)."""
+) -> tuple[list[tuple[int, float]], float]:
+    """The prefill curve (StepFit.prefill) and the admission latency (StepFit.admit_s) under which `step`
+    reproduces what requests sent one at a time measured, `alone`: (prompt tokens, vLLM's mean TTFT).
+
+    A request alone waits its admission, then runs one step of one sequence that prefills its whole
+    prompt (when the prompt fits in a step, `max_tokens`; a longer one is chunked over several steps and
+    left to per_prefill_token_s), so its TTFT less the rest of that step is its prompt's share plus its
+    admission. The shares of the two shortest prompts, read back along their line to no prompt at all,
+    give the admission: what every request pays whatever its prompt (handing it to the engine, its
+    first token's way back), which does not lengthen the step the running sequences share. On vLLM's
+    CPU build a 16-token newcomer among 1 or 11 decoding streams lengthened their step by nothing
+    measurable while, alone, its TTFT exceeded a step by 2.4 ms (docs/calibrate.md); priced as step
+    time, that overhead slowed every running stream at each newcomer.
+
+    The median per size, made non-decreasing (a longer prompt that measured faster is pooled with the
+    shorter ones: noise); the admission at most the smallest share, so no share goes below zero."""
     by_size: dict[int, list[float]] = {}
     for tokens, ttft_s in alone:
         if 0 < tokens <= max_tokens and ttft_s > 0:
             by_size.setdefault(tokens, []).append(ttft_s)
-    rest = step.admission_wait(0) + step.step_s + step.sequence_seconds(1)
+    rest = step.step_s + step.sequence_seconds(1)
     sizes = sorted(by_size)
     shares = non_decreasing([max(0.0, statistics.median(by_size[t]) - rest) for t in sizes])
-    return list(zip(sizes, shares, strict=True))
+    latency = 0.0
+    if len(sizes) >= 2:  # the first segment read back to no prompt (a line through all would bend)
+        slope = (shares[1] - shares[0]) / (sizes[1] - sizes[0])
+        latency = min(max(0.0, shares[0] - slope * sizes[0]), shares[0])
+    return [(t, share - latency) for t, share in zip(sizes, shares, strict=True)], latency
 
 
 def non_decreasing(values: Sequence[float]) -> list[float]:

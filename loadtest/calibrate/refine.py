@@ -40,6 +40,7 @@ PARAMETERS = (
     "per_context_token_s",
     "admit_s",
     "admit_busy_s",
+    "admit_per_seq_s",
     "request_s",
     "request_per_seq_s",
 )
@@ -169,8 +170,10 @@ def total_error(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> float
 def with_prefill_curve(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> StepFit:
     """`step` with the prefill curve its one-request-at-a-time levels give (fit.prefill_curve)."""
     alone = [(s.prompt_tokens, s.engine_ttft_s) for s in shapes if s.concurrency == 1]
-    curve = prefill_curve(step, alone, limits.max_num_batched_tokens)
-    return msgspec.structs.replace(step, prefill=curve)
+    curve, latency = prefill_curve(step, alone, limits.max_num_batched_tokens)
+    if not curve:
+        return msgspec.structs.replace(step, prefill=curve)
+    return msgspec.structs.replace(step, prefill=curve, admit_s=latency)
 
 
 def with_decode_curve(step: StepFit, limits: Limits, shapes: Sequence[Shape], passes: int = 1) -> StepFit:
@@ -222,7 +225,12 @@ def with_measured_curves(
 
 def _seed(step: StepFit, name: str) -> float:
     """A starting value for a term at zero: a tenth of a step at a typical size of what it multiplies."""
-    typical = {"per_seq_s": 4.0, "per_prefill_token_s": 256.0, "per_context_token_s": 1000.0}
+    typical = {
+        "per_seq_s": 4.0,
+        "per_prefill_token_s": 256.0,
+        "per_context_token_s": 1000.0,
+        "admit_per_seq_s": 8.0,
+    }
     base = step.step_s or 0.001
     return base / 10 / typical.get(name, 1.0)
 
@@ -246,6 +254,8 @@ def refine(
     for round_ in range(ROUNDS):
         improved = False
         for name in PARAMETERS:
+            if name == "admit_s" and best.prefill:
+                continue  # the prefill curve's fit sets it (with_prefill_curve)
             value = getattr(best, name)
             if value > 0:
                 candidates = [*(value * f for f in factors), 0.0]

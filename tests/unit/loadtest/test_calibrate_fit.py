@@ -157,8 +157,8 @@ def concave_ttft(prompt: float) -> float:
 
 def test_a_prefill_curve_from_concave_points_reproduces_them_and_what_lies_between() -> None:
     sizes = (16, 32, 64, 128, 256, 488)
-    curve = prefill_curve(CURVED_STEP, [(p, concave_ttft(p)) for p in sizes], 2048)
-    step = msgspec.structs.replace(CURVED_STEP, prefill=curve)
+    curve, latency = prefill_curve(CURVED_STEP, [(p, concave_ttft(p)) for p in sizes], 2048)
+    step = msgspec.structs.replace(CURVED_STEP, prefill=curve, admit_s=latency)
     for prompt in (*sizes, 24, 48, 96, 192, 372):
         predicted = step.admission_wait(0) + step.step_seconds(1, prompt, 0)
         assert predicted == pytest.approx(concave_ttft(prompt), rel=0.03)
@@ -172,9 +172,33 @@ def test_a_prefill_curve_never_falls_and_keeps_to_one_step_prompts() -> None:
     median), a prompt longer than a step holds (chunked: left to the per-token slope), a level with no
     measurement."""
     alone = [(16, 0.010), (256, 0.030), (488, 0.026), (64, 0.014), (64, 0.016), (64, 0.030), (4096, 0.2)]
-    curve = prefill_curve(CURVED_STEP, [*alone, (128, 0.0)], 2048)
-    rest = 0.002 + 0.004 + 0.0005
+    curve, latency = prefill_curve(CURVED_STEP, [*alone, (128, 0.0)], 2048)
+    rest = 0.004 + 0.0005  # the step of one sequence; the admission is the curve's to find
+    shares = [0.010 - rest, 0.016 - rest, 0.028 - rest, 0.028 - rest]
+    slope = (shares[1] - shares[0]) / (64 - 16)
+    assert latency == pytest.approx(shares[0] - slope * 16)
     assert [t for t, _ in curve] == [16, 64, 256, 488]
-    assert [s for _, s in curve] == pytest.approx([0.010 - rest, 0.016 - rest, 0.028 - rest, 0.028 - rest])
-    assert prefill_curve(CURVED_STEP, [(16, 0.001)], 2048) == [(16, 0.0)]  # never below zero
-    assert prefill_curve(CURVED_STEP, [], 2048) == []
+    assert [s for _, s in curve] == pytest.approx([share - latency for share in shares])
+    assert prefill_curve(CURVED_STEP, [(16, 0.001)], 2048) == ([(16, 0.0)], 0.0)  # never below zero
+    assert prefill_curve(CURVED_STEP, [], 2048) == ([], 0.0)
+
+
+def test_what_every_prompt_pays_alike_is_admission_not_step_time() -> None:
+    """A server whose lone TTFT is a 3 ms hand-over plus a step that grows 10 us per prompt token: the
+    hand-over goes to the admission, which a running stream does not wait for, and only the tokens'
+    part to the step (a newcomer's prefill among decodes lengthens their step by that alone)."""
+    step = StepFit(step_s=0.004, per_seq_s=0.0005, per_prefill_token_s=0.0, per_context_token_s=0.0)
+    sizes = (16, 32, 64, 128, 256, 488)
+    lone = [(p, 0.003 + 0.0045 + 0.00001 * p) for p in sizes]
+    curve, latency = prefill_curve(step, lone, 2048)
+    assert latency == pytest.approx(0.003)
+    assert [s for _, s in curve] == pytest.approx([0.00001 * p for p in sizes])
+    fitted = msgspec.structs.replace(step, prefill=curve, admit_s=latency)
+    for prompt, ttft in lone:
+        assert fitted.admission_wait(0) + fitted.step_seconds(1, prompt, 0) == pytest.approx(ttft)
+    decoding = fitted.step_seconds(8, 0, 0)
+    assert fitted.step_seconds(9, 16, 0) - decoding == pytest.approx(0.0005 + 0.00016, rel=0.05)
+    # and the admission grows with the streams the front end serves when the profile says so
+    busy = msgspec.structs.replace(fitted, admit_busy_s=0.001, admit_per_seq_s=0.0002)
+    assert busy.admission_wait(0) == pytest.approx(0.003)
+    assert busy.admission_wait(10) == pytest.approx(0.003 + 0.001 + 0.002)
