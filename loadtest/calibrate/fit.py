@@ -68,9 +68,9 @@ def prefill_curve(
     admission. The shares of the two shortest prompts, read back along their line to no prompt at all,
     give the admission: what every request pays whatever its prompt (handing it to the engine, its
     first token's way back), which does not lengthen the step the running sequences share. On vLLM's
-    CPU build a 16-token newcomer among 1 or 11 decoding streams lengthened their step by nothing
-    measurable while, alone, its TTFT exceeded a step by 2.4 ms (docs/calibrate.md); priced as step
-    time, that overhead slowed every running stream at each newcomer.
+    CPU build a 16-token newcomer among 11 decoding streams lengthened their step by nothing measurable
+    while, alone, its TTFT exceeded a step by 2.4 ms (docs/calibrate.md); priced as step time, that
+    hand-over slowed every running stream at each newcomer.
 
     The median per size, made non-decreasing (a longer prompt that measured faster is pooled with the
     shorter ones: noise); the admission at most the smallest share, so no share goes below zero."""
