@@ -75,3 +75,14 @@ def test_the_simulator_prices_a_decode_step_on_the_curve() -> None:
     assert (work.decode_seqs, work.prefill_tokens) == (12, 0)
     expected = 0.002 + 0.007 + 1e-7 * work.decode_context
     assert PerfModel(hardware).step_seconds(work) == pytest.approx(expected)
+
+
+def test_the_admission_per_running_sequence_round_trips_and_a_negative_one_names_its_line() -> None:
+    step = msgspec.structs.replace(STEP, admit_s=0.002, admit_busy_s=0.001, admit_per_seq_s=0.0003)
+    text = dump_profile(profile(step))
+    assert "admit_per_seq_s: 0.0003" in text and parse_profile(text) == profile(step)
+    assert parse_profile(text).step.admission_wait(4) == pytest.approx(0.002 + 0.001 + 4 * 0.0003)
+    assert "admit_per_seq_s" not in OLD_FILE and parse_profile(OLD_FILE).step.admit_per_seq_s == 0.0
+    broken = OLD_FILE.replace("  admit_busy_s: 0.0\n", "  admit_busy_s: 0.0\n  admit_per_seq_s: -0.001\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml:\d+.*admit_per_seq_s"):
+        parse_profile(broken, "p.yaml")
