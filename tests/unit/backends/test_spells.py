@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+import msgspec
 import pytest
 
 from backends.calibrated import Pace, StepFit, dump_profile, parse_profile
@@ -22,8 +23,7 @@ PACE = Pace(spell_s=0.2, factors=[0.6, 0.8, 1.0, 1.2, 1.4])
 
 
 def _paced(pace: Pace | None, **step: float) -> StepFit:
-    fields = {f: getattr(STEP, f) for f in STEP.__struct_fields__}
-    return StepFit(**{**fields, **step, "pace": pace})
+    return msgspec.structs.replace(STEP, **step, pace=pace)
 
 
 def test_a_profile_keeps_its_spells_and_a_bad_pace_names_the_line() -> None:
