@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 from backends.catalog import Catalog
@@ -21,6 +22,11 @@ from policies.config import policy_version
 from policies.engine import PolicyEngine, load_engine
 
 log = logging.getLogger("switchyard.policy")
+
+SETTLE_S = 0.05
+"""A changed file is read only after it has held still this long, and only if it still has: a writer that
+truncates then writes (`open(path, "w")`, many editors' save in place) leaves it empty or half written
+for a moment, and a read there would refuse a policy nobody wrote. The next poll reads it whole."""
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int] | None:
@@ -46,17 +52,28 @@ class PolicyWatcher:
         self.last_error: str | None = None
 
     def check(self) -> bool:
-        """Reload if the file changed; True when a new policy was applied."""
+        """Reload if the file changed; True when a new policy was applied. Blocks for `SETTLE_S` when the
+        file changed (it runs off the event loop)."""
         stamp = _stamp(self.path)
         if stamp == self._stamp:
             return False
-        self._stamp = stamp
         if stamp is None:
+            self._stamp = stamp
             self._gone()
             return False
+        time.sleep(SETTLE_S)
+        try:
+            text: str | OSError = self.path.read_text(errors="replace")
+        except OSError as exc:
+            text = exc
+        if _stamp(self.path) != stamp:
+            return False  # still being written (or replaced): the next poll reads what it becomes
+        self._stamp = stamp
         running = self._pipeline.router
         try:
-            version = policy_version(self.path.read_text(errors="replace"))
+            if isinstance(text, OSError):
+                raise text
+            version = policy_version(text)
             if isinstance(running, PolicyEngine) and running.version == version:
                 self.last_error = None  # back as it was (say, after a delete): nothing to build
                 return False

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 from backends.yamlfile import ConfigError
-from gateway.admin.policy_reload import PolicyWatcher
+from gateway.admin.policy_reload import SETTLE_S, PolicyWatcher
 from gateway.app import SwitchyardPlugin
 from gateway.config.settings import load_settings
 from policies.config import load_policy
@@ -90,6 +91,32 @@ def test_a_file_saved_unchanged_builds_nothing(tmp_path, built):
     assert watcher.check() is False
     assert len(built) == 1
     assert plugin.pipeline.router is built[0]
+
+
+def test_a_file_caught_while_it_is_written_is_read_when_whole(tmp_path, built):
+    """`open(path, "w")` empties the file before it writes: a poll that lands in between must not refuse
+    the empty file, which nobody meant as a policy."""
+    plugin, watcher, policy = _gateway(tmp_path)
+    _rewrite(policy, "")  # truncated, the write still to come
+    writer = threading.Timer(SETTLE_S / 5, _rewrite, (policy, AMD))
+    writer.start()
+    try:
+        assert watcher.check() is False
+    finally:
+        writer.join()
+    assert watcher.rejected == 0 and watcher.last_error is None
+    assert plugin.pipeline.router is built[0]
+    assert watcher.check() is True, "the next poll reads the whole file"
+    assert plugin.pipeline.router.name == "amd-only"
+    assert watcher.rejected == 0
+
+
+def test_a_file_that_stays_empty_is_refused(tmp_path, built):
+    plugin, watcher, policy = _gateway(tmp_path)
+    _rewrite(policy, "")
+    assert watcher.check() is False
+    assert watcher.rejected == 1 and watcher.last_error is not None
+    assert plugin.pipeline.router is built[0], "the last good policy keeps serving"
 
 
 def test_load_engine_is_what_policy_check_builds(tmp_path, built):
