@@ -15,11 +15,12 @@ TTFT (the front end's share; the front end takes one request at a time, so a coh
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -31,6 +32,7 @@ from backends.sim.profiles import EngineLimits
 from backends.sim.scheduler import Group, Scheduler
 from loadtest.calibrate.fit import non_decreasing as _non_decreasing
 from loadtest.calibrate.fit import prefill_curve
+from loadtest.calibrate.measure import Timed
 from loadtest.stats import percentile
 
 PARAMETERS = (
@@ -70,7 +72,9 @@ class Simulated:
     engine_itl_s: float
     client_ttft_s: list[float]
     client_tpot_s: list[float | None]
-    """Per request, in the order they ended their first step (None: a one-token output)."""
+    """Per request, in the order they ended (None: a one-token output)."""
+    timed: list[Timed] = field(default_factory=list)
+    """Per request, in the order they ended, as a client on the virtual clock would have timed it."""
 
 
 def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
@@ -98,8 +102,10 @@ def closed_loop(
     sent_at: dict[int, float] = {}
     ttfts: list[float] = []
     tpots: list[float | None] = []
+    timed: list[Timed] = []
     queue = list(reversed(jobs))
     front = FrontEnd()
+    order = itertools.count()
 
     def send(at: float) -> None:
         prompt, output = queue.pop()
@@ -108,7 +114,7 @@ def closed_loop(
         group = Group(prompt, [], [output], ["length"], arrival=leaves)
         group.ready = leaves + step.admission_wait(running)
         sent_at[id(group)] = at
-        heapq.heappush(entering, (leaves, id(group), group))
+        heapq.heappush(entering, (leaves, next(order), group))  # ties in the order sent
 
     for _ in range(min(concurrency, len(queue))):
         send(0.0)
@@ -137,13 +143,17 @@ def closed_loop(
                 ttfts.append(end - sent_at[id(group)])
             if group.done:
                 steps = group.steps
-                tpots.append((end - group.first_token_at) / (steps - 1) if steps > 1 else None)
+                tpot = (end - group.first_token_at) / (steps - 1) if steps > 1 else None
+                tpots.append(tpot)
+                sent = sent_at[id(group)]
+                first = group.first_token_at - sent
+                timed.append(Timed(group.prompt_tokens, steps, sent, first, tpot, end - sent))
                 if queue:
                     send(end)
         now = end
     itl = stats.itl.total / stats.itl.count if stats.itl.count else 0.0
     ttft = stats.ttft.total / stats.ttft.count if stats.ttft.count else 0.0
-    return Simulated(ttft, itl, ttfts, tpots)
+    return Simulated(ttft, itl, ttfts, tpots, timed)
 
 
 def _error(predicted: float, measured: float) -> float:
