@@ -61,7 +61,7 @@ class PolicyWatcher:
             self._stamp = stamp
             self._gone()
             return False
-        time.sleep(SETTLE_S)
+        self._settle()
         try:
             text: str | OSError = self.path.read_text(errors="replace")
         except OSError as exc:
@@ -90,6 +90,9 @@ class PolicyWatcher:
         for warning in engine.warnings:
             log.warning("policy: %s", warning)
         return True
+
+    def _settle(self) -> None:
+        time.sleep(SETTLE_S)
 
     def _gone(self) -> None:
         serving = self._pipeline.router.name

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 
 from backends.yamlfile import ConfigError
-from gateway.admin.policy_reload import SETTLE_S, PolicyWatcher
+from gateway.admin.policy_reload import PolicyWatcher
 from gateway.app import SwitchyardPlugin
 from gateway.config.settings import load_settings
 from policies.config import load_policy
@@ -98,14 +97,18 @@ def test_a_file_caught_while_it_is_written_is_read_when_whole(tmp_path, built):
     the empty file, which nobody meant as a policy."""
     plugin, watcher, policy = _gateway(tmp_path)
     _rewrite(policy, "")  # truncated, the write still to come
-    writer = threading.Timer(SETTLE_S / 5, _rewrite, (policy, AMD))
-    writer.start()
-    try:
-        assert watcher.check() is False
-    finally:
-        writer.join()
+    settles: list[bool] = []
+
+    def writer_finishes() -> None:  # the writer's write lands while the watcher settles
+        settles.append(True)
+        _rewrite(policy, AMD)
+
+    watcher._settle = writer_finishes  # type: ignore[method-assign]
+    assert watcher.check() is False
+    assert settles == [True]
     assert watcher.rejected == 0 and watcher.last_error is None
     assert plugin.pipeline.router is built[0]
+    del watcher._settle  # the real wait again
     assert watcher.check() is True, "the next poll reads the whole file"
     assert plugin.pipeline.router.name == "amd-only"
     assert watcher.rejected == 0
