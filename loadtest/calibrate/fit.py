@@ -155,20 +155,26 @@ def _solve(rows: Sequence[Row], weights: Sequence[float], free: list[int]) -> li
                 a[i][j] += weight * x[i] * x[j]
     for i in range(n):
         a[i][i] += 1e-9 * (a[i][i] or 1.0)
-    coefficients = _gauss(a, b)
+    coefficients = gauss(a, b)
     out = [0.0] * len(FEATURES)
     for k, i in enumerate(free):
         out[i] = coefficients[k]
     return out
 
 
-def _gauss(a: list[list[float]], b: list[float]) -> list[float]:
+def gauss(a: list[list[float]], b: list[float], singular: float | None = None) -> list[float]:
+    """`a` x = `b` by Gauss-Jordan elimination with partial pivoting. A column left without a pivot gets
+    0; with `singular`, a pivot at most `singular` times `a`'s largest entry raises ValueError instead
+    (columns that cannot be told apart)."""
     n = len(b)
     m = [[*row, b[i]] for i, row in enumerate(a)]
+    limit = 0.0 if singular is None else singular * max((abs(x) for row in a for x in row), default=0.0)
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         m[col], m[pivot] = m[pivot], m[col]
-        if m[col][col] == 0:
+        if abs(m[col][col]) <= limit:
+            if singular is not None:
+                raise ValueError("singular equations: some columns cannot be told apart")
             continue
         for r in range(n):
             if r != col and m[r][col] != 0:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.calibrated import CalibratedProfile, load_profile
+from loadtest.calibrate.fit import gauss
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.offline import refit
 from loadtest.calibrate.recording import Recording, load
@@ -110,28 +111,12 @@ def regress(rows: Sequence[Window]) -> NewcomerCost:
         raise ValueError(f"{len(rows)} requests cannot fit {width} terms")
     gram = [[sum(f[a] * f[b] for f in features) for b in range(width)] for a in range(width)]
     moment = [sum(f[a] * row.step_s for f, row in zip(features, rows, strict=True)) for a in range(width)]
-    base, per_newcomer, per_token, per_running, per_context = _solve(gram, moment)
+    try:
+        solution = gauss(gram, moment, singular=1e-12)
+    except ValueError:
+        raise ValueError("the newcomers' count and prompt tokens cannot be told apart in this load") from None
+    base, per_newcomer, per_token, per_running, per_context = solution
     return NewcomerCost(base, per_newcomer, per_token, per_running, per_context, len(rows))
-
-
-def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting."""
-    size = len(vector)
-    rows = [[*matrix[i], vector[i]] for i in range(size)]
-    scale = max(abs(x) for row in rows for x in row[:size]) or 1.0
-    for column in range(size):
-        pivot = max(range(column, size), key=lambda r: abs(rows[r][column]))
-        if abs(rows[pivot][column]) <= 1e-12 * scale:
-            raise ValueError("the newcomers' count and prompt tokens cannot be told apart in this load")
-        rows[column], rows[pivot] = rows[pivot], rows[column]
-        for r in range(column + 1, size):
-            factor = rows[r][column] / rows[column][column]
-            rows[r] = [x - factor * y for x, y in zip(rows[r], rows[column], strict=True)]
-    solution = [0.0] * size
-    for r in reversed(range(size)):
-        known = sum(rows[r][c] * solution[c] for c in range(r + 1, size))
-        solution[r] = (rows[r][size] - known) / rows[r][r]
-    return solution
 
 
 def split(rows: Sequence[Window]) -> tuple[float, float]:
