@@ -40,7 +40,6 @@ from loadtest.calibrate.check import (
     start_simulator,
     stop_process,
 )
-from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
 from loadtest.calibrate.refine import closed_loop
 from loadtest.calibrate.sweep import fit_profile
@@ -74,11 +73,7 @@ def virtual_run(
     for jobs, width in zip(levels, widths, strict=True):
         sizes = [(len(job.prompt), job.output_tokens) for job in jobs]
         sim = closed_loop(profile.step, profile.limits, sizes, width)
-        timed = [
-            Timed(0, 0, 0.0, ttft, tpot, 0.0)
-            for ttft, tpot in zip(sim.client_ttft_s, sim.client_tpot_s, strict=True)
-        ]
-        runs.append(LevelRun(timed, sim.engine_ttft_s, sim.engine_itl_s))
+        runs.append(LevelRun(sim.timed, sim.engine_ttft_s, sim.engine_itl_s))
     return runs
 
 

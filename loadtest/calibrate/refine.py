@@ -20,7 +20,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -71,10 +71,14 @@ class Simulated:
     engine_ttft_s: float
     engine_itl_s: float
     client_ttft_s: list[float]
-    client_tpot_s: list[float | None]
-    """Per request, in the order they ended (None: a one-token output)."""
-    timed: list[Timed] = field(default_factory=list)
+    """Per request, in the order they got their first token."""
+    timed: list[Timed]
     """Per request, in the order they ended, as a client on the virtual clock would have timed it."""
+
+    @property
+    def client_tpot_s(self) -> list[float | None]:
+        """Per request, in the order they ended (None: a one-token output)."""
+        return [t.tpot_s for t in self.timed]
 
 
 def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
@@ -101,7 +105,6 @@ def closed_loop(
     entering: list[tuple[float, int, Group]] = []
     sent_at: dict[int, float] = {}
     ttfts: list[float] = []
-    tpots: list[float | None] = []
     timed: list[Timed] = []
     queue = list(reversed(jobs))
     front = FrontEnd()
@@ -144,7 +147,6 @@ def closed_loop(
             if group.done:
                 steps = group.steps
                 tpot = (end - group.first_token_at) / (steps - 1) if steps > 1 else None
-                tpots.append(tpot)
                 sent = sent_at[id(group)]
                 first = group.first_token_at - sent
                 timed.append(Timed(group.prompt_tokens, steps, sent, first, tpot, end - sent))
@@ -153,7 +155,7 @@ def closed_loop(
         now = end
     itl = stats.itl.total / stats.itl.count if stats.itl.count else 0.0
     ttft = stats.ttft.total / stats.ttft.count if stats.ttft.count else 0.0
-    return Simulated(ttft, itl, ttfts, tpots, timed)
+    return Simulated(ttft, itl, ttfts, timed)
 
 
 def _error(predicted: float, measured: float) -> float:

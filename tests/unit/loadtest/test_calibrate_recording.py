@@ -12,7 +12,6 @@ import msgspec
 from backends.calibrated import StepFit
 from loadtest.calibrate.check import Job, LevelRun, compare, failures
 from loadtest.calibrate.levels import Level
-from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.offline import refit, virtual_run
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, RECORDING, Recording, load, save
 from loadtest.calibrate.refine import closed_loop
@@ -34,11 +33,7 @@ def _level(kind: str, concurrency: int, prompt: int, output: int, requests: int)
     """A sweep level as a server timed by TRUE would have measured it."""
     limits = limits_of(OPTIONS, GEOMETRY, [])
     sim = closed_loop(TRUE, limits, [(prompt, output)] * requests, concurrency)
-    timed = [
-        Timed(prompt, output, 0.0, ttft, tpot, 0.0)
-        for ttft, tpot in zip(sim.client_ttft_s, sim.client_tpot_s, strict=True)
-    ]
-    level = Level(kind, concurrency, prompt, output, timed)  # type: ignore[arg-type]
+    level = Level(kind, concurrency, prompt, output, sim.timed)  # type: ignore[arg-type]
     level.engine_ttft_s, level.engine_itl_s, level.wall_s = sim.engine_ttft_s, sim.engine_itl_s, 1.0
     return level
 
@@ -51,10 +46,7 @@ def _recording() -> Recording:
     real = []
     for level_jobs, width in zip(jobs, (3, 6), strict=True):
         sim = closed_loop(TRUE, limits, [(len(j.prompt), j.output_tokens) for j in level_jobs], width)
-        timed = [
-            Timed(0, 0, 0.0, t, p, 0.0) for t, p in zip(sim.client_ttft_s, sim.client_tpot_s, strict=True)
-        ]
-        real.append(LevelRun(timed, sim.engine_ttft_s, sim.engine_itl_s))
+        real.append(LevelRun(sim.timed, sim.engine_ttft_s, sim.engine_itl_s))
     return Recording(OPTIONS, GEOMETRY, levels, 7, [3, 6], jobs, real, [0.5, 0.4, 0.3])
 
 
