@@ -17,7 +17,8 @@ The CPU build's compute threads are the other half (`compute_apart`): by default
 thread on every core, and each step waits for the slowest of them, so any client, gateway or simulator
 scheduled on one of those cores stalls the whole step. On the 2-core machine, one thread bound to the
 second core made steps a third shorter and their spread from one level to the next far smaller; the
-first core is left to the clients (docs/calibrate.md).
+first core is left to the clients and to the server's API process (docs/calibrate.md). vLLM 0.32's
+one-process server reads no binding of its own, so backends/cpu_site makes it.
 """
 
 from __future__ import annotations
@@ -58,5 +59,11 @@ def compute_apart(cpus: Iterable[int] | None = None) -> dict[str, str]:
     allowed = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
     if len(allowed) < 2:
         return {}
-    rest = allowed[1:]
-    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rest)), "OMP_NUM_THREADS": str(len(rest))}
+    first, rest = allowed[:1], allowed[1:]
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rest)),
+        "OMP_NUM_THREADS": str(len(rest)),
+        # what binds them in a one-process server (backends/cpu_site), and its HTTP on the clients' core
+        "SWITCHYARD_ENGINE_CPUS": ",".join(map(str, rest)),
+        "SWITCHYARD_FRONT_CPUS": ",".join(map(str, first)),
+    }

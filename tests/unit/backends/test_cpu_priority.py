@@ -115,8 +115,15 @@ def test_a_server_run_below_its_clients_ends_with_the_process_that_started_it(tm
 
 
 def test_the_cpu_builds_compute_threads_leave_the_first_core_to_the_clients() -> None:
-    assert compute_apart([0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
-    assert compute_apart([3, 0, 2, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "1,2,3", "OMP_NUM_THREADS": "3"}
+    assert compute_apart([0, 1]) == {
+        "VLLM_CPU_OMP_THREADS_BIND": "1",
+        "OMP_NUM_THREADS": "1",
+        "SWITCHYARD_ENGINE_CPUS": "1",
+        "SWITCHYARD_FRONT_CPUS": "0",
+    }
+    apart = compute_apart([3, 0, 2, 1])
+    assert apart["VLLM_CPU_OMP_THREADS_BIND"] == apart["SWITCHYARD_ENGINE_CPUS"] == "1,2,3"
+    assert (apart["OMP_NUM_THREADS"], apart["SWITCHYARD_FRONT_CPUS"]) == ("3", "0")
     assert compute_apart([4]) == {}  # one core: nothing to keep apart
 
 

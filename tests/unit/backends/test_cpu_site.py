@@ -47,3 +47,40 @@ def test_an_interpreter_started_with_the_site_may_use_amx_where_the_cpu_has_it()
         check=True,
     )
     assert not int(bare.stdout) & XTILEDATA  # the permission is the site's doing, not the default
+
+
+SPAWNS = """
+import multiprocessing, os
+
+def cpus():
+    return sorted(os.sched_getaffinity(0))
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(cpus(), pool.apply(cpus))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_engine_a_server_spawns_computes_on_its_own_cores_and_the_api_server_on_the_clients(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.32's one-process CPU server binds no compute thread of its own: the site does, before the
+    engine core (a spawned interpreter) starts a thread, and keeps the API server on the clients' core."""
+    first, *rest = sorted(os.sched_getaffinity(0))
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    env = {
+        **os.environ,
+        "PYTHONPATH": CPU_SITE,
+        "SWITCHYARD_ENGINE_CPUS": ",".join(map(str, rest)),
+        "SWITCHYARD_FRONT_CPUS": str(first),
+    }
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"{[first]} {rest}"
+    unbound = subprocess.run(
+        [sys.executable, str(script)], env={**os.environ, "PYTHONPATH": CPU_SITE}, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    everything = sorted(os.sched_getaffinity(0))
+    assert unbound.stdout.strip() == f"{everything} {everything}"  # nothing asked: nothing bound
