@@ -290,9 +290,16 @@ def limits_of(options: Options, geometry: Geometry, levels: Sequence[Level]) -> 
     defaults = CPU_LIMITS if options.accelerator == "cpu" else GPU_LIMITS
     max_num_seqs = options.max_num_seqs
     if max_num_seqs is None:
-        queued = [lv for lv in levels if lv.kind == "load" and lv.max_waiting > 0]
-        # a queue that formed while fewer than the sent requests ran: the server's max_num_seqs
-        seen = [int(lv.max_running) for lv in queued if 0 < lv.max_running < lv.concurrency]
+        # a queue of all the rest while fewer than the sent requests ran: the server's max_num_seqs. A
+        # request waits a step for the scheduler to take it at any load, so a few seen waiting beside
+        # fewer running tell nothing (a level of 16 read 10 running and 2 waiting on an uncapped server)
+        seen = [
+            int(lv.max_running)
+            for lv in levels
+            if lv.kind == "load"
+            and 0 < lv.max_running < lv.concurrency
+            and lv.max_running + lv.max_waiting >= lv.concurrency
+        ]
         max_num_seqs = min(seen) if seen else defaults[0]
     return Limits(
         block_size=geometry.block_size,

@@ -50,6 +50,15 @@ def _recording() -> Recording:
     return Recording(OPTIONS, GEOMETRY, levels, 7, [3, 6], jobs, real, [0.5, 0.4, 0.3])
 
 
+def test_max_num_seqs_is_read_off_a_queue_of_all_the_rest_and_not_off_a_request_waiting_a_step() -> None:
+    capped = Level("load", 16, 61, 32, [])
+    capped.max_running, capped.max_waiting = 8.0, 8.0  # eight ran, the other eight queued
+    passing = Level("load", 16, 244, 32, [])
+    passing.max_running, passing.max_waiting = 10.0, 2.0  # two seen between arriving and their step
+    assert limits_of(OPTIONS, GEOMETRY, [passing]).max_num_seqs == limits_of(OPTIONS, GEOMETRY, []).max_num_seqs
+    assert limits_of(OPTIONS, GEOMETRY, [passing, capped]).max_num_seqs == 8
+
+
 def test_a_recording_round_trips(tmp_path: Path) -> None:
     recording = _recording()
     log, policy = tmp_path / "access.jsonl", tmp_path / "policy.yaml"
