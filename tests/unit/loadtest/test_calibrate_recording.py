@@ -55,7 +55,8 @@ def test_max_num_seqs_is_read_off_a_queue_of_all_the_rest_and_not_off_a_request_
     capped.max_running, capped.max_waiting = 8.0, 8.0  # eight ran, the other eight queued
     passing = Level("load", 16, 244, 32, [])
     passing.max_running, passing.max_waiting = 10.0, 2.0  # two seen between arriving and their step
-    assert limits_of(OPTIONS, GEOMETRY, [passing]).max_num_seqs == limits_of(OPTIONS, GEOMETRY, []).max_num_seqs
+    default = limits_of(OPTIONS, GEOMETRY, []).max_num_seqs
+    assert limits_of(OPTIONS, GEOMETRY, [passing]).max_num_seqs == default
     assert limits_of(OPTIONS, GEOMETRY, [passing, capped]).max_num_seqs == 8
 
 
