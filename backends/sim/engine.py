@@ -193,9 +193,8 @@ class BatchEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_end: float | None = None  # simulated end of the step in flight
-        # still in a calibrated server's front end: when it came, and the timer that lets it go
-        self._entering: dict[Group, tuple[float, asyncio.TimerHandle | None]] = {}
-        self._front: FrontEnd[Group] = FrontEnd()
+        self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
+        self._front = FrontEnd()  # a calibrated server's, one request at a time
 
     def submit(
         self, req: GenerationRequest, generations: list[Generation], received: float | None = None
@@ -221,39 +220,21 @@ class BatchEngine:
         )
         running = self.scheduler.stats.running
         front_end = self.hardware.front_end(running)  # a calibrated server's HTTP and tokenisation time
-        if front_end > 0:  # the requests the front end holds share it (frontend.py)
+        if front_end > 0:  # the front end takes one request at a time
             # from when the request reached this server: the time it took this process to read and
             # parse it is part of the modelled front end, not more on top of it
             came = now if received is None else min(now, self._clock.at(received))
-            group.arrival = came
-            group.ready = came + self.hardware.admission_wait(running)
-            self._entering[group] = (came, None)
-            self._hand_over(self._front.enter(came, front_end, group))
+            # the front end's round trip is what this server's client pays it anyway: not held again
+            leaves = max(came, self._front.leave(came, front_end) - self.hardware.own_http_s())
+            group.arrival = leaves
+            group.ready = leaves + self.hardware.admission_wait(running)
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, (leaves - now) / self._clock.scale - self._clock.early)
+            self._entering[group] = loop.call_later(delay, self._enter, group)
         else:
             group.ready = now + self.hardware.admission_wait(running)
             self._enter(group)
         return BatchRun(self, group)
-
-    def _hand_over(self, leaving: list[tuple[Group, float]]) -> None:
-        """(Re)sets the timers that hand the front end's requests to the scheduler when they leave it."""
-        loop = asyncio.get_running_loop()
-        own_http = self.hardware.own_http_s()
-        now = self._clock.now()
-        for group, leaves in leaving:
-            entering = self._entering.get(group)
-            if entering is None:  # already handed over: its own HTTP's share of the front end is not held
-                continue
-            came, timer = entering
-            # the front end's round trip is what this server's client pays it anyway: not held again
-            leaves = max(came, leaves - own_http)
-            if timer is not None:
-                if leaves == group.arrival:
-                    continue
-                timer.cancel()
-            group.ready += leaves - group.arrival
-            group.arrival = leaves
-            delay = max(0.0, (leaves - now) / self._clock.scale - self._clock.early)
-            self._entering[group] = (came, loop.call_later(delay, self._enter, group))
 
     def _enter(self, group: Group) -> None:
         self._entering.pop(group, None)
@@ -273,9 +254,7 @@ class BatchEngine:
     def abort(self, group: Group) -> None:
         entering = self._entering.pop(group, None)
         if entering is not None:  # never reached the scheduler
-            if entering[1] is not None:
-                entering[1].cancel()
-            self._hand_over(self._front.drop(group))
+            entering.cancel()
             group.done = True
             self.scheduler.stats.finished["abort"] += group.n
             return
@@ -318,9 +297,8 @@ class BatchEngine:
             last_end = end
 
     async def close(self) -> None:
-        for _, timer in self._entering.values():
-            if timer is not None:
-                timer.cancel()
+        for entering in self._entering.values():
+            entering.cancel()
         self._entering.clear()
         if self._task is not None:
             self._task.cancel()

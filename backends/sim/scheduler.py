@@ -25,10 +25,6 @@ from backends.sim.metrics import EngineStats
 from backends.sim.perf import StepWork
 from backends.sim.profiles import EngineLimits
 
-READY_SLACK_S = 1e-9
-"""A request whose `ready` is this close past a step's start is taken: requests that leave a front end
-together get their times by different sums, a rounding error apart, and must not wait a step for it."""
-
 
 @dataclass(eq=False, slots=True)
 class Group:
@@ -161,7 +157,7 @@ class Scheduler:
         seqs = sum(g.n for g in self.running)
         while self.waiting and budget > 0:
             group = self.waiting[0]
-            if group.ready > now + READY_SLACK_S:  # still in a calibrated server's front end
+            if group.ready > now:  # still in a calibrated server's front end (HTTP, tokenisation)
                 break
             if seqs + group.n > self.limits.max_num_seqs:
                 break

@@ -9,11 +9,13 @@ it would report for the very levels the sweep ran: each level is run on a virtua
 the same admission, chunked prefill and KV-cache rules as `python -m backends.sim --calibrated`), and
 the step model and the front-end terms are moved, one at a time, while that lowers the error on what
 was measured: vLLM's own mean TTFT and inter-token latency, and the client's median and 90th-percentile
-TTFT (the front end's share; the requests it holds share it, so a cohort leaves it together).
+TTFT (the front end's share; the front end takes one request at a time, so a cohort queues for it).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import statistics
 import time
@@ -23,11 +25,11 @@ from dataclasses import dataclass
 import msgspec
 
 from backends.calibrated import Limits, StepFit
-from backends.sim.frontend import FrontEnd, hand_over
+from backends.sim.frontend import FrontEnd
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import StepWork
 from backends.sim.profiles import EngineLimits
-from backends.sim.scheduler import READY_SLACK_S, Group, Scheduler
+from backends.sim.scheduler import Group, Scheduler
 from loadtest.calibrate.fit import non_decreasing as _non_decreasing
 from loadtest.calibrate.fit import prefill_curve
 from loadtest.calibrate.measure import Timed
@@ -95,40 +97,48 @@ def closed_loop(
 ) -> Simulated:
     """`jobs` (prompt tokens, output tokens) in order, `concurrency` at a time, on a virtual clock, as
     `BatchEngine` runs them: each client sends its next request when its previous one ends; a request
-    spends the front end's time before the scheduler sees it, and the requests the front end holds share
-    it (backends/sim/frontend.py)."""
+    spends the front end's time before the scheduler sees it, and the front end takes one request at a
+    time (a cohort queues)."""
     stats = EngineStats("calibration", limits.kv_capacity_tokens)
     engine_limits = EngineLimits(limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
     scheduler = Scheduler(engine_limits, limits.num_blocks, stats)
+    entering: list[tuple[float, int, Group]] = []
     sent_at: dict[int, float] = {}
     ttfts: list[float] = []
     timed: list[Timed] = []
     queue = list(reversed(jobs))
-    front: FrontEnd[Group] = FrontEnd()
+    front = FrontEnd()
+    order = itertools.count()
 
     def send(at: float) -> None:
         prompt, output = queue.pop()
         running = stats.running
-        group = Group(prompt, [], [output], ["length"], arrival=at)
-        group.ready = at + step.admission_wait(running)
+        leaves = front.leave(at, step.front_end(running))
+        group = Group(prompt, [], [output], ["length"], arrival=leaves)
+        group.ready = leaves + step.admission_wait(running)
         sent_at[id(group)] = at
-        scheduler.add(group)  # it waits for the front end to let it go (group.ready)
-        hand_over(front.enter(at, step.front_end(running), group))
+        heapq.heappush(entering, (leaves, next(order), group))  # ties in the order sent
 
     for _ in range(min(concurrency, len(queue))):
         send(0.0)
     now = 0.0
-    while scheduler.has_work():
+    while entering or scheduler.has_work():
+        while entering and entering[0][0] <= now:
+            scheduler.add(heapq.heappop(entering)[2])
+        if not scheduler.has_work():
+            now = entering[0][0]
+            continue
         plan = scheduler.plan(now)
         work: StepWork = plan.work
         duration = step.step_seconds(
             work.prefill_seqs + work.decode_seqs, work.prefill_tokens, work.decode_context
         )
-        if duration <= 0:  # the head still in the front end or its admission wait
+        if duration <= 0:  # the head still in its admission wait, or nothing fits until an arrival
             waiting = scheduler.waiting
-            if not waiting or waiting[0].ready <= now + READY_SLACK_S:
-                break  # nothing fits, and nothing else will arrive
-            now = waiting[0].ready
+            ready = waiting[0].ready if waiting and waiting[0].ready > now else math.inf
+            now = min(ready, entering[0][0] if entering else math.inf)
+            if math.isinf(now):
+                break
             continue
         end = now + duration
         for group in scheduler.apply(plan, end):

@@ -15,7 +15,7 @@ import msgspec
 
 from backends.models import Backend, PoolConfig, build_backends
 from backends.sim.fleet_spec import FleetSpec
-from backends.sim.frontend import FrontEnd, hand_over
+from backends.sim.frontend import FrontEnd
 from backends.sim.metrics import EngineStats
 from backends.sim.perf import PerfModel
 from backends.sim.profiles import Hardware
@@ -43,8 +43,8 @@ class SimBackend:
     """The step in flight (`Scheduler.plan`), applied when it ends."""
     draw: int = 0
     """Which draw of a calibrated backend's slow spells this replay runs (backends/sim/spells.py)."""
-    front: FrontEnd[Group] = field(default_factory=FrontEnd)
-    """A calibrated server's front end (the requests it holds share it)."""
+    front: FrontEnd = field(default_factory=FrontEnd)
+    """A calibrated server's front end (it takes one request at a time)."""
 
     def __post_init__(self) -> None:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
@@ -59,10 +59,11 @@ class SimBackend:
         end (HTTP, tokenisation) and a busy engine's admission wait delay it (backends/calibrated.py)."""
         assert self.scheduler is not None and self.hardware is not None
         running = self.scheduler.stats.running
-        group = Group(prompt_tokens, hashes, lengths, reasons, arrival=now)
-        group.ready = now + self.hardware.admission_wait(running)
-        self.scheduler.add(group)  # it waits for the front end to let it go (group.ready)
-        hand_over(self.front.enter(now, self.hardware.front_end(running), group))
+        front_end = self.hardware.front_end(running)
+        arrival = self.front.leave(now, front_end)
+        group = Group(prompt_tokens, hashes, lengths, reasons, arrival=arrival)
+        group.ready = arrival + self.hardware.admission_wait(running)
+        self.scheduler.add(group)
         return group
 
     def leaves_front_end(self, now: float) -> float | None:

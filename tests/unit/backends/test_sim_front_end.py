@@ -1,7 +1,6 @@
-"""A calibrated server's front end (backends/sim/frontend.py): the requests it holds share it. In the
-simulator it starts when the request reached the server, not when the simulator's own handler got round
-to it: reading and parsing the request is part of the modelled front-end time (backends/sim/engine.py),
-so the simulator does not add its own HTTP time on top of the server's."""
+"""A calibrated simulator's front end starts when the request reached the server, not when the simulator's
+own handler got round to it: reading and parsing the request is part of the modelled front-end time
+(backends/sim/engine.py), so the simulator does not add its own HTTP time on top of the server's."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import pytest
 
 from backends.calibrated import dump_profile, parse_profile
 from backends.sim.engine import BatchEngine, SimClock
-from backends.sim.frontend import FrontEnd
 from backends.sim.metrics import EngineStats
 from backends.sim.profiles import calibrated_hardware
 from backends.sim.protocol import GenerationRequest
@@ -20,61 +18,6 @@ from backends.sim.text import Generation
 from tests.unit.backends.test_calibrated import MODEL, profile
 
 FRONT_END_S = 0.05
-
-
-def test_requests_held_together_share_it_and_a_later_one_slows_them_down() -> None:
-    front: FrontEnd[str] = FrontEnd()
-    assert front.enter(0.0, 0.010, "a") == [("a", pytest.approx(0.010))]  # alone: its own time
-    # b at 4 ms: a has 6 ms of work left, b 10; shared, a leaves at 4 + 12, b 4 ms of work later
-    leaving = front.enter(0.004, 0.010, "b")
-    assert leaving == [("a", pytest.approx(0.016)), ("b", pytest.approx(0.020))]
-    # c at 20 ms, after both have left: alone again
-    assert front.enter(0.020, 0.003, "c") == [("c", pytest.approx(0.023))]
-    assert len(front) == 1
-
-
-def test_a_cohort_leaves_together_where_one_at_a_time_would_space_it_out() -> None:
-    front: FrontEnd[int] = FrontEnd()
-    for i in range(4):
-        leaving = front.enter(0.0, 0.0025, i)
-    assert [leaves for _, leaves in leaving] == pytest.approx([0.010] * 4)
-    front.enter(0.012, 0.001, 9)  # after they all left
-    assert len(front) == 1
-
-
-def test_a_request_that_needs_no_time_passes_and_one_that_goes_away_frees_its_share() -> None:
-    front: FrontEnd[str] = FrontEnd()
-    front.enter(0.0, 0.010, "a")
-    front.enter(0.0, 0.010, "b")
-    assert front.enter(0.001, 0.0, "free") == [
-        ("a", pytest.approx(0.020)),
-        ("b", pytest.approx(0.020)),
-        ("free", 0.001),
-    ]
-    # b goes at 1 ms, when each had 9.5 ms of its work left: a has the front end to itself from then
-    assert front.drop("b") == [("a", pytest.approx(0.0105))]
-    assert front.drop("unknown") == [("a", pytest.approx(0.0105))]
-
-
-def test_an_arrival_stamped_before_the_last_one_is_taken_as_arriving_with_it() -> None:
-    front: FrontEnd[str] = FrontEnd()
-    front.enter(0.005, 0.010, "a")
-    assert front.enter(0.004, 0.010, "b") == [("a", pytest.approx(0.025)), ("b", pytest.approx(0.025))]
-
-
-async def test_the_simulator_hands_a_cohort_over_together_and_reschedules_as_requests_arrive() -> None:
-    engine, clock = _engine()
-    try:
-        runs = [engine.submit(_request(), [Generation(["a"] * 4, "length")]) for _ in range(3)]
-        arrivals = [run._group.arrival for run in runs]  # type: ignore[attr-defined]
-        assert max(arrivals) - min(arrivals) < 0.002  # all at about 3 x 50 ms
-        assert min(arrivals) - clock.now() == pytest.approx(3 * FRONT_END_S, abs=0.005)
-        runs[0].close()  # one goes away: the other two share the front end from then on
-        arrivals = [run._group.arrival for run in runs[1:]]  # type: ignore[attr-defined]
-        assert min(arrivals) - clock.now() == pytest.approx(2 * FRONT_END_S, abs=0.005)
-        await asyncio.wait_for(asyncio.gather(*(run.finish() for run in runs[1:])), 2.0)
-    finally:
-        await engine.close()
 
 
 def _request() -> GenerationRequest:
