@@ -11,9 +11,10 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
                       curve interpolated at n (from (0, 0)) and extended beyond its last point with
                       per_prefill_token_s; n is the step's total, all its requests' chunks together
     before its first step, every request spends request_s (plus request_per_seq_s per sequence running) in
-    the server's front end (HTTP, tokenisation), which takes one request at a time (vLLM's API server is
-    one process: requests that arrive together queue for it; http_s of it is the client's own round trip,
-    which a simulator's clients pay to the simulator instead),
+    the server's front end (HTTP, tokenisation) on average, more or less from one request to the next by
+    request_cv (backends/sim/frontend.py), and the front end takes one request at a time (vLLM's API server
+    is one process: requests that arrive together queue for it; http_s of it is the client's own round
+    trip, which a simulator's clients pay to the simulator instead),
     then waits admit_s (and, when the engine is busy, admit_busy_s more, and admit_per_seq_s per sequence
     running) before it is scheduled; a step the running sequences share does not wait for it
     and, when the profile measured the server's slow spells (`pace`), every step's time is multiplied by
@@ -77,6 +78,11 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     request_per_seq_s: _NonNeg = 0.0
     """The front end's extra time per sequence already running (its HTTP streams compete with new
     requests)."""
+    request_cv: _NonNeg = 0.0
+    """How much the front end's time varies from one request to the next (its standard deviation over its
+    mean; 0: every request takes the mean, 1: as much as an exponential draw). A server's front end shares
+    its process, and on a small machine its cores, with the streams it serves: measured, a request's
+    wait there varies about that much (docs/calibrate.md, 2026-11-28)."""
     http_s: _NonNeg = 0.0
     """Of the front end, what a bare request (`GET /health`) cost the client that measured it. A simulator
     served over HTTP makes its clients pay its own instead, so it holds a request that much less."""
@@ -266,7 +272,7 @@ def dump_profile(profile: CalibratedProfile) -> str:
     for curve in ("prefill", "decode"):
         if not getattr(profile.step, curve):
             del data["step"][curve]  # a profile without a curve is written as before it had one
-    for measured_later in ("http_s", "admit_per_seq_s"):
+    for measured_later in ("http_s", "admit_per_seq_s", "request_cv"):
         if not getattr(profile.step, measured_later):
             del data["step"][measured_later]  # nor one measured before it was
     if profile.step.pace is None:

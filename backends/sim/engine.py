@@ -194,7 +194,7 @@ class BatchEngine:
         self._task: asyncio.Task[None] | None = None
         self._step_end: float | None = None  # simulated end of the step in flight
         self._entering: dict[Group, asyncio.TimerHandle] = {}  # still in the front end (calibrated)
-        self._front = FrontEnd()  # a calibrated server's, one request at a time
+        self._front = FrontEnd(hardware.request_cv(), seed)  # a calibrated server's, one at a time
 
     def submit(
         self, req: GenerationRequest, generations: list[Generation], received: float | None = None

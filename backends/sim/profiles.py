@@ -174,6 +174,10 @@ class Hardware:
         (calibrated backends only)."""
         return self.fitted.front_end(running) if self.fitted is not None else 0.0
 
+    def request_cv(self) -> float:
+        """How much a calibrated front end's time varies from one request to the next (StepFit.request_cv)."""
+        return self.fitted.request_cv if self.fitted is not None else 0.0
+
     def own_http_s(self) -> float:
         """Of a calibrated front end, the client's round trip that a simulator's client pays it anyway."""
         return self.fitted.http_s if self.fitted is not None else 0.0

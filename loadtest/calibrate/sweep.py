@@ -71,6 +71,10 @@ CPU_LIMITS = (128, 2048)
 """vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
 GPU_LIMITS = (1024, 8192)
 """vLLM's defaults on a GPU with 70 GiB or more that is not an A100 (profiles.engine_defaults)."""
+REQUEST_CV = 1.0
+"""The front end's spread from one request to the next (StepFit.request_cv), as much as an exponential
+draw: the sweep's cohorts cannot show it, the held-apart loads of five recordings did (a TTFT p90 1.6 to
+1.9 times the median at 12 streams whatever the prompt; docs/calibrate.md, 2026-11-28)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +345,7 @@ def fit_profile(
         per_context_token_s=terms["per_context_token_s"],
         request_s=request_s,
         request_per_seq_s=request_per_seq_s,
+        request_cv=REQUEST_CV,
         http_s=geometry.round_trip_s,
     )
     limits = limits_of(options, geometry, levels)

@@ -43,14 +43,16 @@ class SimBackend:
     """The step in flight (`Scheduler.plan`), applied when it ends."""
     draw: int = 0
     """Which draw of a calibrated backend's slow spells this replay runs (backends/sim/spells.py)."""
-    front: FrontEnd = field(default_factory=FrontEnd)
+    front: FrontEnd = field(init=False)
     """A calibrated server's front end (it takes one request at a time)."""
 
     def __post_init__(self) -> None:
         self.stats = EngineStats(model_name=self.model, kv_capacity_tokens=0)
+        seed = spell_seed(self.backend.name, self.draw)
+        self.front = FrontEnd(self.hardware.request_cv() if self.hardware is not None else 0.0, seed)
         if self.hardware is not None:
             self.scheduler = Scheduler(self.hardware.limits, self.hardware.num_blocks, self.stats)
-            self.perf = PerfModel(self.hardware, spell_seed(self.backend.name, self.draw))
+            self.perf = PerfModel(self.hardware, seed)
 
     def enter(
         self, prompt_tokens: int, hashes: list[int], lengths: list[int], reasons: list[str], now: float

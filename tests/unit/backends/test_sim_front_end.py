@@ -5,12 +5,14 @@ own handler got round to it: reading and parsing the request is part of the mode
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 
 import pytest
 
 from backends.calibrated import dump_profile, parse_profile
 from backends.sim.engine import BatchEngine, SimClock
+from backends.sim.frontend import FrontEnd
 from backends.sim.metrics import EngineStats
 from backends.sim.profiles import calibrated_hardware
 from backends.sim.protocol import GenerationRequest
@@ -18,6 +20,35 @@ from backends.sim.text import Generation
 from tests.unit.backends.test_calibrated import MODEL, profile
 
 FRONT_END_S = 0.05
+
+
+def _times(front: FrontEnd, count: int = 4000) -> list[float]:
+    """What each of `count` requests, sent far apart, spent in it."""
+    return [front.leave(i * 10.0, 0.002) - i * 10.0 for i in range(count)]
+
+
+def test_a_front_end_without_spread_takes_its_mean_and_one_with_it_keeps_the_mean() -> None:
+    assert _times(FrontEnd(), 5) == pytest.approx([0.002] * 5)
+    spread = _times(FrontEnd(cv=1.0, seed=3))
+    assert statistics.fmean(spread) == pytest.approx(0.002, rel=0.05)
+    assert statistics.pstdev(spread) / statistics.fmean(spread) == pytest.approx(1.0, abs=0.08)
+    narrow = _times(FrontEnd(cv=0.3, seed=3))
+    assert statistics.pstdev(narrow) / statistics.fmean(narrow) == pytest.approx(0.3, abs=0.03)
+    assert _times(FrontEnd(cv=1.0, seed=3)) == spread  # a replay gives the same answer every time
+    assert _times(FrontEnd(cv=1.0, seed=4)) != spread  # another backend, another draw
+
+
+def test_requests_sent_together_still_leave_one_after_the_other() -> None:
+    front = FrontEnd(cv=1.0, seed=1)
+    leaves = [front.leave(0.0, 0.002) for _ in range(50)]
+    assert leaves == sorted(leaves) and len(set(leaves)) == 50
+    assert leaves[-1] == pytest.approx(50 * 0.002, rel=0.35)
+
+
+def test_a_profile_keeps_its_spread_and_one_without_is_written_as_before() -> None:
+    text = dump_profile(profile(request_cv=1.0))
+    assert "request_cv: 1.0" in text and parse_profile(text).step.request_cv == 1.0
+    assert "request_cv" not in dump_profile(profile())
 
 
 def _request() -> GenerationRequest:

@@ -24,6 +24,7 @@ TRUE = StepFit(
     per_context_token_s=2e-7,
     admit_s=0.003,
     request_s=0.002,
+    request_cv=1.0,  # the spread the calibration takes every front end to have (sweep.REQUEST_CV)
 )
 GEOMETRY = Geometry(max_model_len=512, block_size=128, num_blocks=2048, vllm_version="0.32.0")
 OPTIONS = Options(url="http://real:8000", model="tiny-llama", accelerator="cpu", max_concurrency=16)
