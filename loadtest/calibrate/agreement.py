@@ -104,8 +104,8 @@ def replayed_attainment(
     draws: int = DRAWS,
 ) -> dict[str, float]:
     """Per class, the share of the log's requests the replay on `fleet` says would meet their SLO: the
-    mean over `draws` replays, each meeting its own draw of a calibrated profile's slow spells (one
-    draw is one of many runs the server might have given; the real run is another)."""
+    mean over `draws` replays, each meeting its own draw of a calibrated profile's slow spells and front-end
+    spread (one draw is one of many runs the server might have given; the real run is another)."""
     trace = read_log(log)
     loaded = load_policy(policy)
     results = []
@@ -119,6 +119,6 @@ def replayed_attainment(
             if slo is None:
                 continue
             results.append((cls, outcome.ok and attained(outcome.ttft, outcome.tpot, slo)))
-        if not any(sim.perf is not None and sim.perf.paced for sim in sims):
-            break  # nothing is drawn: every replay gives the same answer
+        if not any((sim.perf is not None and sim.perf.paced) or sim.front.cv > 0 for sim in sims):
+            break  # nothing is drawn (no slow spells, no front-end spread): every replay is the same
     return _shares(results)
