@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
+from backends.calibrated import CalibratedProfile, FitError, Point, Source, StepFit
 from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, prefill_row
 from loadtest.calibrate.levels import (
     Level,
@@ -45,6 +45,7 @@ from loadtest.calibrate.levels import (
     shape_of,
     staggered,
 )
+from loadtest.calibrate.limits import REQUEST_CV, limits_of
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.pace import with_spells
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
@@ -67,14 +68,6 @@ WATCH_EVERY_S = 5.0
 PHASES = (0.2, 0.3, 0.2, 0.2)
 """The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
 rest: prefix reuse); a phase that ends early leaves its time to the next."""
-CPU_LIMITS = (128, 2048)
-"""vLLM's CPU build's scheduler defaults for the OpenAI server (max_num_seqs, max_num_batched_tokens)."""
-GPU_LIMITS = (1024, 8192)
-"""vLLM's defaults on a GPU with 70 GiB or more that is not an A100 (profiles.engine_defaults)."""
-REQUEST_CV = 1.0
-"""The front end's spread from one request to the next (StepFit.request_cv), as much as an exponential
-draw: the sweep's cohorts cannot show it, the held-apart loads did (a TTFT p90 1.4 to 2.0 times the
-median at 12 streams whatever the prompt; docs/calibrate.md, 2026-11-28, 05:50)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,30 +281,6 @@ class Calibration:
         self.levels.append(level)
         rate = level.prefix_hits / level.prefix_queries if level.prefix_queries else 0.0
         self.say(f"prefix  prompt {prompt_tokens:5} sent twice: {rate:.0%} of the repeat found in the cache")
-
-
-def limits_of(options: Options, geometry: Geometry, levels: Sequence[Level]) -> Limits:
-    defaults = CPU_LIMITS if options.accelerator == "cpu" else GPU_LIMITS
-    max_num_seqs = options.max_num_seqs
-    if max_num_seqs is None:
-        # a queue of all the rest while fewer than the sent requests ran: the server's max_num_seqs. A
-        # request waits a step for the scheduler to take it at any load, so a few seen waiting beside
-        # fewer running tell nothing (a level of 16 read 10 running and 2 waiting on an uncapped server)
-        seen = [
-            int(lv.max_running)
-            for lv in levels
-            if lv.kind == "load"
-            and 0 < lv.max_running < lv.concurrency
-            and lv.max_running + lv.max_waiting >= lv.concurrency
-        ]
-        max_num_seqs = min(seen) if seen else defaults[0]
-    return Limits(
-        block_size=geometry.block_size,
-        num_blocks=geometry.num_blocks,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=options.max_num_batched_tokens or max(defaults[1], geometry.max_model_len),
-        max_model_len=geometry.max_model_len,
-    )
 
 
 def fit_profile(
