@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from backends.calibrated import CalibratedProfile, FitError, Point, Source, StepFit
+from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
+from loadtest.calibrate.defaults import CPU_LIMITS, GPU_LIMITS, REQUEST_CV
 from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, prefill_row
 from loadtest.calibrate.levels import (
     Level,
@@ -45,7 +46,6 @@ from loadtest.calibrate.levels import (
     shape_of,
     staggered,
 )
-from loadtest.calibrate.limits import REQUEST_CV, limits_of
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.pace import with_spells
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
@@ -281,6 +281,26 @@ class Calibration:
         self.levels.append(level)
         rate = level.prefix_hits / level.prefix_queries if level.prefix_queries else 0.0
         self.say(f"prefix  prompt {prompt_tokens:5} sent twice: {rate:.0%} of the repeat found in the cache")
+
+
+def limits_of(options: Options, geometry: Geometry, levels: Sequence[Level]) -> Limits:
+    defaults = CPU_LIMITS if options.accelerator == "cpu" else GPU_LIMITS
+    max_num_seqs = options.max_num_seqs
+    if max_num_seqs is None:
+        # all the rest queued while fewer ran: the server's max_num_seqs (a request waits its step at any
+        # load: 10 running and 2 waiting at 16 streams were read off an uncapped server)
+        capped = [
+            lv for lv in levels if lv.kind == "load" and lv.max_running + lv.max_waiting >= lv.concurrency
+        ]
+        seen = [int(lv.max_running) for lv in capped if 0 < lv.max_running < lv.concurrency]
+        max_num_seqs = min(seen) if seen else defaults[0]
+    return Limits(
+        block_size=geometry.block_size,
+        num_blocks=geometry.num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens or max(defaults[1], geometry.max_model_len),
+        max_model_len=geometry.max_model_len,
+    )
 
 
 def fit_profile(

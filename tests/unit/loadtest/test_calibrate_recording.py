@@ -12,11 +12,10 @@ import msgspec
 from backends.calibrated import StepFit
 from loadtest.calibrate.check import Job, LevelRun, compare, failures
 from loadtest.calibrate.levels import Level
-from loadtest.calibrate.limits import limits_of
 from loadtest.calibrate.offline import refit, virtual_run
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, RECORDING, Recording, load, save
 from loadtest.calibrate.refine import closed_loop
-from loadtest.calibrate.sweep import Geometry, Options
+from loadtest.calibrate.sweep import Geometry, Options, limits_of
 
 TRUE = StepFit(
     step_s=0.004,
@@ -25,7 +24,7 @@ TRUE = StepFit(
     per_context_token_s=2e-7,
     admit_s=0.003,
     request_s=0.002,
-    request_cv=1.0,  # the spread the calibration takes every front end to have (limits.REQUEST_CV)
+    request_cv=1.0,  # the spread the calibration takes every front end to have (defaults.REQUEST_CV)
 )
 GEOMETRY = Geometry(max_model_len=512, block_size=128, num_blocks=2048, vllm_version="0.32.0")
 OPTIONS = Options(url="http://real:8000", model="tiny-llama", accelerator="cpu", max_concurrency=16)
