@@ -26,9 +26,8 @@ from pathlib import Path
 from backends.calibrated import CalibratedProfile, load_profile
 from loadtest.calibrate.fit import gauss
 from loadtest.calibrate.measure import Timed
-from loadtest.calibrate.offline import refit
+from loadtest.calibrate.offline import refit, virtual_run
 from loadtest.calibrate.recording import Recording, load
-from loadtest.calibrate.refine import closed_loop
 
 SIZES = (16, 61, 128, 244, 488)
 """Prompt sizes the newcomer's cost is shown at."""
@@ -148,12 +147,8 @@ def _split(timed: Sequence[Timed]) -> str:
 def report(name: str, recording: Recording, profile: CalibratedProfile) -> str:
     sweep = [lv.timed for lv in recording.levels if lv.kind == "load" and lv.concurrency > 1]
     held = [run.timed for run in recording.real]
-    replayed = [  # each level on a virtual clock of its own, from 0
-        closed_loop(
-            profile.step, profile.limits, [(len(j.prompt), j.output_tokens) for j in jobs], width
-        ).timed
-        for jobs, width in zip(recording.jobs, recording.widths, strict=True)
-    ]
+    # each level on a virtual clock of its own, from 0
+    replayed = [run.timed for run in virtual_run(profile, recording.jobs, recording.widths)]
     sizes = "".join(f"{size:8}" for size in SIZES)
     charged = "".join(f"{profile.step.prefill_seconds(size) * 1000:8.2f}" for size in SIZES)
     lines = [

@@ -74,10 +74,13 @@ class Shape:
 class Simulated:
     engine_ttft_s: float
     engine_itl_s: float
-    client_ttft_s: list[float]
-    """Per request, in the order they got their first token."""
     timed: list[Timed]
     """Per request, in the order they ended, as a client on the virtual clock would have timed it."""
+
+    @property
+    def client_ttft_s(self) -> list[float]:
+        """Per request, in the order they ended."""
+        return [t.ttft_s for t in self.timed]
 
     @property
     def client_tpot_s(self) -> list[float | None]:
@@ -109,7 +112,6 @@ def closed_loop(
     scheduler = Scheduler(engine_limits, limits.num_blocks, stats)
     entering: list[tuple[float, int, Group]] = []
     sent_at: dict[int, float] = {}
-    ttfts: list[float] = []
     timed: list[Timed] = []
     queue = list(reversed(jobs))
     front = FrontEnd(step.request_cv if spread else 0.0)
@@ -147,8 +149,6 @@ def closed_loop(
             continue
         end = now + duration
         for group in scheduler.apply(plan, end):
-            if group.generated == 1:
-                ttfts.append(end - sent_at[id(group)])
             if group.done:
                 steps = group.steps
                 tpot = (end - group.first_token_at) / (steps - 1) if steps > 1 else None
@@ -160,7 +160,7 @@ def closed_loop(
         now = end
     itl = stats.itl.total / stats.itl.count if stats.itl.count else 0.0
     ttft = stats.ttft.total / stats.ttft.count if stats.ttft.count else 0.0
-    return Simulated(ttft, itl, ttfts, timed)
+    return Simulated(ttft, itl, timed)
 
 
 def _error(predicted: float, measured: float) -> float:
@@ -174,9 +174,10 @@ def level_error(step: StepFit, limits: Limits, shape: Shape) -> float:
     mean TTFT and inter-token latency, and the client's median and 90th-percentile TTFT."""
     sim = simulate(step, limits, shape)
     error = _error(sim.engine_ttft_s, shape.engine_ttft_s) + _error(sim.engine_itl_s, shape.engine_itl_s)
-    if sim.client_ttft_s:
-        error += _error(statistics.median(sim.client_ttft_s), shape.client_ttft_p50_s)
-        error += _error(percentile(sim.client_ttft_s, 90) or 0.0, shape.client_ttft_p90_s)
+    ttfts = sim.client_ttft_s
+    if ttfts:
+        error += _error(statistics.median(ttfts), shape.client_ttft_p50_s)
+        error += _error(percentile(ttfts, 90) or 0.0, shape.client_ttft_p90_s)
     return error
 
 
