@@ -84,3 +84,20 @@ def test_the_engine_a_server_spawns_computes_on_its_own_cores_and_the_api_server
     )  # fmt: skip
     everything = sorted(os.sched_getaffinity(0))
     assert unbound.stdout.strip() == f"{everything} {everything}"  # nothing asked: nothing bound
+
+
+@pytest.mark.parametrize("wanted", ["x,1", "999", " , "])
+def test_a_list_that_names_no_usable_cpu_binds_nothing_and_breaks_nothing(
+    wanted: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    env = {
+        **os.environ,
+        "PYTHONPATH": CPU_SITE,
+        "SWITCHYARD_ENGINE_CPUS": wanted,
+        "SWITCHYARD_FRONT_CPUS": wanted,
+    }
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+    everything = sorted(os.sched_getaffinity(0))
+    assert out.stdout.strip() == f"{everything} {everything}"
