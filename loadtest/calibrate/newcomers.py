@@ -148,7 +148,7 @@ def report(name: str, recording: Recording, profile: CalibratedProfile) -> str:
     sweep = [lv.timed for lv in recording.levels if lv.kind == "load" and lv.concurrency > 1]
     held = [run.timed for run in recording.real]
     # each level on a virtual clock of its own, from 0
-    replayed = [run.timed for run in virtual_run(profile, recording.jobs, recording.widths)]
+    replayed = [run.timed for run in virtual_run(profile, recording.jobs, recording.widths, recording.pieces)]
     sizes = "".join(f"{size:8}" for size in SIZES)
     charged = "".join(f"{profile.step.prefill_seconds(size) * 1000:8.2f}" for size in SIZES)
     lines = [

@@ -36,6 +36,8 @@ from loadtest.calibrate.check import (
     compare,
     failures,
     format_rows,
+    merged,
+    pieces,
     run_interleaved,
     start_simulator,
     stop_process,
@@ -66,15 +68,16 @@ def refit(
 
 
 def virtual_run(
-    profile: CalibratedProfile, levels: Sequence[list[Job]], widths: Sequence[int]
+    profile: CalibratedProfile, levels: Sequence[list[Job]], widths: Sequence[int], count: int = 1
 ) -> list[LevelRun]:
-    """The held-apart load on the simulator's scheduler on a virtual clock (refine.closed_loop)."""
-    runs = []
-    for jobs, width in zip(levels, widths, strict=True):
+    """The held-apart load on the simulator's scheduler on a virtual clock (refine.closed_loop), each
+    level in `count` pieces (check.pieces), each piece a closed loop of its own, as the real run had it."""
+    runs: list[list[LevelRun]] = [[] for _ in levels]
+    for index, jobs in (piece for cut in pieces(levels, count) for piece in cut):
         sizes = [(len(job.prompt), job.output_tokens) for job in jobs]
-        sim = closed_loop(profile.step, profile.limits, sizes, width)
-        runs.append(LevelRun(sim.timed, sim.engine_ttft_s, sim.engine_itl_s))
-    return runs
+        sim = closed_loop(profile.step, profile.limits, sizes, widths[index])
+        runs[index].append(LevelRun(sim.timed, sim.engine_ttft_s, sim.engine_itl_s))
+    return [merged(level) for level in runs]
 
 
 def http_runs(
@@ -89,7 +92,9 @@ def http_runs(
             process, url = start_simulator(timing, model, max_model_len, workdir / f"offline-{name}.log")
             processes.append(process)
             targets.append(Target(url, url))
-        calibrated, wrong = asyncio.run(run_interleaved(targets, model, recording.jobs, recording.widths))
+        calibrated, wrong = asyncio.run(
+            run_interleaved(targets, model, recording.jobs, recording.widths, recording.pieces)
+        )
     finally:
         for process in processes:
             stop_process(process)
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = compare(recording.real, wrong, recording.widths)
         print(f"\nbuilt-in MI300X profile (simulator servers):\n{format_rows(rows)}")
     else:
-        simulated = virtual_run(profile, recording.jobs, recording.widths)
+        simulated = virtual_run(profile, recording.jobs, recording.widths, recording.pieces)
     rows = compare(recording.real, simulated, recording.widths)
     print(f"\ncalibrated profile ({profile_path}, {'simulator server' if args.http else 'virtual clock'}):")
     print(format_rows(rows))

@@ -39,6 +39,8 @@ class Recording:
     """The held-apart load on the real server, per level."""
     loadavg: list[float]
     """The machine's load averages (1, 5, 15 min) when the real legs ended."""
+    pieces: int = 1
+    """How many pieces each level ran in (check.pieces); recordings made before pieces ran levels whole."""
 
 
 def save(recording: Recording, directory: Path, access_log: Path, policy: Path) -> None:

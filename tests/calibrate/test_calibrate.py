@@ -4,13 +4,13 @@ This module starts its own real vLLM CPU server of the tiny model (or uses the o
 SWITCHYARD_CALIBRATE_URL), started as the launcher starts a CPU server, below its clients and with its
 compute on a core of its own (backends/cpu_priority.py). `switchyard calibrate`'s sweep measures it and fits
 a profile; a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6 and 12,
-which the sweep never used) runs on it through a gateway with its access log on, one level after each phase
-of the sweep, so both see the same minute of the machine (the fit never sees the held-apart levels). Then
-the same load runs through a gateway each to a simulator started from the profile and to one started from
-the built-in MI300X profile. Per level the client's TTFT p50 and p90 and time per output token p50 must
-agree within 20 %, and the what-if replay of the real gateway's access log on the profile must agree with
-the run's SLO attainment within 5 points per class. The built-in MI300X profile (an 8B model on a GPU) must
-fail the same comparison, so the test can fail.
+which the sweep never used) runs on it through a gateway with its access log on, a third of each level
+after each phase of the sweep, so both see the same minutes of the machine (the fit never sees the
+held-apart levels). Then the same load, in the same pieces, runs through a gateway each to a simulator
+started from the profile and to one started from the built-in MI300X profile. Per level the client's TTFT
+p50 and p90 and time per output token p50 must agree within 20 %, and the what-if replay of the real
+gateway's access log on the profile must agree with the run's SLO attainment within 5 points per class.
+The built-in MI300X profile (an 8B model on a GPU) must fail the same comparison, so the test can fail.
 
 With SWITCHYARD_CALIBRATE_RECORD=DIR it records the real measurements (the sweep, the held-apart load and
 its real run, the access log, the policy) to DIR before comparing anything, and
@@ -40,6 +40,7 @@ from loadtest.calibrate.agreement import (
     slos_from_log,
 )
 from loadtest.calibrate.check import (
+    PIECES,
     TOLERANCE,
     WIDTHS,
     Job,
@@ -51,6 +52,8 @@ from loadtest.calibrate.check import (
     failures,
     format_rows,
     held_apart_jobs,
+    merged,
+    pieces,
     run_interleaved,
     run_level,
     start_simulator,
@@ -134,27 +137,26 @@ def _gateway_config(url: str, policy: Path, log: Path | None) -> dict[str, Any]:
 async def _calibrate_around(
     real: Target, levels: list[list[Job]]
 ) -> tuple[CalibratedProfile, list[LevelRun], Calibration]:
-    """`switchyard calibrate`'s sweep of the real server, with one level of the held-apart load run
-    (through the gateway) after each of its phases: the check's real run and the sweep share the same
-    minute of the machine, so a spell in which it ran slower lands on both. The fit never sees the
-    held-apart levels. Returns the profile and the held-apart levels as measured."""
-    pending = list(zip(levels, WIDTHS, strict=True))
-    measured: list[LevelRun] = []
+    """`switchyard calibrate`'s sweep of the real server, with one piece of each level of the held-apart
+    load run (through the gateway) after each of its phases (check.pieces): the check's real run and the
+    sweep share the same minutes of the machine, so a spell in which it ran slower lands on both. The fit
+    never sees the held-apart levels. Returns the profile and the held-apart levels as measured."""
+    rounds = pieces(levels)
+    measured: list[list[LevelRun]] = [[] for _ in levels]
     async with stream_client() as client:
 
         async def between() -> None:
-            if pending:
-                jobs, width = pending.pop(0)
-                measured.append(await run_level(client, real, MODEL, jobs, width))
+            for index, jobs in rounds.pop(0) if rounds else []:
+                measured[index].append(await run_level(client, real, MODEL, jobs, WIDTHS[index]))
 
         options = Options(
             url=real.metrics_url, model=MODEL, accelerator="cpu", budget_s=60.0, max_concurrency=16
         )
         calibration = Calibration(options, print, between)
         profile = await calibration.run()
-        while pending:  # a budget that ended the sweep early leaves levels to run
+        while rounds:  # a budget that ended the sweep early leaves pieces to run
             await between()
-    return profile, measured, calibration
+    return profile, [merged(runs) for runs in measured], calibration
 
 
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
@@ -176,6 +178,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
             levels,
             real,
             list(os.getloadavg()),
+            PIECES,
         )
         save(recording, Path(os.environ["SWITCHYARD_CALIBRATE_RECORD"]), gateway_log, policy)
     profile_path.write_text(dump_profile(fitted))

@@ -10,8 +10,9 @@ from pathlib import Path
 import msgspec
 
 from backends.calibrated import StepFit
-from loadtest.calibrate.check import Job, LevelRun, compare, failures
+from loadtest.calibrate.check import Job, LevelRun, compare, failures, merged, pieces
 from loadtest.calibrate.levels import Level
+from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.offline import refit, virtual_run
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, RECORDING, Recording, load, save
 from loadtest.calibrate.refine import closed_loop
@@ -84,3 +85,58 @@ def test_offline_the_fit_sees_the_sweep_and_predicts_the_held_apart_load() -> No
     assert not failures(rows), rows
     wrong = msgspec.structs.replace(profile, step=msgspec.structs.replace(TRUE, step_s=0.02))
     assert failures(compare(recording.real, virtual_run(wrong, recording.jobs, recording.widths), [3, 6]))
+
+
+def test_a_recording_made_before_pieces_reads_as_levels_run_whole(tmp_path: Path) -> None:
+    recording = _recording()
+    log, policy = tmp_path / "access.jsonl", tmp_path / "policy.yaml"
+    log.write_text("")
+    policy.write_text("name: p\n")
+    save(recording, tmp_path / "rec", log, policy)
+    raw = json.loads((tmp_path / "rec" / RECORDING).read_bytes())
+    del raw["pieces"]
+    (tmp_path / "rec" / RECORDING).write_text(json.dumps(raw))
+    assert load(tmp_path / "rec").pieces == 1
+
+
+def test_levels_run_in_pieces_each_level_s_first_then_each_level_s_second() -> None:
+    short = [Job([1] * 30, 16, "chat") for _ in range(7)]
+    long = [Job([2] * 300, 16, "bulk") for _ in range(9)]
+    rounds = pieces([short, long], 3)
+    assert [[(index, len(jobs)) for index, jobs in cut] for cut in rounds] == [
+        [(0, 2), (1, 3)],
+        [(0, 2), (1, 3)],
+        [(0, 3), (1, 3)],
+    ]
+    for index, level in enumerate((short, long)):  # every job once, in its order
+        assert [j for cut in rounds for i, jobs in cut if i == index for j in jobs] == level
+    assert pieces([short], 1) == [[(0, short)]]
+
+
+def test_a_level_merged_from_its_pieces_weighs_the_server_s_means_by_requests() -> None:
+    def run(count: int, ttft: float, itl: float) -> LevelRun:
+        return LevelRun([Timed(30, 16, 0.0, 0.01, 0.002, 0.04)] * count, ttft, itl, ttft / 2)
+
+    level = merged([run(1, 0.010, 0.002), run(3, 0.030, 0.004)])
+    assert len(level.timed) == 4
+    assert abs(level.engine_ttft_s - 0.025) < 1e-12 and abs(level.engine_itl_s - 0.0035) < 1e-12
+    assert abs(level.engine_own_s - 0.0125) < 1e-12
+
+
+def test_the_virtual_run_of_a_level_in_pieces_is_a_closed_loop_per_piece() -> None:
+    """Each piece starts with every stream sending at once, as on the real server."""
+    recording = _recording()
+    profile = refit(recording, refine_s=5.0)
+    whole = virtual_run(profile, recording.jobs, recording.widths)
+    cut = virtual_run(profile, recording.jobs, recording.widths, 3)
+    for level, width, jobs in zip(cut, recording.widths, recording.jobs, strict=True):
+        expected = []
+        for piece in (
+            jobs[: len(jobs) // 3],
+            jobs[len(jobs) // 3 : 2 * len(jobs) // 3],
+            jobs[2 * len(jobs) // 3 :],
+        ):
+            sizes = [(len(job.prompt), job.output_tokens) for job in piece]
+            expected += closed_loop(profile.step, profile.limits, sizes, width).timed
+        assert level.timed == expected
+    assert [len(level.timed) for level in cut] == [len(level.timed) for level in whole]
