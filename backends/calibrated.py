@@ -5,6 +5,7 @@ runs with, fitted by least squares on what the server itself reported (loadtest/
 
     step seconds    = step_s + seqs(sequences) + prefill(prefill tokens)
                       + per_context_token_s * decode context tokens
+                      + mixed_step_s, in a step that prefills while other sequences decode
     seqs(b)         = per_seq_s * b, or, when the profile measured a decode curve (`decode`), that curve
                       interpolated at b (from (0, 0)) and extended beyond its last point with per_seq_s
     prefill(n)      = per_prefill_token_s * n, or, when the profile measured a curve (`prefill`), that
@@ -74,6 +75,10 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     per_prefill_token_s: _NonNeg
     """Per prompt token prefilled in a step; with a `prefill` curve, per token beyond its last point."""
     per_context_token_s: _NonNeg
+    mixed_step_s: _NonNeg = 0.0
+    """What a step that prefills a newcomer while other sequences decode costs on top of its prefill and its
+    decode: vLLM's CPU build ran such a step some 1 ms longer than a step of either alone, even for a
+    16-token prompt (docs/calibrate.md, 2026-11-28, 07:30 UTC)."""
     request_s: _NonNeg = 0.0
     request_per_seq_s: _NonNeg = 0.0
     """The front end's extra time per sequence already running (its HTTP streams compete with new
@@ -144,6 +149,7 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             + self.sequence_seconds(seqs)
             + self.prefill_seconds(prefill_tokens)
             + self.per_context_token_s * decode_context
+            + (self.mixed_step_s if prefill_tokens > 0 and decode_context > 0 else 0.0)
         )
 
 
@@ -272,7 +278,7 @@ def dump_profile(profile: CalibratedProfile) -> str:
     for curve in ("prefill", "decode"):
         if not getattr(profile.step, curve):
             del data["step"][curve]  # a profile without a curve is written as before it had one
-    for measured_later in ("http_s", "admit_per_seq_s", "request_cv"):
+    for measured_later in ("http_s", "admit_per_seq_s", "request_cv", "mixed_step_s"):
         if not getattr(profile.step, measured_later):
             del data["step"][measured_later]  # nor one measured before it was
     if profile.step.pace is None:

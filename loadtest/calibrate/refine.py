@@ -40,6 +40,7 @@ PARAMETERS = (
     "per_seq_s",
     "per_prefill_token_s",
     "per_context_token_s",
+    "mixed_step_s",
     "admit_s",
     "admit_busy_s",
     "admit_per_seq_s",

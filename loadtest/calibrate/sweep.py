@@ -10,7 +10,7 @@ warm-up: loadtest/calibrate/warmup.py):
 3. load: closed-loop concurrency 1, 2, 4, ... (never above `max_concurrency`) for a short and a long
    prompt, until output throughput stops growing (two levels in a row under 10 % more than the best);
    then a long output (a quarter of the context) at concurrency 1, 4 and 16, and outputs of 16 to 64
-   tokens mixed (`levels.staggered`) at concurrency 4 and 16;
+   tokens mixed (`levels.staggered`): the short prompt at concurrency 4 and 16, the long one at 16;
 4. prefix reuse: one long prompt sent twice, and the share of its tokens vLLM found cached.
 
 Every level reads vLLM's histograms before and after (`vllm:time_to_first_token_seconds`,
@@ -197,11 +197,11 @@ class Calibration:
             if concurrency > options.max_concurrency or not self.in_phase(0.5):
                 break
             await self._level("load", concurrency, short, longer, repeats=max(8, 2 * concurrency))
-        for concurrency in (4, 16):  # outputs of many lengths: newcomers arrive among running streams
-            if concurrency > options.max_concurrency or not self.in_phase(0.5):
+        for concurrency, prompt in ((4, short), (16, short), (16, long)):  # outputs of many lengths:
+            if concurrency > options.max_concurrency or not self.in_phase(0.5):  # newcomers among streams
                 break
-            outputs = staggered(8 * concurrency, 16, max(17, min(64, max_model_len - short - 1)))
-            await self._level("load", concurrency, short, 0, repeats=len(outputs), outputs=outputs)
+            outputs = staggered(8 * concurrency, 16, max(17, min(64, max_model_len - prompt - 1)))
+            await self._level("load", concurrency, prompt, 0, repeats=len(outputs), outputs=outputs)
         self.phase_end = self.started + budget
         if self.in_phase(1.0):
             await self._prefix(long)

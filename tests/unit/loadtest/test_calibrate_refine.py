@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 
@@ -211,3 +212,39 @@ def test_a_levels_outputs_reach_its_shape_and_a_recording_without_them_still_loa
     assert shape_of(level).outputs == (16, 48, 32)
     old = msgspec.json.encode(Level("load", 4, 61, 32)).replace(b',"outputs":[]', b"")
     assert b"outputs" not in old and msgspec.json.decode(old, type=Level).outputs == ()
+
+
+def test_a_step_that_prefills_among_decoding_streams_costs_the_mixed_step_on_top() -> None:
+    step = msgspec.structs.replace(TRUE, mixed_step_s=0.002)
+    assert step.step_seconds(4, 61, 0) == TRUE.step_seconds(4, 61, 0)  # prefill alone
+    assert step.step_seconds(4, 0, 400) == TRUE.step_seconds(4, 0, 400)  # decode alone
+    assert step.step_seconds(4, 61, 400) == pytest.approx(TRUE.step_seconds(4, 61, 400) + 0.002)
+
+
+def _staggered_shape(concurrency: int, prompt: int, true: StepFit) -> Shape:
+    outputs = staggered(8 * concurrency, 16, 64)
+    blank = Shape(concurrency, prompt, 40, len(outputs), 0.0, 0.0, 0.0, 0.0, outputs=outputs)
+    sim = simulate(true, LIMITS, blank, cap=False)
+    ttfts = sorted(sim.client_ttft_s)
+    return dataclasses.replace(
+        blank,
+        engine_ttft_s=sim.engine_ttft_s,
+        engine_itl_s=sim.engine_itl_s,
+        client_ttft_p50_s=statistics.median(ttfts),
+        client_ttft_p90_s=ttfts[int(0.9 * (len(ttfts) - 1))],
+    )
+
+
+def test_refine_finds_the_mixed_step_in_the_levels_whose_newcomers_arrive_among_streams() -> None:
+    """Cohort levels prefill with nothing decoding beside them; only staggered levels show the mixed step."""
+    true = msgspec.structs.replace(TRUE, mixed_step_s=0.004)
+    shapes = [_shape(1, p, 8, 2, true) for p in (16, 488)]
+    shapes += [_shape(c, p, 16, 2 * c, true) for c in (2, 8) for p in (61, 244)]
+    shapes += [_staggered_shape(8, p, true) for p in (61, 244)]
+    refined, before, after = refine(TRUE, LIMITS, shapes)
+    assert after < before * 0.8
+    assert refined.mixed_step_s > 0.001  # the admission's terms can take some of it: they too delay newcomers
+    for shape in shapes[-2:]:
+        assert simulate(refined, LIMITS, shape, cap=False).engine_itl_s == pytest.approx(
+            shape.engine_itl_s, rel=0.1
+        )
