@@ -77,8 +77,9 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     per_context_token_s: _NonNeg
     mixed_step_s: _NonNeg = 0.0
     """What a step that prefills a newcomer while other sequences decode costs on top of its prefill and its
-    decode: vLLM's CPU build ran such a step some 1 ms longer than a step of either alone, even for a
-    16-token prompt (docs/calibrate.md, 2026-11-28, 07:30 UTC)."""
+    decode. On vLLM's CPU build, sixteen streams' median gap between tokens was 0.4-0.5 ms longer with
+    newcomers arriving among them than between cohorts, for 16-token prompts as for 440-token ones; the fit
+    put it at 1.3-2.2 ms a step (docs/calibrate.md, 2026-11-28, 07:30 UTC)."""
     request_s: _NonNeg = 0.0
     request_per_seq_s: _NonNeg = 0.0
     """The front end's extra time per sequence already running (its HTTP streams compete with new
