@@ -62,16 +62,22 @@ def test_max_num_seqs_is_read_off_a_queue_of_all_the_rest_and_not_off_a_request_
     assert limits_of(OPTIONS, GEOMETRY, [passing, capped]).max_num_seqs == 8
 
 
-def test_a_recording_round_trips(tmp_path: Path) -> None:
-    recording = _recording()
+def _saved(recording: Recording, tmp_path: Path) -> Path:
+    """`recording` saved with a one-line access log and a policy; its directory."""
     log, policy = tmp_path / "access.jsonl", tmp_path / "policy.yaml"
     log.write_text('{"request_class": "chat"}\n')
     policy.write_text("name: p\n")
     save(recording, tmp_path / "rec", log, policy)
-    assert load(tmp_path / "rec") == recording
-    assert (tmp_path / "rec" / ACCESS_LOG).read_text() == log.read_text()
-    assert (tmp_path / "rec" / POLICY).read_text() == "name: p\n"
-    assert json.loads((tmp_path / "rec" / RECORDING).read_bytes())["geometry"]["num_blocks"] == 2048
+    return tmp_path / "rec"
+
+
+def test_a_recording_round_trips(tmp_path: Path) -> None:
+    recording = _recording()
+    directory = _saved(recording, tmp_path)
+    assert load(directory) == recording
+    assert (directory / ACCESS_LOG).read_text() == '{"request_class": "chat"}\n'
+    assert (directory / POLICY).read_text() == "name: p\n"
+    assert json.loads((directory / RECORDING).read_bytes())["geometry"]["num_blocks"] == 2048
 
 
 def test_offline_the_fit_sees_the_sweep_and_predicts_the_held_apart_load() -> None:
@@ -88,15 +94,11 @@ def test_offline_the_fit_sees_the_sweep_and_predicts_the_held_apart_load() -> No
 
 
 def test_a_recording_made_before_pieces_reads_as_levels_run_whole(tmp_path: Path) -> None:
-    recording = _recording()
-    log, policy = tmp_path / "access.jsonl", tmp_path / "policy.yaml"
-    log.write_text("")
-    policy.write_text("name: p\n")
-    save(recording, tmp_path / "rec", log, policy)
-    raw = json.loads((tmp_path / "rec" / RECORDING).read_bytes())
+    directory = _saved(_recording(), tmp_path)
+    raw = json.loads((directory / RECORDING).read_bytes())
     del raw["pieces"]
-    (tmp_path / "rec" / RECORDING).write_text(json.dumps(raw))
-    assert load(tmp_path / "rec").pieces == 1
+    (directory / RECORDING).write_text(json.dumps(raw))
+    assert load(directory).pieces == 1
 
 
 def test_levels_run_in_pieces_each_level_s_first_then_each_level_s_second() -> None:
