@@ -77,7 +77,7 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     per_context_token_s: _NonNeg
     mixed_step_s: _NonNeg = 0.0
     """What a step that prefills a newcomer while other sequences decode costs on top of its prefill and its
-    decode. On vLLM's CPU build, sixteen streams' median gap between tokens was 0.4-0.5 ms longer with
+    decode. On vLLM's CPU build, sixteen streams' median gap between tokens was 0.24-0.54 ms longer with
     newcomers arriving among them than between cohorts, for 16-token prompts as for 440-token ones; the fit
     put it at 1.3-2.2 ms a step (docs/calibrate.md, 2026-11-28, 07:30 UTC)."""
     request_s: _NonNeg = 0.0
