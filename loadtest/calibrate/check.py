@@ -53,6 +53,9 @@ piece, then every level's second): each piece starts with a burst of every strea
 whole level used to (at 8 rounds the first round alone was the slowest 12-20 % of its level, so a piece
 is not shorter than 24), and the test runs one piece of each level after each phase of the sweep, so the
 held-apart levels and the sweep's levels average over the same minutes of a server whose speed drifts."""
+QUIET_SHARE = 0.25
+"""After a piece of the real run, idle for this share of its length (`quiet_after`): a replay up to a
+quarter slower than the run still ends each piece before the next begins."""
 WIDTHS = tuple(width for width, _ in LEVELS)
 CLASSES = ("chat", "bulk")
 TTFT = "vllm:time_to_first_token_seconds"
@@ -162,6 +165,18 @@ def pieces(levels: Sequence[list[Job]], count: int = PIECES) -> list[list[tuple[
     return rounds
 
 
+def quiet_after(run: LevelRun) -> float:
+    """Seconds to leave the server idle after `run`, one piece of a run whose access log is replayed:
+    `QUIET_SHARE` of the piece's length. The next piece starts only once this one's last answer is in,
+    and the log cannot say so (its requests belong to sessions, never to a piece), so a replay a little
+    slower than the run would carry each piece's last answers into the next piece's burst, slowing both.
+    The quiet keeps the pieces apart in the replay as they were in the run."""
+    if not run.timed:
+        return 0.0
+    start = min(t.sent_at for t in run.timed)
+    return QUIET_SHARE * (max(t.sent_at + t.e2e_s for t in run.timed) - start)
+
+
 def merged(runs: Sequence[LevelRun]) -> LevelRun:
     """One level from its pieces: every request, and the server's means weighted by requests."""
     timed = [t for run in runs for t in run.timed]
@@ -194,19 +209,6 @@ async def run_interleaved(
             for target, per_level in zip(targets, done, strict=True):
                 per_level[index].append(await run_level(client, target, model, jobs, concurrency[index]))
     return [[merged(runs) for runs in per_level] for per_level in done]
-
-
-async def run_load(
-    url: str,
-    model: str,
-    levels: Sequence[list[Job]],
-    concurrency: Sequence[int],
-    metrics_url: str | None = None,
-) -> list[LevelRun]:
-    """Each level closed-loop at its concurrency, one after the other, each job with its class header.
-    `url` may be a gateway in front of the server; `metrics_url` is the server itself (default `url`)."""
-    target = Target(url, metrics_url or url)
-    return (await run_interleaved([target], model, levels, concurrency))[0]
 
 
 async def _settled(server: Server, before: Metrics, requests: int) -> Metrics:
@@ -342,17 +344,6 @@ async def vocabulary_of(url: str, model: str) -> tuple[list[int], int]:
 
 def calibrated_timing(profile: Path) -> list[str]:
     return ["--calibrated", str(profile)]
-
-
-def simulated_run(
-    timing: Sequence[str], model: str, levels: list[list[Job]], max_model_len: int, workdir: Path
-) -> list[LevelRun]:
-    """The same requests on a simulator started with `timing`."""
-    process, sim_url = start_simulator(timing, model, max_model_len, workdir / "simulator.log")
-    try:
-        return asyncio.run(run_load(sim_url, model, levels, WIDTHS))
-    finally:
-        stop_process(process)
 
 
 def check(url: str, model: str, timing: Sequence[str], seed: int, workdir: Path) -> list[Row]:

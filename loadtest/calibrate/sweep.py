@@ -49,7 +49,7 @@ from loadtest.calibrate.levels import (
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.pace import with_spells
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
-from loadtest.calibrate.warmup import longest_prompt, warm_up
+from loadtest.calibrate.warmup import lengths, longest_prompt, warm_up
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
@@ -59,10 +59,9 @@ WARM_UP_SHARE = 0.15
 """The budget's share the warm-up may take (loadtest/calibrate/warmup.py)."""
 WATCH_INTERVAL_S = 1.0
 """When a level first polls /metrics for the running and waiting gauges. A scrape holds vLLM's API server
-for some 10-25 ms on a quiet machine (its histograms rendered; far longer on a busy one), which a request
-or a token arriving meanwhile waits out, and the gateway in front of the server scrapes it as well (once
-a second by default): a sweep that polled as often again would measure a front end slower than the one
-the gateway's traffic meets."""
+10-25 ms on a quiet machine (longer on a busy one), which a request or a token arriving meanwhile waits
+out, and the gateway in front of the server scrapes it too (once a second by default): a sweep polling as
+often again would measure a front end slower than the one the gateway's traffic meets."""
 WATCH_EVERY_S = 5.0
 """How often it polls after that."""
 PHASES = (0.2, 0.3, 0.2, 0.2)
@@ -166,7 +165,8 @@ class Calibration:
         longest = longest_prompt(max_model_len)
         budget = options.budget_s
         sent = await warm_up(server, longest, self.rng, self.started + WARM_UP_SHARE * budget)
-        self.say(f"warm-up: {sent} prompts of 1 to {longest} tokens, one token out each")
+        planned = len(lengths(longest))  # fewer sent: the budget's share ran out first
+        self.say(f"warm-up: {sent} of {planned} prompts of 1 to {longest} tokens, one token out each")
         self.phase_end = self.started + PHASES[0] * budget
         for prompt in extremes_first(ladder(longest)):
             if not self.in_phase(1.0):
@@ -251,7 +251,7 @@ class Calibration:
             out = f"{min(outputs)}-{max(outputs)}" if outputs else str(output)
             self.say(
                 f"{kind:7} prompt {prompt:5} out {out:>5} x{concurrency:<3}: "
-                f"{len(level.timed):3} requests, "
+                f"{len(level.timed):3} of {len(jobs):3} requests, "
                 f"TTFT {level.engine_ttft_s * 1000:7.1f} ms (client {level.client_ttft_s * 1000:7.1f}), "
                 f"ITL {level.engine_itl_s * 1000:6.2f} ms (client {level.client_tpot_s * 1000:6.2f}), "
                 f"{level.tokens_per_s:7.0f} tok/s, "

@@ -10,7 +10,16 @@ from pathlib import Path
 import msgspec
 
 from backends.calibrated import StepFit
-from loadtest.calibrate.check import Job, LevelRun, compare, failures, merged, pieces
+from loadtest.calibrate.check import (
+    QUIET_SHARE,
+    Job,
+    LevelRun,
+    compare,
+    failures,
+    merged,
+    pieces,
+    quiet_after,
+)
 from loadtest.calibrate.levels import Level
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.offline import refit, virtual_run
@@ -123,6 +132,13 @@ def test_a_level_merged_from_its_pieces_weighs_the_server_s_means_by_requests() 
     assert len(level.timed) == 4
     assert abs(level.engine_ttft_s - 0.025) < 1e-12 and abs(level.engine_itl_s - 0.0035) < 1e-12
     assert abs(level.engine_own_s - 0.0125) < 1e-12
+
+
+def test_the_quiet_after_a_piece_is_a_share_of_its_length_from_first_send_to_last_answer() -> None:
+    timed = [Timed(30, 16, 10.0, 0.01, 0.002, 0.5), Timed(30, 16, 10.2, 0.01, 0.002, 2.8)]
+    timed.append(Timed(30, 16, 12.0, 0.01, 0.002, 0.4))  # sent last, not the last to end
+    assert abs(quiet_after(LevelRun(timed, 0.01, 0.002)) - QUIET_SHARE * 3.0) < 1e-9
+    assert quiet_after(LevelRun([], 0.0, 0.0)) == 0.0
 
 
 def test_the_virtual_run_of_a_level_in_pieces_is_a_closed_loop_per_piece() -> None:
