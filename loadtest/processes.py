@@ -3,7 +3,8 @@
 Children are started in their own session (so their process group id equals their pid), optionally pinned
 to one CPU before ``exec`` (so every thread and child process they create inherits the pin), and are
 stopped by signalling that process group only.  :class:`ProcessGroup` remembers everything it started and
-stops it on ``close()``, on interpreter exit and on SIGINT/SIGTERM/SIGHUP (turned into ``KeyboardInterrupt``).
+stops it on ``close()``, on interpreter exit and on SIGINT/SIGTERM/SIGHUP (turned into ``KeyboardInterrupt``);
+a child gets SIGKILL from the kernel when this process dies without that chance (a SIGKILL of its own).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from backends.lifetime import die_with_parent
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
@@ -29,14 +32,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _pin_to(cpu: int | None) -> Callable[[], None] | None:
+def _preexec(cpu: int | None) -> Callable[[], None] | None:
+    """In the child: ends with this process whatever signal ends it (backends/lifetime.py), on `cpu`."""
+    on_death = die_with_parent()
     if cpu is None:
-        return None
+        return on_death
 
-    def pin() -> None:
+    def start() -> None:
+        if on_death is not None:
+            on_death()
         os.sched_setaffinity(0, {cpu})
 
-    return pin
+    return start
 
 
 @dataclass
@@ -87,7 +94,7 @@ class ProcessGroup:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_pin_to(cpu),
+                preexec_fn=_preexec(cpu),
                 env=env,
                 cwd=cwd,
             )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole calibration check on one machine: start vLLM with a small model, calibrate it, run the
-# held-apart load on it and on the simulator of the fitted profile, and compare (docs/calibrate.md).
+# held-apart load on it and on the simulator of the fitted profile (each through a gateway), compare,
+# and replay the real gateway's access log on the profile for the SLO attainment (docs/calibrate.md).
 #
 #   deploy/calibrate/check.sh                         # a GPU if one is found (nvidia-smi / rocm-smi), else CPU
 #   deploy/calibrate/check.sh --model Qwen/Qwen2.5-0.5B-Instruct --accelerator h100
@@ -9,8 +10,8 @@
 # GPU: `vllm` must be on PATH (the CUDA or ROCm build) and the model reachable (hub or local path).
 # CPU: the vLLM CPU virtualenv and the tiny model of `make vllm-model` (built when missing).
 # --repeats N: runs of the real server against itself first (default 1; 0: none), which show how
-# closely this machine can agree at all. Exit status: 0 when every level agrees within 20 %, 1 when one
-# does not, 2 on a setup error.
+# closely this machine can agree at all. Exit status: 0 when every level agrees within 20 % and the
+# replay's attainment within 5 points per class, 1 when not, 2 on a setup error.
 # Everything it starts is stopped when it ends; the profile and logs stay in --out (default a temp dir).
 set -euo pipefail
 
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done

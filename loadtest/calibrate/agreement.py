@@ -20,6 +20,8 @@ from loadtest.whatif.simfleet import build_fleet
 from policies.config import load_policy
 from policies.engine import PolicyEngine
 
+ATTAINMENT_POINTS = 0.05
+"""How far apart the replay's and the real run's attainment may be, per class (the issue's bound)."""
 DRAWS = 8
 """Replays averaged per attainment when the profile has slow spells (each draw moved it by up to 9
 points on the recordings of docs/calibrate.md)."""

@@ -5,28 +5,44 @@
 The load is not the calibration's: another seed, prompt lengths drawn over the whole context, outputs of
 mixed lengths, and concurrency levels the sweep did not use (3, 6, 12). The same requests (token-id
 prompts, fixed outputs) go to the real server and to a simulator (`python -m backends.sim --calibrated`)
-started from the profile, level by level (the real server's level, then the simulator's); per level the
-client's TTFT p50 and p90 and time per output token p50 must agree within `TOLERANCE` (the servers' own
-mean TTFT and inter-token latency are shown beside them). Exit status 0 when every level agrees, 1 when
-one does not.
+started from the profile, piece by piece (the real server's piece, then the simulator's), each through a
+gateway of its own; per level the client's TTFT p50 and p90 and time per output token p50 must agree
+within `TOLERANCE` (the servers' own mean TTFT and inter-token latency are shown beside them), and the
+what-if replay of the real gateway's access log on the profile must agree with the run's SLO attainment
+within 5 points per class (loadtest/calibrate/agreement.py). Exit status 0 when both hold, 1 when one
+does not.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import contextlib
 import random
-import subprocess
-import sys
-import time
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import httpx
 
+from loadtest.calibrate.agreement import (
+    ATTAINMENT_POINTS,
+    calibrated_fleet,
+    logged_attainment,
+    replayed_attainment,
+    slos_from_log,
+)
+from loadtest.calibrate.legs import (
+    POOL,
+    SCRAPE_S,
+    calibrated_timing,
+    gateway_config,
+    running_gateway,
+    start_simulator,
+    stop_process,
+    write_policy,
+)
 from loadtest.calibrate.levels import bursty
 from loadtest.calibrate.measure import (
     WORKER,
@@ -38,7 +54,6 @@ from loadtest.calibrate.measure import (
     stream_client,
     stream_completion,
 )
-from loadtest.processes import free_port
 from loadtest.stats import percentile
 
 TOLERANCE = 0.20
@@ -62,7 +77,6 @@ TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 QUEUE = "vllm:request_queue_time_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
-_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,48 +305,6 @@ def failures(rows: Sequence[Row], tolerance: float = TOLERANCE) -> list[Row]:
     return [row for row in rows if row.asserted and row.error > tolerance]
 
 
-def start_simulator(
-    timing: Sequence[str], model: str, max_model_len: int, log: Path
-) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m backends.sim <timing>` on a free port (`timing`: `--calibrated profile.yaml`, or a
-    datasheet profile's `--gpu mi300x --model-profile llama-3.1-8b`); returns it and its URL once healthy."""
-    port = free_port()
-    command = [sys.executable, "-m", "backends.sim", "--port", str(port), "--model", model]
-    command += ["--max-model-len", str(max_model_len), "--name", "simulated", *timing]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the simulator exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            stop_process(process)
-            raise RuntimeError("the simulator did not start within 20 s")
-        time.sleep(0.1)
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 async def vocabulary_of(url: str, model: str) -> tuple[list[int], int]:
     server = Server(url, model)
     try:
@@ -342,22 +314,40 @@ async def vocabulary_of(url: str, model: str) -> tuple[list[int], int]:
         await server.close()
 
 
-def calibrated_timing(profile: Path) -> list[str]:
-    return ["--calibrated", str(profile)]
+@dataclass(frozen=True, slots=True)
+class Checked:
+    rows: list[Row]
+    attainment: dict[str, tuple[float, float]]
+    """Per class, (the real run's, the replay's) share of requests that met the class's SLO."""
+
+    def attainment_off(self) -> list[str]:
+        return [c for c, (real, replay) in self.attainment.items() if abs(replay - real) > ATTAINMENT_POINTS]
 
 
-def check(url: str, model: str, timing: Sequence[str], seed: int, workdir: Path) -> list[Row]:
-    """The held-apart load on the real server at `url` and on a simulator started with `timing`,
-    level by level."""
+def check(url: str, model: str, profile: Path, seed: int, workdir: Path) -> Checked:
+    """The held-apart load on the real server at `url` and on a simulator of `profile`, piece by piece,
+    each through a gateway of its own (loadtest/calibrate/legs.py); then the what-if replay of the real
+    gateway's access log on the profile. The real server idles while the simulator runs its piece, so
+    the log's pieces are apart (see `quiet_after`)."""
     vocabulary, max_model_len = asyncio.run(vocabulary_of(url, model))
     levels = held_apart_jobs(vocabulary, max_model_len, seed)
-    process, sim_url = start_simulator(timing, model, max_model_len, workdir / "simulator.log")
-    try:
-        targets = [Target(url, url), Target(sim_url, sim_url)]
+    policy, log = write_policy(workdir / "policy.yaml"), workdir / "access.jsonl"
+    log.unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        timing = calibrated_timing(profile)
+        process, sim_url = start_simulator(timing, model, max_model_len, workdir / "simulator.log")
+        stack.callback(stop_process, process)
+        targets = []
+        for name, server, access_log in (("real", url, log), ("simulated", sim_url, None)):
+            config = gateway_config(server, model, max_model_len, policy, access_log)
+            gateway = stack.enter_context(running_gateway(config, workdir / f"gateway-{name}"))
+            targets.append(Target(gateway, server))
         real, sim = asyncio.run(run_interleaved(targets, model, levels, WIDTHS))
-    finally:
-        stop_process(process)
-    return compare(real, sim, WIDTHS)
+    slos = slos_from_log(log)
+    fleet = calibrated_fleet(profile, model, max_model_len, POOL)
+    replayed = replayed_attainment(log, fleet, policy, slos, SCRAPE_S)
+    shares = {c: (share, replayed.get(c, 0.0)) for c, share in logged_attainment(log, slos).items()}
+    return Checked(compare(real, sim, WIDTHS), shares)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,14 +356,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--profile", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=7, help="the held-apart load's seed (default 7)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp"))
+    parser.add_argument(
+        "--workdir", type=Path, help="logs, the policy and the access log (default: a new temp dir)"
+    )
     args = parser.parse_args(argv)
-    rows = check(args.url, args.model, calibrated_timing(args.profile), args.seed, args.workdir)
-    print(format_rows(rows))
-    failed = failures(rows)
-    asserted = [row for row in rows if row.asserted]
+    workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="switchyard-check-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    checked = check(args.url, args.model, args.profile.resolve(), args.seed, workdir)
+    print(format_rows(checked.rows))
+    failed = failures(checked.rows)
+    asserted = [row for row in checked.rows if row.asserted]
     print(f"\n{len(asserted) - len(failed)} of {len(asserted)} within {TOLERANCE:.0%}")
-    return 1 if failed else 0
+    print(f"\nSLO attainment per class, real run / replay of its access log ({workdir / 'access.jsonl'}):")
+    for cls, (real, replay) in checked.attainment.items():
+        print(f"  {cls:6} {real:6.1%} {replay:6.1%}  ({abs(replay - real) * 100:.1f} points)")
+    return 1 if failed or checked.attainment_off() else 0
 
 
 if __name__ == "__main__":

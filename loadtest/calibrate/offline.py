@@ -21,6 +21,7 @@ from pathlib import Path
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
 from loadtest.calibrate.agreement import (
+    ATTAINMENT_POINTS,
     calibrated_fleet,
     logged_attainment,
     replayed_attainment,
@@ -32,24 +33,17 @@ from loadtest.calibrate.check import (
     LevelRun,
     Target,
     bursts,
-    calibrated_timing,
     compare,
     failures,
     format_rows,
     merged,
     pieces,
     run_interleaved,
-    start_simulator,
-    stop_process,
 )
+from loadtest.calibrate.legs import POOL, SCRAPE_S, WRONG, calibrated_timing, start_simulator, stop_process
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
 from loadtest.calibrate.refine import closed_loop
 from loadtest.calibrate.sweep import fit_profile
-
-ATTAINMENT_POINTS = 0.05
-POOL = "calibrated"
-WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
-SCRAPE_S = 1.0
 
 
 def refit(

@@ -26,7 +26,6 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,6 +35,7 @@ from backends.launcher import LaunchSpec, build_launch
 from backends.server_process import start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
 from loadtest.calibrate.agreement import (
+    ATTAINMENT_POINTS,
     calibrated_fleet,
     logged_attainment,
     replayed_attainment,
@@ -49,7 +49,6 @@ from loadtest.calibrate.check import (
     LevelRun,
     Target,
     bursts,
-    calibrated_timing,
     compare,
     failures,
     format_rows,
@@ -59,42 +58,30 @@ from loadtest.calibrate.check import (
     quiet_after,
     run_interleaved,
     run_level,
+    vocabulary_of,
+)
+from loadtest.calibrate.legs import (
+    POOL,
+    SCRAPE_S,
+    WRONG,
+    calibrated_timing,
+    gateway_config,
+    running_gateway,
     start_simulator,
     stop_process,
-    vocabulary_of,
+    write_policy,
 )
 from loadtest.calibrate.measure import stream_client
 from loadtest.calibrate.recording import Recording, save
 from loadtest.calibrate.sweep import Calibration, Options
-from tests.support import free_port, metric, running_gateway, sim_metrics
+from tests.support import free_port, metric, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
-POOL = "calibrated"
-WRONG = ["--gpu", "mi300x", "--model-profile", "llama-3.1-8b"]
-"""The built-in MI300X datasheet profile serving an 8B model: what a fresh install assumes."""
-ATTAINMENT_POINTS = 0.05
-SCRAPE_S = 1.0
-"""The gateways' /metrics scrape interval (their default), and the replay's."""
 SEED = 20261127
 BUDGET_S = 120.0
 """The sweep's budget. At 60 s a machine whose single stream decodes at 4.3 ms a token cut the warm-up
 at 376 of 488 prompt lengths and the sweep before its last levels (the long prompt's newcomers among
 streams, which tell the mixed step from the context's cost); a faster one ends the sweep in under 60 s."""
-
-
-def _policy(path: Path) -> Path:
-    """Two classes, named by each request's `x-switchyard-class` (their rules never match on their own)."""
-    path.write_text(
-        "name: calibrate-check\n"
-        "classes:\n"
-        "  - name: chat\n    when: {n: {gt: 16}}\n"
-        "  - name: bulk\n    when: {n: {gt: 16}}\n"
-        "routes:\n"
-        "  chat: {strategy: {least-outstanding: 1}}\n"
-        "  bulk: {strategy: {least-outstanding: 1}}\n"
-        "  default: {strategy: {least-outstanding: 1}}\n"
-    )
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -120,25 +107,6 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield launch.url
     finally:
         stop(process)
-
-
-def _gateway_config(url: str, policy: Path, log: Path | None) -> dict[str, Any]:
-    """One pool of one backend, the gateway's default scrape interval; `log`: its access log."""
-    telemetry = {"access_log": {"destination": str(log)}} if log is not None else {}
-    return {
-        "gateway": {"timeouts": {"first_byte": 120.0}, "scrape": {"interval": SCRAPE_S, "timeout": 1.0}},
-        "policy": {"file": str(policy)},
-        "telemetry": telemetry,
-        "pools": [
-            {
-                "name": POOL,
-                "vendor": "amd",
-                "accelerator": "mi300x",
-                "price_per_gpu_hour": 1.0,
-                "backends": [{"name": "b-0", "url": url, "models": [MODEL], "max_model_len": MAX_MODEL_LEN}],
-            }
-        ],
-    }
 
 
 async def _calibrate_around(
@@ -172,9 +140,10 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
     levels = held_apart_jobs(vocabulary, max_model_len, SEED)
     gateway_log = tmp_path / "access.jsonl"
-    policy = _policy(tmp_path / "policy.yaml")
+    policy = write_policy(tmp_path / "policy.yaml")
     profile_path = tmp_path / "tiny.yaml"
-    with running_gateway(_gateway_config(real_server, policy, gateway_log), tmp_path / "gw-real") as base:
+    config = gateway_config(real_server, MODEL, MAX_MODEL_LEN, policy, gateway_log)
+    with running_gateway(config, tmp_path / "gw-real") as base:
         fitted, real, calibration = asyncio.run(_calibrate_around(Target(base, real_server), levels))
     if os.environ.get("SWITCHYARD_CALIBRATE_RECORD"):  # for `python -m loadtest.calibrate.offline DIR`
         assert calibration.geometry is not None
@@ -205,7 +174,8 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
         for name, timing in (("calibrated", calibrated_timing(profile_path)), ("wrong", WRONG)):
             process, url = start_simulator(timing, MODEL, max_model_len, tmp_path / f"{name}.log")
             stack.callback(stop_process, process)
-            base = stack.enter_context(running_gateway(_gateway_config(url, policy, None), tmp_path / name))
+            config = gateway_config(url, MODEL, MAX_MODEL_LEN, policy, None)
+            base = stack.enter_context(running_gateway(config, tmp_path / name))
             targets.append(Target(base, url))
         simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
     log = gateway_log
