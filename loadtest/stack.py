@@ -12,7 +12,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from loadtest.processes import ProcessGroup, free_port, wait_until
 from policies.presets import preset_names, resolve
 
 BASELINES_DIR = Path(__file__).parent / "baselines"
+_ROOT = Path(__file__).resolve().parents[1]
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -76,22 +77,35 @@ def gateway_config(fleet: Fleet, policy: Path, port: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def serving_gateway(
+    config_for: Callable[[int], dict[str, Any]], workdir: Path, log_level: str = "warning"
+) -> Iterator[str]:
+    """`switchyard serve` on a free port with the config `config_for(port)` gives, stopped (with all it
+    started) on the way out; yields its base URL once /ready. The access log follows `log_level`: at
+    `warning` it is silent."""
+    port = free_port()
+    config_path = workdir / "gateway.yaml"
+    config_path.write_text(yaml.safe_dump(config_for(port), sort_keys=False))
+    group = ProcessGroup(workdir)
+    try:
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
+        # An open gateway read without a key: the shell's admin key (a weak one stops it) is not its.
+        env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
+        child = group.start("gateway", [*argv, "--log-level", log_level], env=env, cwd=str(_ROOT))
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _status(base + "/ready") == 200, timeout=60, what="gateway", child=child)
+        yield base
+    finally:
+        group.close()  # the gateway writes what it still buffers as it stops
+
+
+@contextlib.contextmanager
 def running_stack(spec: FleetSpec, policy: str, workdir: Path) -> Iterator[str]:
     """Start the fleet and a gateway routing by `policy`; yields the gateway's base URL."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = policy_file(policy)
-    with Fleet(spec, log_dir=workdir / "fleet", startup_timeout=60.0) as fleet:
-        port = free_port()
-        config_path = workdir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(gateway_config(fleet, path, port), sort_keys=False))
-        group = ProcessGroup(workdir)
-        try:
-            argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
-            # An open gateway read without a key: the shell's admin key (a weak one stops it) is not its.
-            env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
-            child = group.start("gateway", [*argv, "--log-level", "warning"], env=env)
-            base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _status(base + "/ready") == 200, timeout=60, what="gateway", child=child)
-            yield base
-        finally:
-            group.close()
+    with (
+        Fleet(spec, log_dir=workdir / "fleet", startup_timeout=60.0) as fleet,
+        serving_gateway(lambda port: gateway_config(fleet, path, port), workdir) as base,
+    ):
+        yield base

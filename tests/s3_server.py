@@ -22,6 +22,7 @@ import boto3
 import httpx
 
 from backends.lifetime import die_with_parent
+from loadtest.processes import stop_process
 from tests.support import free_port
 
 REGION = "us-east-1"
@@ -95,9 +96,4 @@ def s3_server(log_dir: Path) -> Iterator[S3Server]:
         key = iam.create_access_key(UserName="switchyard")["AccessKey"]
         yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

@@ -80,6 +80,11 @@ def logged_attainment(log: Path, slos: dict[str, ClassSlo]) -> dict[str, float]:
     return _shares(results)
 
 
+def off_by_more(real: dict[str, float], replayed: dict[str, float]) -> list[str]:
+    """The classes whose replayed attainment is more than `ATTAINMENT_POINTS` from the real run's."""
+    return [cls for cls, share in real.items() if abs(replayed.get(cls, 0.0) - share) > ATTAINMENT_POINTS]
+
+
 def calibrated_fleet(profile: Path, model: str, max_model_len: int, pool: str) -> FleetSpec:
     """One backend timed by a calibrated profile, in a pool named as the real gateway's."""
     return FleetSpec(

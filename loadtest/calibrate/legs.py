@@ -13,15 +13,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from backends.lifetime import die_with_parent
-from loadtest.processes import ProcessGroup, free_port, wait_until
+from loadtest.processes import free_port, stop_process
+from loadtest.stack import serving_gateway
 
 POOL = "calibrated"
 SCRAPE_S = 1.0
@@ -71,26 +71,13 @@ def gateway_config(
     }
 
 
-@contextlib.contextmanager
-def running_gateway(config: dict[str, Any], workdir: Path) -> Iterator[str]:
-    """`switchyard serve` with `config` on a free port, stopped on the way out; yields its base URL."""
+def running_gateway(config: dict[str, Any], workdir: Path) -> contextlib.AbstractContextManager[str]:
+    """`switchyard serve` with `config` on a free port, stopped on the way out; yields its base URL.
+    At log level `info`, so it writes its access log."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    path = workdir / "gateway.yaml"
-    path.write_text(
-        yaml.safe_dump({**config, "gateway": {**config["gateway"], "port": port}}, sort_keys=False)
+    return serving_gateway(
+        lambda port: {**config, "gateway": {**config["gateway"], "port": port}}, workdir, "info"
     )
-    group = ProcessGroup(workdir)
-    try:
-        # an open gateway, read without a key: the shell's admin key (a weak one stops it) is not its
-        env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]  # info: the access log
-        child = group.start("gateway", argv, env=env, cwd=str(_ROOT))
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _healthy(base), timeout=30, what="gateway", child=child)
-        yield base
-    finally:
-        group.close()
 
 
 def _healthy(url: str) -> bool:
@@ -132,13 +119,3 @@ def start_simulator(
             stop_process(process)
             raise RuntimeError("the simulator did not start within 20 s")
         time.sleep(0.1)
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

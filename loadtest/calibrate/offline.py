@@ -21,9 +21,9 @@ from pathlib import Path
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
 from loadtest.calibrate.agreement import (
-    ATTAINMENT_POINTS,
     calibrated_fleet,
     logged_attainment,
+    off_by_more,
     replayed_attainment,
     slos_from_log,
 )
@@ -139,9 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nSLO attainment per class (real run / replay on the profile):")
     for cls, share in real.items():
         off = abs(replayed.get(cls, 0.0) - share)
-        failed |= off > ATTAINMENT_POINTS
         print(f"  {cls:6} {share:6.1%} {replayed.get(cls, 0.0):6.1%}  ({off * 100:.1f} points)")
-    return 1 if failed else 0
+    return 1 if failed or off_by_more(real, replayed) else 0
 
 
 if __name__ == "__main__":

@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from backends.sim.fleet import Fleet
-from loadtest.processes import ProcessGroup, free_port, wait_until
 from loadtest.progress import Progress
 from loadtest.report import policy_report
 from loadtest.runner import RunLimits, run_open_loop
 from loadtest.scenario import Scenario
-from loadtest.stack import _status, gateway_config, get_json, policy_file
+from loadtest.stack import gateway_config, get_json, policy_file, serving_gateway
 from loadtest.workload import PlannedRequest
 
 SCRAPE_INTERVAL_S = 0.25
@@ -86,22 +81,12 @@ def _serve(
     spec = scenario.spec
     workdir.mkdir(parents=True, exist_ok=True)
     limits = RunLimits(time_scale=scenario.time_scale, max_inflight=spec.max_inflight, drain_s=spec.drain_s)
-    with Fleet(scenario.fleet, log_dir=workdir / "fleet", startup_timeout=60.0) as fleet:
-        port = free_port()
-        config_path = workdir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(config_for(fleet, port), sort_keys=False))
-        group = ProcessGroup(workdir)
-        try:
-            argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)]
-            # An open gateway read without a key: the shell's admin key (a weak one stops it) is not its.
-            env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
-            child = group.start("gateway", [*argv, "--log-level", "info"], env=env)
-            base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _status(base + "/ready") == 200, timeout=60, what="gateway", child=child)
-            progress = Progress(label, len(requests), spec.duration_s / scenario.time_scale)
-            result = asyncio.run(run_open_loop(base, requests, limits, progress))
-            time.sleep(0.3)  # let the gateway account the last streams
-            costs = get_json(f"{base}/admin/v1/costs?by=vendor&window=15m")
-        finally:
-            group.close()  # the gateway writes what it still buffers as it stops
+    with (
+        Fleet(scenario.fleet, log_dir=workdir / "fleet", startup_timeout=60.0) as fleet,
+        serving_gateway(lambda port: config_for(fleet, port), workdir, "info") as base,  # info: the log
+    ):
+        progress = Progress(label, len(requests), spec.duration_s / scenario.time_scale)
+        result = asyncio.run(run_open_loop(base, requests, limits, progress))
+        time.sleep(0.3)  # let the gateway account the last streams
+        costs = get_json(f"{base}/admin/v1/costs?by=vendor&window=15m")
     return policy_report(scenario, result.outcomes, costs["rows"], result.wall_s, result.max_lag_s)

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from backends.calibrated import StepFit
-from loadtest.calibrate.agreement import ClassSlo, attained
+from loadtest.calibrate.agreement import ClassSlo, attained, off_by_more
 from loadtest.calibrate.check import Summary, summarise
 from loadtest.calibrate.cli import parse_duration
 from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_curve, prefill_row
@@ -202,3 +202,10 @@ def test_what_every_prompt_pays_alike_is_admission_not_step_time() -> None:
     busy = msgspec.structs.replace(fitted, admit_busy_s=0.001, admit_per_seq_s=0.0002)
     assert busy.admission_wait(0) == pytest.approx(0.003)
     assert busy.admission_wait(10) == pytest.approx(0.003 + 0.001 + 0.002)
+
+
+def test_a_class_is_off_when_its_replay_is_more_than_5_points_away_either_way_or_missing() -> None:
+    real = {"bulk": 0.66, "chat": 0.65, "batch": 0.70}
+    assert off_by_more(real, {"bulk": 0.70, "chat": 0.61, "batch": 0.70}) == []  # 4 points each
+    assert off_by_more(real, {"bulk": 0.72, "chat": 0.59, "batch": 0.70}) == ["bulk", "chat"]
+    assert off_by_more(real, {"bulk": 0.66, "chat": 0.65}) == ["batch"]  # never replayed
