@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from loadtest.calibrate.measure import Server, Timed
+from loadtest.calibrate.measure import Server, Timed, after_opening
 from loadtest.calibrate.refine import Shape
 from loadtest.stats import percentile
 
@@ -63,8 +63,10 @@ class Level:
 
 def shape_of(level: Level) -> Shape:
     """What the refinement replays of a level: its load, vLLM's means and the client's TTFT spread (none
-    when the client got its tokens in bursts: its TTFT is then no measurement of the server)."""
-    ttfts = [] if level.bursty else [t.ttft_s for t in level.timed]
+    when the client got its tokens in bursts: its TTFT is then no measurement of the server; of a
+    staggered level, after its opening cohort, which the cohort levels measure)."""
+    timed = after_opening(level.timed, level.concurrency) if level.outputs else level.timed
+    ttfts = [] if level.bursty else [t.ttft_s for t in timed]
     return Shape(
         concurrency=level.concurrency,
         prompt_tokens=level.prompt_tokens,

@@ -46,6 +46,12 @@ class Timed:
     e2e_s: float
 
 
+def after_opening(timed: list[Timed], concurrency: int) -> list[Timed]:
+    """A closed loop's requests after its opening cohort (the first request of each of its `concurrency`
+    clients, sent together): where newcomers arrive one by one among running streams."""
+    return sorted(timed, key=lambda t: t.sent_at)[concurrency:]
+
+
 class Send(Protocol):
     async def __call__(self, prompt: list[int], output_tokens: int) -> Timed: ...
 

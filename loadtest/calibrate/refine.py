@@ -32,7 +32,7 @@ from backends.sim.profiles import EngineLimits
 from backends.sim.scheduler import Group, Scheduler
 from loadtest.calibrate.fit import non_decreasing as _non_decreasing
 from loadtest.calibrate.fit import prefill_curve
-from loadtest.calibrate.measure import Timed
+from loadtest.calibrate.measure import Timed, after_opening
 from loadtest.stats import percentile
 
 PARAMETERS = (
@@ -172,10 +172,12 @@ def _error(predicted: float, measured: float) -> float:
 
 def level_error(step: StepFit, limits: Limits, shape: Shape) -> float:
     """The sum of the level's absolute log errors (a 20 % miss either way counts about alike): vLLM's
-    mean TTFT and inter-token latency, and the client's median and 90th-percentile TTFT."""
+    mean TTFT and inter-token latency, and the client's median and 90th-percentile TTFT (of a staggered
+    level, after its opening cohort, as `levels.shape_of` measures it)."""
     sim = simulate(step, limits, shape)
     error = _error(sim.engine_ttft_s, shape.engine_ttft_s) + _error(sim.engine_itl_s, shape.engine_itl_s)
-    ttfts = sim.client_ttft_s
+    timed = after_opening(sim.timed, shape.concurrency) if shape.outputs else sim.timed
+    ttfts = [t.ttft_s for t in timed]
     if ttfts:
         error += _error(statistics.median(ttfts), shape.client_ttft_p50_s)
         error += _error(percentile(ttfts, 90) or 0.0, shape.client_ttft_p90_s)
