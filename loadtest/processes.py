@@ -46,17 +46,6 @@ def _preexec(cpu: int | None) -> Callable[[], None] | None:
     return start
 
 
-def stop_process(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM one process, SIGKILL it after `grace` seconds, and reap it (a no-op once it has exited)."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @dataclass
 class Child:
     """One started process (leader of its own session / process group)."""

@@ -21,8 +21,7 @@ from typing import Any
 import boto3
 import httpx
 
-from backends.lifetime import die_with_parent
-from loadtest.processes import stop_process
+from backends.lifetime import die_with_parent, stop_process
 from tests.support import free_port
 
 REGION = "us-east-1"

@@ -52,6 +52,7 @@ from typing import Any
 import httpx
 import yaml
 
+from backends.lifetime import stop_process
 from backends.ports import port_of, reserve_port
 from gateway.serve.workers import die_with_parent
 
@@ -300,13 +301,13 @@ class Cluster:
     def stop(self) -> None:
         balancer = self.procs.pop("balancer", None)
         if balancer is not None:
-            _terminate(balancer, 5)
+            stop_process(balancer, 5)
         for index in range(len(self.replicas)):
             self.stop_replica(index)
         for name in ("fleet", "redis"):
             process = self.procs.pop(name, None)
             if process is not None:
-                _terminate(process, 15)
+                stop_process(process, 15)
         for sock in [*self._held, *([self._listener] if self._listener else [])]:
             sock.close()
         self._held, self._listener = [], None
@@ -327,16 +328,6 @@ def _ping(client: Any) -> bool:
         return bool(client.ping())
     except Exception:
         return False
-
-
-def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def cluster_up(args: argparse.Namespace) -> int:

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from backends.lifetime import die_with_parent
-from loadtest.processes import free_port, stop_process
+from backends.lifetime import die_with_parent, stop_process
+from loadtest.processes import free_port
 from loadtest.stack import serving_gateway
 
 POOL = "calibrated"

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
+from backends.lifetime import stop_process
 from loadtest.calibrate.agreement import (
     calibrated_fleet,
     logged_attainment,
@@ -40,7 +41,7 @@ from loadtest.calibrate.check import (
     pieces,
     run_interleaved,
 )
-from loadtest.calibrate.legs import POOL, SCRAPE_S, WRONG, calibrated_timing, start_simulator, stop_process
+from loadtest.calibrate.legs import POOL, SCRAPE_S, WRONG, calibrated_timing, start_simulator
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
 from loadtest.calibrate.refine import closed_loop
 from loadtest.calibrate.sweep import fit_profile

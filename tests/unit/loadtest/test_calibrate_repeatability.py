@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from backends.lifetime import stop_process
 from loadtest.calibrate.check import WIDTHS, LevelRun, held_apart_jobs
-from loadtest.calibrate.legs import start_simulator, stop_process
+from loadtest.calibrate.legs import start_simulator
 from loadtest.calibrate.measure import Server, Timed
 from loadtest.calibrate.repeatability import attainment, fresh_tokens, main, repeat
 from loadtest.calibrate.warmup import MAX_REQUESTS, lengths, longest_prompt, warm_up
