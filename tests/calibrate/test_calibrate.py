@@ -72,6 +72,7 @@ from loadtest.calibrate.legs import (
     stop_process,
     write_policy,
 )
+from loadtest.calibrate.machine import BusyMeter
 from loadtest.calibrate.measure import stream_client
 from loadtest.calibrate.recording import Recording, save
 from loadtest.calibrate.sweep import Calibration, Options
@@ -111,19 +112,21 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def _calibrate_around(
-    real: Target, levels: list[list[Job]]
+    real: Target, levels: list[list[Job]], meter: BusyMeter
 ) -> tuple[CalibratedProfile, list[LevelRun], Calibration]:
     """`switchyard calibrate`'s sweep of the real server, with one piece of each level of the held-apart
     load run (through the gateway) after each of its phases (check.pieces): the check's real run and the
     sweep share the same minutes of the machine, so a spell in which it ran slower lands on both. The fit
-    never sees the held-apart levels. Returns the profile and the held-apart levels as measured."""
+    never sees the held-apart levels. Returns the profile and the held-apart levels as measured; `meter`
+    measures the machine's CPUs while the pieces run."""
     rounds = pieces(levels)
     measured: list[list[LevelRun]] = [[] for _ in levels]
     async with stream_client() as client:
 
         async def between() -> None:
             for index, jobs in rounds.pop(0) if rounds else []:
-                run = await run_level(client, real, MODEL, jobs, WIDTHS[index])
+                with meter.measuring():
+                    run = await run_level(client, real, MODEL, jobs, WIDTHS[index])
                 measured[index].append(run)
                 await asyncio.sleep(quiet_after(run))  # the log's pieces as apart as the run's
 
@@ -144,8 +147,11 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     policy = write_policy(tmp_path / "policy.yaml")
     profile_path = tmp_path / "tiny.yaml"
     config = gateway_config(real_server, MODEL, MAX_MODEL_LEN, policy, gateway_log)
+    real_busy, simulated_busy = BusyMeter(), BusyMeter()
     with running_gateway(config, tmp_path / "gw-real") as base:
-        fitted, real, calibration = asyncio.run(_calibrate_around(Target(base, real_server), levels))
+        fitted, real, calibration = asyncio.run(
+            _calibrate_around(Target(base, real_server), levels, real_busy)
+        )
     if os.environ.get("SWITCHYARD_CALIBRATE_RECORD"):  # for `python -m loadtest.calibrate.offline DIR`
         assert calibration.geometry is not None
         recording = Recording(
@@ -178,7 +184,8 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
             config = gateway_config(url, MODEL, MAX_MODEL_LEN, policy, None)
             base = stack.enter_context(running_gateway(config, tmp_path / name))
             targets.append(Target(base, url))
-        simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
+        with simulated_busy.measuring():
+            simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
     log = gateway_log
 
     calibrated = compare(real, simulated, WIDTHS)
@@ -187,6 +194,9 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     print(f"\nbuilt-in MI300X profile:\n{format_rows(wrong)}")
     for note in bursts(real, WIDTHS):
         print(f"note: {note}")
+    # the real server's API process shares its core with the gateway and this client (machine.py)
+    print(f"note: CPUs busy while the real pieces ran: {real_busy.describe()}; the simulated: "
+          f"{simulated_busy.describe()}")  # fmt: skip
     print(f"load average {os.getloadavg()}")
 
     slos = slos_from_log(log)
