@@ -5,9 +5,10 @@ what `openssl rand -hex 16` (or longer, or `secrets.token_urlsafe(32)`) makes. A
 
 1. it has fewer than 32 characters;
 2. it is a shorter string repeated (`abcdabcd...`, `password1234password1234...`);
-3. its characters carry under 85 bits by their own statistics: length x the Shannon entropy of the
-   key's character frequencies (`aaaa...b`, `0000...1`, `abcd` x 10 = 80 bits). 32 random hex
-   characters score 91 bits or more (in 100,000 draws), 48 score about 180.
+3. its characters carry under 75 bits by their own statistics: length x the Shannon entropy of the
+   key's character frequencies (`aaaa...b`, `0000...1` = 62 bits). 32 random hex characters scored
+   89.6 bits at the least in 1,000,000 draws, but one of a test's draws scored 84.8
+   (`fb01bf31eff11100abb051101b1ac011`), which the old bound of 85 refused; 48 score about 180.
 
 A weak key refuses to start the gateway unless `auth.allow_weak_admin_key: true`, `serve
 --allow-weak-admin-key` or SWITCHYARD_ALLOW_WEAK_ADMIN_KEY=1 allows it; then every start logs a warning.
@@ -20,7 +21,7 @@ import os
 from collections import Counter
 
 MIN_LENGTH = 32
-MIN_BITS = 85.0
+MIN_BITS = 75.0
 ALLOW_ENV = "SWITCHYARD_ALLOW_WEAK_ADMIN_KEY"
 """Set to 1 by `serve --allow-weak-admin-key` (so worker processes inherit it), or by an operator."""
 
