@@ -26,6 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
+from backends.lifetime import stop_process
 from loadtest.calibrate.agreement import (
     calibrated_fleet,
     logged_attainment,
@@ -40,7 +41,6 @@ from loadtest.calibrate.legs import (
     gateway_config,
     running_gateway,
     start_simulator,
-    stop_process,
     write_policy,
 )
 from loadtest.calibrate.levels import bursty

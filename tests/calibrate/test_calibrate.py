@@ -32,6 +32,7 @@ import pytest
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
 from backends.cpu_priority import compute_apart
 from backends.launcher import LaunchSpec, build_launch
+from backends.lifetime import stop_process
 from backends.server_process import start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
 from loadtest.calibrate.agreement import (
@@ -69,7 +70,6 @@ from loadtest.calibrate.legs import (
     gateway_config,
     running_gateway,
     start_simulator,
-    stop_process,
     write_policy,
 )
 from loadtest.calibrate.machine import BusyMeter
