@@ -71,9 +71,9 @@ for _ in $(seq 1 600); do
 done
 curl -fsS "$url/v1/models" >/dev/null || { echo "vLLM not ready in 10 minutes" >&2; exit 2; }
 
-echo "== calibrate (budget $budget)"
+echo "== calibrate (budget $budget), through a gateway as the held-apart load's real leg goes"
 .venv/bin/switchyard calibrate --url "$url" --model calibrated --accelerator "$accelerator" \
-  --budget "$budget" --out "$out/profile.yaml"
+  --budget "$budget" --out "$out/profile.yaml" --through-gateway
 
 if [ "$repeats" -gt 0 ]; then
   echo "== the real server against itself: the held-apart load twice per level (the floor under the bounds)"

@@ -1,7 +1,7 @@
 """`switchyard calibrate`: measure a live vLLM server, fit its profile, write it.
 
     switchyard calibrate --url http://backend:8000 [--model M] [--accelerator mi300x] [--out profile.yaml]
-        [--budget 10m] [--max-concurrency 64] [--seed 1]
+        [--budget 10m] [--max-concurrency 64] [--seed 1] [--through-gateway]
 
 What it sends and how long it takes: loadtest/calibrate/sweep.py and docs/calibrate.md.
 """
@@ -12,6 +12,11 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.calibrated import CalibratedProfile
+    from loadtest.calibrate.sweep import Options
 
 HELP = "measure a live vLLM server (a concurrency x prompt x output sweep) and write its fitted profile"
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
@@ -55,6 +60,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-num-batched-tokens", type=_positive, default=None, help="the server's, if known"
     )
+    parser.add_argument(
+        "--through-gateway",
+        action="store_true",
+        help="send the timed requests through a gateway started in front of the server on this machine, "
+        "so the profile holds the hop it adds (as the calibration check's real leg pays it)",
+    )
+
+
+def _through_gateway(options: Options) -> CalibratedProfile:
+    """The sweep sent through a gateway of the check's shape in front of `options.url`
+    (loadtest/calibrate/legs.py), stopped once the sweep ends."""
+    import asyncio
+    import tempfile
+
+    from loadtest.calibrate.legs import gateway_in_front
+    from loadtest.calibrate.measure import Server
+    from loadtest.calibrate.sweep import calibrate
+
+    async def served() -> tuple[str, int]:
+        server = Server(options.url, options.model)
+        try:
+            model = options.model or await server.only_model()
+            server.model = model
+            return model, await server.max_model_len()
+        finally:
+            await server.close()
+
+    options.model, max_model_len = asyncio.run(served())
+    with (
+        tempfile.TemporaryDirectory(prefix="switchyard-calibrate-") as workdir,
+        gateway_in_front(options.url, options.model, max_model_len, Path(workdir)) as front,
+    ):
+        options.through = front
+        return calibrate(options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
     try:
-        profile = calibrate(options)
+        profile = _through_gateway(options) if args.through_gateway else calibrate(options)
     except (ServerError, ValueError, OSError) as exc:
         print(f"switchyard calibrate: {exc}", file=sys.stderr)
         return 1

@@ -9,11 +9,12 @@ real server and the simulators pay the same hop and the same scrapes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,13 @@ def gateway_config(
     }
 
 
+def held_apart_only(access_log: Path) -> None:
+    """Keeps in `access_log` only the requests that named their class (`x-switchyard-class`): the
+    held-apart load's, where a sweep sent through the same gateway (`Options.through`) names none."""
+    lines = access_log.read_bytes().splitlines(keepends=True)
+    access_log.write_bytes(b"".join(line for line in lines if json.loads(line).get("class_header")))
+
+
 def running_gateway(config: dict[str, Any], workdir: Path) -> contextlib.AbstractContextManager[str]:
     """`switchyard serve` with `config` on a free port, stopped on the way out; yields its base URL.
     At log level `info`, so it writes its access log."""
@@ -78,6 +86,16 @@ def running_gateway(config: dict[str, Any], workdir: Path) -> contextlib.Abstrac
     return serving_gateway(
         lambda port: {**config, "gateway": {**config["gateway"], "port": port}}, workdir, "info"
     )
+
+
+@contextlib.contextmanager
+def gateway_in_front(url: str, model: str, max_model_len: int, workdir: Path) -> Iterator[str]:
+    """A gateway of the check's shape in front of the server at `url` (no access log), for a sweep that
+    sends through it (`switchyard calibrate --through-gateway`); yields its base URL."""
+    policy = write_policy(workdir / "policy.yaml")
+    config = gateway_config(url, model, max_model_len, policy, None)
+    with running_gateway(config, workdir / "gateway") as base:
+        yield base
 
 
 def _healthy(url: str) -> bool:

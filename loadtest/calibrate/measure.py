@@ -97,8 +97,11 @@ def histogram_mean(before: Metrics, after: Metrics, name: str) -> tuple[float, i
 class Server:
     """An OpenAI-compatible vLLM server under measurement."""
 
-    def __init__(self, url: str, model: str, timeout: float = 120.0) -> None:
+    def __init__(self, url: str, model: str, timeout: float = 120.0, through: str | None = None) -> None:
+        """`through`: where the timed requests go, when not to `url` itself (a gateway in front of it);
+        /metrics, /tokenize and /v1/models are always asked of `url`."""
         self.url = url.rstrip("/")
+        self.send_url = (through or url).rstrip("/")
         self.model = model
         self.client = httpx.AsyncClient(
             timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=None)
@@ -154,16 +157,16 @@ class Server:
         return ""
 
     async def round_trip(self, tries: int = 16) -> float:
-        """The median time of a bare request (`GET /health`): what the client and HTTP cost alone (the
-        timed requests' client, `streams`)."""
+        """The median time of a bare request (`GET /health`, where the timed requests go): what the client
+        and HTTP cost alone (the timed requests' client, `streams`)."""
         times = []
         for _ in range(tries):
             sent = time.perf_counter()
-            async with self.streams.get(self.url + "/health") as r:
+            async with self.streams.get(self.send_url + "/health") as r:
                 await r.read()
                 times.append(time.perf_counter() - sent)
                 if r.status != 200:
-                    raise ServerError(f"GET {self.url}/health answered {r.status}")
+                    raise ServerError(f"GET {self.send_url}/health answered {r.status}")
         return statistics.median(times)
 
     async def learn_vocabulary(self) -> None:
@@ -193,7 +196,7 @@ class Server:
         """One timed request; a broken connection is retried (twice) rather than ending the sweep."""
         for attempt in range(3):
             try:
-                return await stream_completion(self.streams, self.url, self.model, prompt, output_tokens)
+                return await stream_completion(self.streams, self.send_url, self.model, prompt, output_tokens)
             except aiohttp.ClientConnectionError:
                 if attempt == 2:
                     raise

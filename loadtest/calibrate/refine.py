@@ -281,7 +281,7 @@ def refine(
             if value > 0:
                 candidates = [*(value * f for f in factors), 0.0]
             else:
-                candidates = [_seed(best, name) * f for f in (1, 5)]
+                candidates = [_seed(best, name) * f for f in (0.2, 1, 5)]
             for candidate in candidates:
                 if deadline is not None and time.monotonic() > deadline:
                     return best, before, best_error

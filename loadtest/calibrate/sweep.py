@@ -93,6 +93,9 @@ class Options:
     max_num_batched_tokens: int | None = None
     repeats: int = 8
     """Requests per prefill level."""
+    through: str | None = None
+    """Where the timed requests go when not to `url` itself: a gateway in front of the server, so the
+    profile holds the hop the gateway's traffic pays (on a machine the gateway shares with the server)."""
 
 
 class Calibration:
@@ -106,7 +109,7 @@ class Calibration:
         that wants its load measured while the machine runs as it did for the sweep puts it there)."""
         self.options = options
         self._between = between
-        self.server = Server(options.url, options.model)
+        self.server = Server(options.url, options.model, through=options.through)
         self.rng = random.Random(options.seed)
         self.levels: list[Level] = []
         self.started = 0.0

@@ -2,8 +2,9 @@
 
 This module starts its own real vLLM CPU server of the tiny model (or uses the one at
 SWITCHYARD_CALIBRATE_URL), started as the launcher starts a CPU server, below its clients and with its
-compute on a core of its own (backends/cpu_priority.py). `switchyard calibrate`'s sweep measures it and fits
-a profile; a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6 and 12,
+compute on a core of its own (backends/cpu_priority.py). `switchyard calibrate`'s sweep measures it
+through the gateway the real leg uses (the hop on the core it shares with the server) and fits a profile;
+a held-apart load (another seed, prompt lengths over the whole context, concurrency 3, 6 and 12,
 which the sweep never used) runs on it through a gateway with its access log on, a third of each level
 after each phase of the sweep, so both see the same minutes of the machine (the fit never sees the
 held-apart levels), and after each piece a quiet (check.quiet_after), so the access log's pieces stay as
@@ -68,6 +69,7 @@ from loadtest.calibrate.legs import (
     WRONG,
     calibrated_timing,
     gateway_config,
+    held_apart_only,
     running_gateway,
     start_simulator,
     write_policy,
@@ -131,7 +133,12 @@ async def _calibrate_around(
                 await asyncio.sleep(quiet_after(run))  # the log's pieces as apart as the run's
 
         options = Options(
-            url=real.metrics_url, model=MODEL, accelerator="cpu", budget_s=BUDGET_S, max_concurrency=16
+            url=real.metrics_url,
+            model=MODEL,
+            accelerator="cpu",
+            budget_s=BUDGET_S,
+            max_concurrency=16,
+            through=real.url,  # the hop the held-apart load pays, on the core it shares with the server
         )
         calibration = Calibration(options, print, between)
         profile = await calibration.run()
@@ -152,6 +159,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
         fitted, real, calibration = asyncio.run(
             _calibrate_around(Target(base, real_server), levels, real_busy)
         )
+    held_apart_only(gateway_log)  # the sweep's requests went through the same gateway
     if os.environ.get("SWITCHYARD_CALIBRATE_RECORD"):  # for `python -m loadtest.calibrate.offline DIR`
         assert calibration.geometry is not None
         recording = Recording(
