@@ -52,9 +52,8 @@ from typing import Any
 import httpx
 import yaml
 
-from backends.lifetime import stop_process
+from backends.lifetime import die_with_parent, stop_process
 from backends.ports import port_of, reserve_port
-from gateway.serve.workers import die_with_parent
 
 _NO_PROXY: dict[str, Any] = {"trust_env": False}
 
@@ -85,7 +84,7 @@ def start_haproxy(config: Path, listener: socket.socket, log: Path) -> subproces
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 pass_fds=[listener.fileno()],
-                preexec_fn=die_with_parent,
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
     finally:
         listener.close()
@@ -197,7 +196,11 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_ADMIN_KEY"}
         with self.log(name).open("ab") as log:
             return subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent, env=env
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+                env=env,
             )
 
     def start(self) -> Cluster:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import logging
 import os
 import selectors
@@ -44,24 +43,15 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from backends.lifetime import end_with_parent
 from gateway.serve.handoff import CLOSED, CONNECTION, READY
 
 log = logging.getLogger("switchyard.workers")
 
-PR_SET_PDEATHSIG = 1
 RESTART_MIN_INTERVAL = 1.0
 _CONNECTION = [CONNECTION]
 ACCEPT_BURST = 64
 """Connections accepted per wake-up before the channels are read again."""
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send `sig` to this process when its parent exits (a no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 class Worker:
@@ -323,7 +313,7 @@ def _worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channel", type=int, required=True, help="fd of this worker's hand-off channel")
     parser.add_argument("--reuseport", action="store_true", help="listen on host:port with SO_REUSEPORT too")
     args = parser.parse_args(argv)
-    die_with_parent()
+    end_with_parent()
     if os.getppid() != args.parent:  # the parent died before prctl took effect
         return 1
     from gateway.config.settings import load_settings

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.lifetime import stop_process
 from gateway.cli.cluster import balancer_socket, haproxy_config, start_haproxy
 from gateway.http.proxy_protocol import read_header
 
@@ -133,8 +134,7 @@ def balancer(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[i
             time.sleep(0.05)
         yield port, dropping, answering
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_process(process)
         for replica in (dropping, answering):
             replica.shutdown()
             replica.server_close()

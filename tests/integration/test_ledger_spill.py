@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from backends.lifetime import die_with_parent
+from backends.lifetime import die_with_parent, stop_process
 from tests.support import ROOT, RecordingBackend, free_port, running_gateway
 
 REQUESTS = 25
@@ -70,8 +70,7 @@ class PrivateRedis:
     def stop(self) -> None:
         """Stop it and keep nothing: the data it held is lost, as after a crash without persistence."""
         if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
+            stop_process(self.process)
             self.process = None
 
 
