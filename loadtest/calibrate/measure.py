@@ -157,17 +157,37 @@ class Server:
         return ""
 
     async def round_trip(self, tries: int = 16) -> float:
-        """The median time of a bare request (`GET /health`, where the timed requests go): what the client
-        and HTTP cost alone (the timed requests' client, `streams`)."""
+        """The median time of a bare request (`GET /health` of the server): what the client and HTTP cost
+        alone (the timed requests' client, `streams`)."""
         times = []
         for _ in range(tries):
             sent = time.perf_counter()
-            async with self.streams.get(self.send_url + "/health") as r:
+            async with self.streams.get(self.url + "/health") as r:
                 await r.read()
                 times.append(time.perf_counter() - sent)
                 if r.status != 200:
-                    raise ServerError(f"GET {self.send_url}/health answered {r.status}")
+                    raise ServerError(f"GET {self.url}/health answered {r.status}")
         return statistics.median(times)
+
+    async def gateway_hop(self, rng: random.Random, pairs: int = 16) -> float:
+        """What the gateway in front (`through`) adds to a request it forwards, 0 without one: the median
+        over `pairs` of a one-token answer's time to its token through the gateway less the same-sized
+        request's sent directly, in turns (fresh prompt tokens each time, each pair's order alternating).
+        A simulator's client pays that hop itself, so the profile's front end must not hold it too."""
+        if self.send_url == self.url:
+            return 0.0
+        gaps = []
+        for index in range(pairs):
+            via, direct = self.prompt(8, rng), self.prompt(8, rng)
+            order = [(self.send_url, via), (self.url, direct)]
+            if index % 2:
+                order.reverse()
+            timed = {url: await self._first_token(url, prompt) for url, prompt in order}
+            gaps.append(timed[self.send_url] - timed[self.url])
+        return max(0.0, statistics.median(gaps))
+
+    async def _first_token(self, url: str, prompt: list[int]) -> float:
+        return (await stream_completion(self.streams, url, self.model, prompt, 1)).ttft_s
 
     async def learn_vocabulary(self) -> None:
         """Token ids to build prompts from: what /tokenize makes of a plain paragraph."""

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -78,7 +78,8 @@ class Geometry:
     num_blocks: int
     vllm_version: str = ""
     round_trip_s: float = 0.0
-    """A bare request's round trip (`GET /health`, median): the client's and HTTP's own time."""
+    """A bare request's round trip (`GET /health`, median): the client's and HTTP's own time; with the
+    timed requests sent through a gateway (`Options.through`), plus what it adds to a forwarded one."""
 
 
 @dataclass(slots=True)
@@ -170,6 +171,10 @@ class Calibration:
         sent = await warm_up(server, longest, self.rng, self.started + WARM_UP_SHARE * budget)
         planned = len(lengths(longest))  # fewer sent: the budget's share ran out first
         self.say(f"warm-up: {sent} of {planned} prompts of 1 to {longest} tokens, one token out each")
+        if options.through:  # the hop a simulator's client pays itself (measured warm)
+            hop = await server.gateway_hop(self.rng)
+            self.geometry = replace(self.geometry, round_trip_s=trip + hop)
+            self.say(f"through {server.send_url}: it adds {hop * 1000:.2f} ms to a forwarded request")
         self.phase_end = self.started + PHASES[0] * budget
         for prompt in extremes_first(ladder(longest)):
             if not self.in_phase(1.0):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,14 @@ def test_timed_requests_go_through_the_gateway_and_the_rest_to_the_server(tmp_pa
                     length = await server.max_model_len()  # of the server, as /metrics is
                     assert (await server.metrics()).info.get("vllm:cache_config_info")
                     timed = await server.complete([11, 12, 13, 14, 15], 4)
+                    server.vocabulary = list(range(11, 40))
+                    hop = await server.gateway_hop(random.Random(1), pairs=4)
+                    assert 0.0 <= hop < 0.05, hop  # what the gateway adds, not the server's own time
+                    direct = Server(url, MODEL)
+                    try:
+                        assert await direct.gateway_hop(random.Random(1)) == 0.0  # no gateway: no hop
+                    finally:
+                        await direct.close()
                     return length, timed.output_tokens
                 finally:
                     await server.close()
@@ -44,10 +53,9 @@ def test_timed_requests_go_through_the_gateway_and_the_rest_to_the_server(tmp_pa
             before = metric(sim_metrics(url), "vllm:request_success_total")
             length, output = asyncio.run(sweep_like())
             assert (length, output) == (MAX_MODEL_LEN, 4)
-            assert _gateway_requests(front) == 1  # the timed request crossed the gateway
-            assert (
-                metric(sim_metrics(url), "vllm:request_success_total") == before + 1
-            )  # and reached the server
+            # the timed request and four of the hop's eight crossed the gateway, and all reached the server
+            assert _gateway_requests(front) == 1 + 4
+            assert metric(sim_metrics(url), "vllm:request_success_total") == before + 1 + 8
     finally:
         stop_process(process)
 
