@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from backends.calibrated import CalibratedProfile
-    from loadtest.calibrate.sweep import Options
+    from loadtest.calibrate.options import Options
 
 HELP = "measure a live vLLM server (a concurrency x prompt x output sweep) and write its fitted profile"
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     from backends.calibrated import dump_profile
     from loadtest.calibrate.measure import ServerError
-    from loadtest.calibrate.sweep import Options, calibrate
+    from loadtest.calibrate.options import Options
+    from loadtest.calibrate.sweep import calibrate
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     options = Options(

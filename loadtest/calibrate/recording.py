@@ -18,7 +18,7 @@ import msgspec
 
 from loadtest.calibrate.check import Job, LevelRun
 from loadtest.calibrate.levels import Level
-from loadtest.calibrate.sweep import Geometry, Options
+from loadtest.calibrate.options import Geometry, Options
 
 RECORDING = "recording.json"
 ACCESS_LOG = "access.jsonl"

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -47,6 +47,7 @@ from loadtest.calibrate.levels import (
     staggered,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
+from loadtest.calibrate.options import Geometry, Options
 from loadtest.calibrate.pace import with_spells
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
 from loadtest.calibrate.warmup import lengths, longest_prompt, warm_up
@@ -67,36 +68,6 @@ WATCH_EVERY_S = 5.0
 PHASES = (0.2, 0.3, 0.2, 0.2)
 """The budget's shares: prefill, the short prompt's load levels, the long prompt's, the long outputs (the
 rest: prefix reuse); a phase that ends early leaves its time to the next."""
-
-
-@dataclass(frozen=True, slots=True)
-class Geometry:
-    """What the server says about itself (step 1 of the sweep)."""
-
-    max_model_len: int
-    block_size: int
-    num_blocks: int
-    vllm_version: str = ""
-    round_trip_s: float = 0.0
-    """A bare request's round trip (`GET /health`, median): the client's and HTTP's own time; with the
-    timed requests sent through a gateway (`Options.through`), plus what it adds to a forwarded one."""
-
-
-@dataclass(slots=True)
-class Options:
-    url: str
-    model: str
-    accelerator: str = "unknown"
-    budget_s: float = 600.0
-    max_concurrency: int = 64
-    seed: int = 1
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    repeats: int = 8
-    """Requests per prefill level."""
-    through: str | None = None
-    """Where the timed requests go when not to `url` itself: a gateway in front of the server, so the
-    profile holds the hop the gateway's traffic pays (on a machine the gateway shares with the server)."""
 
 
 class Calibration:

@@ -76,8 +76,9 @@ from loadtest.calibrate.legs import (
 )
 from loadtest.calibrate.machine import BusyMeter
 from loadtest.calibrate.measure import stream_client
+from loadtest.calibrate.options import Options
 from loadtest.calibrate.recording import Recording, save
-from loadtest.calibrate.sweep import Calibration, Options
+from loadtest.calibrate.sweep import Calibration
 from tests.support import free_port, metric, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 

@@ -23,9 +23,10 @@ from loadtest.calibrate.check import (
 from loadtest.calibrate.levels import Level
 from loadtest.calibrate.measure import Timed
 from loadtest.calibrate.offline import refit, virtual_run
+from loadtest.calibrate.options import Geometry, Options
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, RECORDING, Recording, load, save
 from loadtest.calibrate.refine import closed_loop
-from loadtest.calibrate.sweep import Geometry, Options, limits_of
+from loadtest.calibrate.sweep import limits_of
 
 TRUE = StepFit(
     step_s=0.004,
