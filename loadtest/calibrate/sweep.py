@@ -29,7 +29,6 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -132,7 +131,6 @@ class Calibration:
             ) from None
         version = await server.version()
         trip = await server.round_trip()
-        self.geometry = Geometry(max_model_len, block_size, num_blocks, version, trip)
         self.say(
             f"{server.url} serves {options.model}: max_model_len {max_model_len}, "
             f"{num_blocks} KV blocks of {block_size} tokens, vLLM {version or '?'}"
@@ -142,10 +140,10 @@ class Calibration:
         sent = await warm_up(server, longest, self.rng, self.started + WARM_UP_SHARE * budget)
         planned = len(lengths(longest))  # fewer sent: the budget's share ran out first
         self.say(f"warm-up: {sent} of {planned} prompts of 1 to {longest} tokens, one token out each")
-        if options.through:  # the hop a simulator's client pays itself (measured warm)
-            hop = await server.gateway_hop(self.rng)
-            self.geometry = replace(self.geometry, round_trip_s=trip + hop)
+        hop = await server.gateway_hop(self.rng)  # the hop a simulator's client pays itself (measured warm)
+        if options.through:
             self.say(f"through {server.send_url}: it adds {hop * 1000:.2f} ms to a forwarded request")
+        self.geometry = Geometry(max_model_len, block_size, num_blocks, version, trip + hop)
         self.phase_end = self.started + PHASES[0] * budget
         for prompt in extremes_first(ladder(longest)):
             if not self.in_phase(1.0):
