@@ -1,7 +1,7 @@
 """`switchyard calibrate`'s measurement: sweep a live vLLM server and fit its profile.
 
 The sweep, in order, each level stopping the run early when the time budget would not hold it (after a
-warm-up: loadtest/calibrate/warmup.py):
+warm-up and a settling: loadtest/calibrate/warmup.py):
 
 1. what the server says about itself: `max_model_len` (/v1/models), KV-cache block size and blocks
    (`vllm:cache_config_info`), token ids to build prompts from (/tokenize);
@@ -49,7 +49,7 @@ from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_m
 from loadtest.calibrate.options import Geometry, Options
 from loadtest.calibrate.pace import with_spells
 from loadtest.calibrate.refine import refine, simulate, with_measured_curves
-from loadtest.calibrate.warmup import lengths, longest_prompt, warm_up
+from loadtest.calibrate.warmup import lengths, longest_prompt, settle, warm_up
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
@@ -57,6 +57,8 @@ GROWTH = 1.10
 """A load level must beat the one before by this factor in output tokens/s for the sweep to go on."""
 WARM_UP_SHARE = 0.15
 """The budget's share the warm-up may take (loadtest/calibrate/warmup.py)."""
+SETTLE_SHARE = 0.1
+"""The budget's share the settling after the warm-up may take (warmup.settle)."""
 WATCH_INTERVAL_S = 1.0
 """When a level first polls /metrics for the running and waiting gauges. A scrape holds vLLM's API server
 10-25 ms on a quiet machine (longer on a busy one), which a request or a token arriving meanwhile waits
@@ -140,6 +142,11 @@ class Calibration:
         sent = await warm_up(server, longest, self.rng, self.started + WARM_UP_SHARE * budget)
         planned = len(lengths(longest))  # fewer sent: the budget's share ran out first
         self.say(f"warm-up: {sent} of {planned} prompts of 1 to {longest} tokens, one token out each")
+        medians = await settle(
+            server, max(16, longest // 8), self.rng, time.monotonic() + SETTLE_SHARE * budget
+        )
+        readings = " ".join(f"{m * 1000:.2f}" for m in medians)
+        self.say(f"settled: one stream's time per output token, burst by burst: {readings} ms")
         hop = await server.gateway_hop(self.rng)  # the hop a simulator's client pays itself (measured warm)
         if options.through:
             self.say(f"through {server.send_url}: it adds {hop * 1000:.2f} ms to a forwarded request")

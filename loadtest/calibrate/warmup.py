@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 
 from loadtest.calibrate.measure import Server
@@ -43,3 +44,41 @@ async def warm_up(server: Server, longest: int, rng: random.Random, deadline: fl
         await server.complete(server.prompt(tokens, rng), 1)
         sent += 1
     return sent
+
+
+SETTLE_MIN_S = 4.0
+"""The least time `settle` decodes for. On vLLM's CPU build, right after the warm-up's one-token requests,
+one stream decoded at 1.3 ms a token for about 2.5 s of work, then at 0.95 (the same 24-request rounds,
+one after the other, 2026-11-28): flat while slow, so a check of stability alone would stop inside it."""
+SETTLE_BURST = 8
+"""Requests per burst, one at a time; a burst's median time per output token is one reading."""
+SETTLE_OUTPUT = 32
+SETTLE_AGREE = 1.05
+"""Settled: the last three bursts' medians within this factor of each other."""
+
+
+async def settle(
+    server: Server, prompt_tokens: int, rng: random.Random, deadline: float, min_s: float = SETTLE_MIN_S
+) -> list[float]:
+    """Decodes one stream at a time until the server runs at its steady speed (`min_s` at least, then
+    until three bursts agree), or until `deadline` (time.monotonic()); returns each whole burst's median
+    seconds per output token. The warm-up prefills only: without this, the sweep's first levels (and a
+    check's first held-apart load) met a server up to 1.5 times slower than the rest of the sweep did,
+    and the profile averaged the two."""
+    started = time.monotonic()
+    medians: list[float] = []
+    while time.monotonic() < deadline:
+        tpots = []
+        for _ in range(SETTLE_BURST):
+            if time.monotonic() >= deadline:
+                return medians
+            timed = await server.complete(server.prompt(prompt_tokens, rng), SETTLE_OUTPUT)
+            if timed.tpot_s is not None:
+                tpots.append(timed.tpot_s)
+        if tpots:
+            medians.append(statistics.median(tpots))
+        recent = medians[-3:]
+        settled = len(recent) == 3 and max(recent) <= SETTLE_AGREE * min(recent)
+        if settled and time.monotonic() - started >= min_s:
+            break
+    return medians

@@ -15,7 +15,15 @@ from loadtest.calibrate.check import WIDTHS, LevelRun, held_apart_jobs
 from loadtest.calibrate.legs import start_simulator
 from loadtest.calibrate.measure import Server, Timed
 from loadtest.calibrate.repeatability import attainment, fresh_tokens, main, repeat
-from loadtest.calibrate.warmup import MAX_REQUESTS, lengths, longest_prompt, warm_up
+from loadtest.calibrate.warmup import (
+    MAX_REQUESTS,
+    SETTLE_BURST,
+    SETTLE_OUTPUT,
+    lengths,
+    longest_prompt,
+    settle,
+    warm_up,
+)
 from tests.support import free_port
 
 VOCABULARY = list(range(100, 4000))
@@ -101,6 +109,46 @@ def test_warm_up_stops_at_its_deadline() -> None:
             await server.close()
 
     assert 2 <= asyncio.run(run()) <= 7
+
+
+class _Settling(_Server):
+    """A server whose stream decodes at `slow` for its first `slow_requests` requests, then at `fast`."""
+
+    def __init__(self, slow_requests: int, slow: float = 0.0013, fast: float = 0.00095) -> None:
+        super().__init__(seconds=0.0)
+        self.slow_requests, self.slow, self.fast = slow_requests, slow, fast
+
+    async def complete(self, prompt: list[int], output_tokens: int) -> Timed:
+        await super().complete(prompt, output_tokens)
+        tpot = self.slow if len(self.sent) <= self.slow_requests else self.fast
+        return Timed(len(prompt), output_tokens, 0.0, 0.003, tpot, 0.0)
+
+
+def _settle(server: _Settling, deadline_s: float, min_s: float) -> list[float]:
+    async def run() -> list[float]:
+        try:
+            return await settle(server, 61, random.Random(1), time.monotonic() + deadline_s, min_s)
+        finally:
+            await server.close()
+
+    return asyncio.run(run())
+
+
+def test_settle_decodes_past_a_slow_plateau_until_three_bursts_agree() -> None:
+    # five bursts at a flat 1.3 ms agree with each other, but inside the least time the settling takes
+    server = _Settling(slow_requests=5 * SETTLE_BURST)
+    medians = _settle(server, deadline_s=30, min_s=0.2)
+    assert medians[:5] == [0.0013] * 5 and medians[-3:] == [0.00095] * 3
+    assert all(sent == (61, SETTLE_OUTPUT) for sent in server.sent)
+    assert len(server.sent) == len(medians) * SETTLE_BURST
+
+
+def test_settle_stops_at_its_deadline_on_a_server_that_never_settles() -> None:
+    server = _Settling(slow_requests=10**9)
+    started = time.monotonic()
+    medians = _settle(server, deadline_s=0.15, min_s=10)
+    assert time.monotonic() - started < 1.0
+    assert medians and set(medians) == {0.0013}
 
 
 def test_runs_must_be_one_or_more() -> None:
