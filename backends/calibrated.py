@@ -87,8 +87,8 @@ class StepFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     request_cv: _NonNeg = 0.0
     """How much the front end's time varies from one request to the next (its standard deviation over its
     mean; 0: every request takes the mean, 1: as much as an exponential draw). A server's front end shares
-    its process, and on a small machine its cores, with the streams it serves: measured, a request's
-    wait there varies about that much (docs/calibrate.md, 2026-11-28)."""
+    its process, and on a small machine its cores, with the streams it serves. `calibrate` reads it off
+    the levels whose newcomers arrive among running streams (loadtest/calibrate/refine.fit_request_cv)."""
     http_s: _NonNeg = 0.0
     """Of the front end, what a bare request (`GET /health`) cost the client that measured it. A simulator
     served over HTTP makes its clients pay its own instead, so it holds a request that much less."""

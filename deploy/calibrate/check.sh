@@ -71,14 +71,22 @@ for _ in $(seq 1 600); do
 done
 curl -fsS "$url/v1/models" >/dev/null || { echo "vLLM not ready in 10 minutes" >&2; exit 2; }
 
+# On the CPU build the engine computes on every core but the first (backends/cpu_priority.py): the
+# clients and their gateways keep to that one, or Linux moves them onto the engine's core under load.
+apart=()
+if [ "$vendor" = cpu ] && command -v taskset >/dev/null 2>&1; then
+  first=$("$py" -c 'import os; cpus = sorted(os.sched_getaffinity(0)); print(cpus[0] if len(cpus) > 1 else "")')
+  if [ -n "$first" ]; then apart=(taskset -c "$first"); fi
+fi
+
 echo "== calibrate (budget $budget), through a gateway as the held-apart load's real leg goes"
-.venv/bin/switchyard calibrate --url "$url" --model calibrated --accelerator "$accelerator" \
+"${apart[@]}" .venv/bin/switchyard calibrate --url "$url" --model calibrated --accelerator "$accelerator" \
   --budget "$budget" --out "$out/profile.yaml" --through-gateway
 
 if [ "$repeats" -gt 0 ]; then
   echo "== the real server against itself: the held-apart load twice per level (the floor under the bounds)"
-  "$py" -m loadtest.calibrate.repeatability --url "$url" --model calibrated --runs "$repeats" || true
+  "${apart[@]}" "$py" -m loadtest.calibrate.repeatability --url "$url" --model calibrated --runs "$repeats" || true
 fi
 
 echo "== held-apart load: the real server, then the simulator of the profile"
-"$py" -m loadtest.calibrate.check --url "$url" --model calibrated --profile "$out/profile.yaml" --workdir "$out"
+"${apart[@]}" "$py" -m loadtest.calibrate.check --url "$url" --model calibrated --profile "$out/profile.yaml" --workdir "$out"

@@ -1,6 +1,7 @@
 """Re-run a calibration check from a recording (loadtest/calibrate/recording.py), without the real server.
 
     python -m loadtest.calibrate.offline DIR [--http] [--refine-s 60] [--linear-decode] [--no-spells]
+                                             [--profile PROFILE]
 
 It fits the profile from the recorded sweep exactly as `switchyard calibrate` does (the fit sees the
 sweep only), writes it to DIR/offline-profile.yaml (`--linear-decode`: without the decode curve, to
@@ -8,7 +9,8 @@ DIR/offline-linear.yaml; `--no-spells`: without the server's slow spells, to DIR
 runs the recorded held-apart load on the simulator's scheduler on a virtual clock (`--http`: on
 `python -m backends.sim` servers of the profile and of the built-in MI300X one, as the test does), prints the
 comparison with the recorded real run, and replays the recorded access log with `whatif` for the SLO
-attainment per class. Exit status 0 when every level and every class agrees.
+attainment per class (`--profile`: of that profile, not fitting one). Exit status 0 when every level and
+every class agrees.
 """
 
 from __future__ import annotations
@@ -107,15 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-spells", action="store_true", help="fit without the server's slow spells (every step its mean)"
     )
+    parser.add_argument(
+        "--profile", type=Path, help="check this profile instead of fitting one (the fit options are ignored)"
+    )
     args = parser.parse_args(argv)
     directory: Path = args.directory
     recording = load(directory)
     print(f"recording {directory}: load average {recording.loadavg} when its real legs ended")
-    name = "offline-linear" if args.linear_decode else "offline-profile"
-    profile_path = directory / f"{name}{'-steady' if args.no_spells else ''}.yaml"
-    profile_path.write_text(
-        dump_profile(refit(recording, args.refine_s, not args.linear_decode, not args.no_spells))
-    )
+    if args.profile is not None:
+        profile_path = args.profile
+    else:
+        name = "offline-linear" if args.linear_decode else "offline-profile"
+        profile_path = directory / f"{name}{'-steady' if args.no_spells else ''}.yaml"
+        profile_path.write_text(
+            dump_profile(refit(recording, args.refine_s, not args.linear_decode, not args.no_spells))
+        )
     profile = load_profile(profile_path)
     failed = False
     if args.http:

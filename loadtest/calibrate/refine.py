@@ -47,10 +47,13 @@ PARAMETERS = (
     "request_s",
     "request_per_seq_s",
 )
-"""The levels are replayed without the front end's spread (`request_cv`), which is not searched either: a
+"""The levels are replayed without the front end's spread (`request_cv`), which is not searched with them: a
 cohort that arrives together leaves the front end at the same mean times whatever the spread, and the
 few draws a level's replay would make move the fit from one seed to the next (the front end's time fitted
-at 1.8 or 2.8 ms from one recording)."""
+at 1.8 or 2.8 ms from one recording). `fit_request_cv` sets it afterwards, over several draws."""
+SPREADS = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The front end's spreads `fit_request_cv` tries."""
+SPREAD_DRAWS = 6
 FACTORS = (0.6, 0.85, 1.15, 1.6)
 ROUNDS = 8
 
@@ -102,12 +105,17 @@ def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> S
 
 
 def closed_loop(
-    step: StepFit, limits: Limits, jobs: Sequence[tuple[int, int]], concurrency: int, spread: bool = True
+    step: StepFit,
+    limits: Limits,
+    jobs: Sequence[tuple[int, int]],
+    concurrency: int,
+    spread: bool = True,
+    seed: int = 0,
 ) -> Simulated:
     """`jobs` (prompt tokens, output tokens) in order, `concurrency` at a time, on a virtual clock, as
     `BatchEngine` runs them: each client sends its next request when its previous one ends; a request
     spends the front end's time before the scheduler sees it, and the front end takes one request at a
-    time (a cohort queues)."""
+    time (a cohort queues); `seed`: the draw of its spread."""
     stats = EngineStats("calibration", limits.kv_capacity_tokens)
     engine_limits = EngineLimits(limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
     scheduler = Scheduler(engine_limits, limits.num_blocks, stats)
@@ -115,7 +123,7 @@ def closed_loop(
     sent_at: dict[int, float] = {}
     timed: list[Timed] = []
     queue = list(reversed(jobs))
-    front = FrontEnd(step.request_cv if spread else 0.0)
+    front = FrontEnd(step.request_cv if spread else 0.0, seed)
     order = itertools.count()
 
     def send(at: float) -> None:
@@ -297,3 +305,32 @@ def refine(
                 break
             factors = [1 + (f - 1) / 3 for f in factors]
     return best, before, best_error
+
+
+def fit_request_cv(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> float | None:
+    """The front end's spread (`StepFit.request_cv`, one of `SPREADS`) under which the replay of the
+    staggered levels (newcomers among running streams, as real traffic comes) gives their client TTFT p50
+    and p90, averaged over `SPREAD_DRAWS` draws each; None when the sweep ran no such level. The refined
+    terms already carry the mean: with a spread of 1 on top, those levels' replayed p90 came out 1.5 to 2
+    times the measured one, and with none within 5 % (docs/calibrate.md, 2026-11-28, 22:00 UTC)."""
+    staggered = [s for s in shapes if s.outputs and s.client_ttft_p50_s > 0 and s.client_ttft_p90_s > 0]
+    if not staggered:
+        return None
+    best, best_error = SPREADS[0], math.inf
+    for cv in SPREADS:
+        spread = msgspec.structs.replace(step, request_cv=cv)
+        error = 0.0
+        for shape in staggered:
+            count = min(shape.requests, max(8, 4 * shape.concurrency))
+            jobs = [(shape.prompt_tokens, output) for output in shape.outputs[:count]]
+            p50s, p90s = [], []
+            for draw in range(SPREAD_DRAWS):
+                timed = closed_loop(spread, limits, jobs, shape.concurrency, seed=draw).timed
+                ttfts = [t.ttft_s for t in after_opening(timed, shape.concurrency)]
+                p50s.append(statistics.median(ttfts))
+                p90s.append(percentile(ttfts, 90) or 0.0)
+            error += _error(statistics.fmean(p50s), shape.client_ttft_p50_s)
+            error += _error(statistics.fmean(p90s), shape.client_ttft_p90_s)
+        if error < best_error - 1e-9:
+            best, best_error = cv, error
+    return best

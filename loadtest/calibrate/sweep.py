@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
+import msgspec
+
 from backends.calibrated import CalibratedProfile, FitError, Limits, Point, Source, StepFit
 from loadtest.calibrate.defaults import CPU_LIMITS, GPU_LIMITS, REQUEST_CV
 from loadtest.calibrate.fit import FEATURES, Row, decode_row, fit, prefill_row
@@ -48,7 +50,7 @@ from loadtest.calibrate.levels import (
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.options import Geometry, Options
 from loadtest.calibrate.pace import with_spells
-from loadtest.calibrate.refine import refine, simulate, with_measured_curves
+from loadtest.calibrate.refine import fit_request_cv, refine, simulate, with_measured_curves
 from loadtest.calibrate.warmup import lengths, longest_prompt, settle, warm_up
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -328,6 +330,10 @@ def fit_profile(
     curved = with_measured_curves(linear, limits, shapes, decode_curve)
     step, before, after = refine(curved, limits, shapes, say, deadline)
     say(f"refined on the simulator's scheduler: mean error {before:.3f} -> {after:.3f}")
+    spread = fit_request_cv(step, limits, shapes)
+    if spread is not None:
+        step = msgspec.structs.replace(step, request_cv=spread)
+        say(f"the front end's spread from one request to the next: {spread:g} (from the staggered levels)")
     step = with_spells(step, levels, say) if spells else step
     points = []
     replayed = [level for level in levels if level.kind != "prefix" and level.timed]

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from backends.calibrated import CalibratedProfile, dump_profile, load_profile
-from backends.cpu_priority import compute_apart
+from backends.cpu_priority import compute_apart, on_clients_core
 from backends.launcher import LaunchSpec, build_launch
 from backends.lifetime import stop_process
 from backends.server_process import start, stop, wait_ready
@@ -156,7 +156,8 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     profile_path = tmp_path / "tiny.yaml"
     config = gateway_config(real_server, MODEL, MAX_MODEL_LEN, policy, gateway_log)
     real_busy, simulated_busy = BusyMeter(), BusyMeter()
-    with running_gateway(config, tmp_path / "gw-real") as base:
+    # the gateway and this client on the core the server's engine leaves them (backends/cpu_priority.py)
+    with on_clients_core(), running_gateway(config, tmp_path / "gw-real") as base:
         fitted, real, calibration = asyncio.run(
             _calibrate_around(Target(base, real_server), levels, real_busy)
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.cpu_priority import NICE, autogroup_nice, compute_apart
+from backends.cpu_priority import NICE, autogroup_nice, compute_apart, on_clients_core
 from backends.launcher import Launch, add_arguments, build_launch, spec_from_args
 from backends.server_process import start, stop
 
@@ -142,3 +142,29 @@ def test_below_clients_keeps_a_cpu_servers_compute_apart_and_an_explicit_env_win
     )
     chosen = _launch_env("--vendor", "cpu", "--below-clients", "--env", "OMP_NUM_THREADS=7")
     assert chosen["OMP_NUM_THREADS"] == "7"
+
+
+def test_clients_core_holds_this_thread_and_what_it_starts_then_gives_every_core_back() -> None:
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("one CPU: nothing to keep apart")
+    first = min(before)
+    with on_clients_core():
+        assert os.sched_getaffinity(0) == {first}
+        child = subprocess.run(
+            [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert child.stdout.strip() == f"[{first}]"
+    assert os.sched_getaffinity(0) == before
+    with contextlib.suppress(RuntimeError), on_clients_core():
+        raise RuntimeError("a failed run gives the cores back too")
+    assert os.sched_getaffinity(0) == before
+
+
+def test_clients_core_changes_nothing_on_one_cpu() -> None:
+    before = os.sched_getaffinity(0)
+    with on_clients_core([min(before)]):
+        assert os.sched_getaffinity(0) == before
