@@ -144,8 +144,10 @@ class Calibration:
         sent = await warm_up(server, longest, self.rng, self.started + WARM_UP_SHARE * budget)
         planned = len(lengths(longest))  # fewer sent: the budget's share ran out first
         self.say(f"warm-up: {sent} of {planned} prompts of 1 to {longest} tokens, one token out each")
+        short = max(16, longest // 8)
+        settle_output = max(8, min(32, max_model_len - short - 1))
         medians = await settle(
-            server, max(16, longest // 8), self.rng, time.monotonic() + SETTLE_SHARE * budget
+            server, short, settle_output, self.rng, time.monotonic() + SETTLE_SHARE * budget
         )
         readings = " ".join(f"{m * 1000:.2f}" for m in medians)
         self.say(f"settled: one stream's time per output token, burst by burst: {readings} ms")
@@ -153,13 +155,14 @@ class Calibration:
         if options.through:
             self.say(f"through {server.send_url}: it adds {hop * 1000:.2f} ms to a forwarded request")
         self.geometry = Geometry(max_model_len, block_size, num_blocks, version, trip + hop)
-        self.phase_end = self.started + PHASES[0] * budget
+        # the prefill phase keeps what the warm-up's share leaves of it, however long it and the settling took
+        self.phase_end = max(self.started, time.monotonic() - WARM_UP_SHARE * budget) + PHASES[0] * budget
         for prompt in extremes_first(ladder(longest)):
             if not self.in_phase(1.0):
                 break
             await self._level("prefill", 1, prompt, 8, repeats=options.repeats)
         await self.between_phases()
-        short, long = max(16, longest // 8), max(32, longest // 2)
+        long = max(32, longest // 2)
         for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
             self.phase_end = self.phase_end + phase * budget
             output = max(8, min(32, max_model_len - prompt - 1))

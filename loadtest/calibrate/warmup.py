@@ -52,13 +52,17 @@ one stream decoded at 1.3 ms a token for about 2.5 s of work, then at 0.95 (the 
 one after the other, 2026-11-28): flat while slow, so a check of stability alone would stop inside it."""
 SETTLE_BURST = 8
 """Requests per burst, one at a time; a burst's median time per output token is one reading."""
-SETTLE_OUTPUT = 32
 SETTLE_AGREE = 1.05
 """Settled: the last three bursts' medians within this factor of each other."""
 
 
 async def settle(
-    server: Server, prompt_tokens: int, rng: random.Random, deadline: float, min_s: float = SETTLE_MIN_S
+    server: Server,
+    prompt_tokens: int,
+    output_tokens: int,
+    rng: random.Random,
+    deadline: float,
+    min_s: float = SETTLE_MIN_S,
 ) -> list[float]:
     """Decodes one stream at a time until the server runs at its steady speed (`min_s` at least, then
     until three bursts agree), or until `deadline` (time.monotonic()); returns each whole burst's median
@@ -72,7 +76,7 @@ async def settle(
         for _ in range(SETTLE_BURST):
             if time.monotonic() >= deadline:
                 return medians
-            timed = await server.complete(server.prompt(prompt_tokens, rng), SETTLE_OUTPUT)
+            timed = await server.complete(server.prompt(prompt_tokens, rng), output_tokens)
             if timed.tpot_s is not None:
                 tpots.append(timed.tpot_s)
         if tpots:

@@ -18,7 +18,6 @@ from loadtest.calibrate.repeatability import attainment, fresh_tokens, main, rep
 from loadtest.calibrate.warmup import (
     MAX_REQUESTS,
     SETTLE_BURST,
-    SETTLE_OUTPUT,
     lengths,
     longest_prompt,
     settle,
@@ -127,7 +126,7 @@ class _Settling(_Server):
 def _settle(server: _Settling, deadline_s: float, min_s: float) -> list[float]:
     async def run() -> list[float]:
         try:
-            return await settle(server, 61, random.Random(1), time.monotonic() + deadline_s, min_s)
+            return await settle(server, 61, 32, random.Random(1), time.monotonic() + deadline_s, min_s)
         finally:
             await server.close()
 
@@ -139,7 +138,7 @@ def test_settle_decodes_past_a_slow_plateau_until_three_bursts_agree() -> None:
     server = _Settling(slow_requests=5 * SETTLE_BURST)
     medians = _settle(server, deadline_s=30, min_s=0.2)
     assert medians[:5] == [0.0013] * 5 and medians[-3:] == [0.00095] * 3
-    assert all(sent == (61, SETTLE_OUTPUT) for sent in server.sent)
+    assert all(sent == (61, 32) for sent in server.sent)
     assert len(server.sent) == len(medians) * SETTLE_BURST
 
 
