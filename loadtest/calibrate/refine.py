@@ -92,16 +92,19 @@ class Simulated:
         return [t.tpot_s for t in self.timed]
 
 
-def simulate(step: StepFit, limits: Limits, shape: Shape, cap: bool = True) -> Simulated:
+def simulate(
+    step: StepFit, limits: Limits, shape: Shape, cap: bool = True, spread: bool = False, seed: int = 0
+) -> Simulated:
     """One sweep level, closed loop on a virtual clock (`closed_loop`). `cap`: at most two requests per
-    client (a closed loop of one request size repeats itself after that), which keeps the search quick."""
+    client (a closed loop of one request size repeats itself after that), which keeps the search quick.
+    `spread`: with the front end's spread (`seed`: its draw), which the refinement leaves out."""
     if shape.outputs:  # a staggered level only reaches its steady mix after a few rounds
         count = min(shape.requests, max(8, 4 * shape.concurrency)) if cap else shape.requests
         jobs = [(shape.prompt_tokens, output) for output in shape.outputs[:count]]
-        return closed_loop(step, limits, jobs, shape.concurrency, spread=False)
+        return closed_loop(step, limits, jobs, shape.concurrency, spread, seed)
     count = min(shape.requests, max(4, 2 * shape.concurrency)) if cap else shape.requests
     jobs = [(shape.prompt_tokens, shape.output_tokens)] * count
-    return closed_loop(step, limits, jobs, shape.concurrency, spread=False)
+    return closed_loop(step, limits, jobs, shape.concurrency, spread, seed)
 
 
 def closed_loop(
@@ -321,11 +324,9 @@ def fit_request_cv(step: StepFit, limits: Limits, shapes: Sequence[Shape]) -> fl
         spread = msgspec.structs.replace(step, request_cv=cv)
         error = 0.0
         for shape in staggered:
-            count = min(shape.requests, max(8, 4 * shape.concurrency))
-            jobs = [(shape.prompt_tokens, output) for output in shape.outputs[:count]]
             p50s, p90s = [], []
             for draw in range(SPREAD_DRAWS):
-                timed = closed_loop(spread, limits, jobs, shape.concurrency, seed=draw).timed
+                timed = simulate(spread, limits, shape, spread=True, seed=draw).timed
                 ttfts = [t.ttft_s for t in after_opening(timed, shape.concurrency)]
                 p50s.append(statistics.median(ttfts))
                 p90s.append(percentile(ttfts, 90) or 0.0)

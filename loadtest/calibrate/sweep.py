@@ -145,10 +145,8 @@ class Calibration:
         planned = len(lengths(longest))  # fewer sent: the budget's share ran out first
         self.say(f"warm-up: {sent} of {planned} prompts of 1 to {longest} tokens, one token out each")
         short = max(16, longest // 8)
-        settle_output = max(8, min(32, max_model_len - short - 1))
-        medians = await settle(
-            server, short, settle_output, self.rng, time.monotonic() + SETTLE_SHARE * budget
-        )
+        settled_by = time.monotonic() + SETTLE_SHARE * budget
+        medians = await settle(server, short, load_output(max_model_len, short), self.rng, settled_by)
         readings = " ".join(f"{m * 1000:.2f}" for m in medians)
         self.say(f"settled: one stream's time per output token, burst by burst: {readings} ms")
         hop = await server.gateway_hop(self.rng)  # the hop a simulator's client pays itself (measured warm)
@@ -165,7 +163,7 @@ class Calibration:
         long = max(32, longest // 2)
         for phase, prompt in zip(PHASES[1:3], (short, long), strict=True):
             self.phase_end = self.phase_end + phase * budget
-            output = max(8, min(32, max_model_len - prompt - 1))
+            output = load_output(max_model_len, prompt)
             best, flat = 0.0, 0
             for concurrency in concurrencies(options.max_concurrency):
                 if not self.in_phase(0.5):
@@ -270,6 +268,11 @@ class Calibration:
         self.levels.append(level)
         rate = level.prefix_hits / level.prefix_queries if level.prefix_queries else 0.0
         self.say(f"prefix  prompt {prompt_tokens:5} sent twice: {rate:.0%} of the repeat found in the cache")
+
+
+def load_output(max_model_len: int, prompt_tokens: int) -> int:
+    """The output of a load level (and of the settling): 32 tokens, or what the context leaves, 8 at least."""
+    return max(8, min(32, max_model_len - prompt_tokens - 1))
 
 
 def limits_of(options: Options, geometry: Geometry, levels: Sequence[Level]) -> Limits:

@@ -15,7 +15,6 @@ from loadtest.calibrate.levels import Level, shape_of, staggered
 from loadtest.calibrate.measure import Timed, after_opening
 from loadtest.calibrate.refine import (
     Shape,
-    closed_loop,
     fit_request_cv,
     refine,
     simulate,
@@ -240,10 +239,12 @@ def test_a_step_that_prefills_among_decoding_streams_costs_the_mixed_step_on_top
     assert step.step_seconds(4, 61, 400) == pytest.approx(TRUE.step_seconds(4, 61, 400) + 0.002)
 
 
-def _staggered_shape(concurrency: int, prompt: int, true: StepFit) -> Shape:
+def _staggered_shape(concurrency: int, prompt: int, true: StepFit, spread_seed: int | None = None) -> Shape:
+    """`spread_seed`: measured on a server whose front end has `true`'s spread, that draw of it."""
     outputs = staggered(8 * concurrency, 16, 64)
     blank = Shape(concurrency, prompt, 40, len(outputs), 0.0, 0.0, 0.0, 0.0, outputs=outputs)
-    sim = simulate(true, LIMITS, blank, cap=False)
+    spread = spread_seed is not None
+    sim = simulate(true, LIMITS, blank, cap=False, spread=spread, seed=spread_seed or 0)
     ttfts = sorted(t.ttft_s for t in after_opening(sim.timed, concurrency))
     return dataclasses.replace(
         blank,
@@ -269,21 +270,11 @@ def test_refine_finds_the_mixed_step_in_the_levels_whose_newcomers_arrive_among_
         )
 
 
-def _spread_level(true: StepFit, concurrency: int, prompt: int, seed: int) -> Shape:
-    """A staggered level as a server with `true`'s front-end spread would have measured it."""
-    outputs = staggered(8 * concurrency, 16, 64)
-    jobs = [(prompt, output) for output in outputs]
-    timed = after_opening(closed_loop(true, LIMITS, jobs, concurrency, seed=seed).timed, concurrency)
-    ttfts = [t.ttft_s for t in timed]
-    p50, p90 = statistics.median(ttfts), percentile(ttfts, 90) or 0.0
-    return Shape(concurrency, prompt, 0, len(outputs), 0.0, 0.0, p50, p90, outputs=outputs)
-
-
 @pytest.mark.parametrize(("cv", "read_as"), [(0.0, {0.0}), (0.5, {0.5}), (1.0, {0.5, 0.75, 1.0})])
 def test_the_front_ends_spread_is_read_off_the_staggered_levels(cv: float, read_as: set[float]) -> None:
     """A level is one draw of the server's spread: a large one reads as anything from half of it up."""
     true = msgspec.structs.replace(TRUE, request_cv=cv)
-    shapes = [_spread_level(true, width, 61, seed=100 + width) for width in (4, 16)]
+    shapes = [_staggered_shape(width, 61, true, spread_seed=100 + width) for width in (4, 16)]
     assert fit_request_cv(TRUE, LIMITS, shapes) in read_as
     # the cohort levels cannot tell: without a staggered level there is nothing to read it from
     assert fit_request_cv(TRUE, LIMITS, [_shape(4, 61, 32, 16)]) is None
