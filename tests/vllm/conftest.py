@@ -69,12 +69,11 @@ class VllmEnv:
     counters_at_start: dict[str, dict[str, float]] = field(default_factory=dict)
     outside: dict[str, dict[str, float]] = field(default_factory=dict)
     """Tokens a server served to tests directly, not through the gateway (the ledger never sees them)."""
-    abandoned_on: str | None = None
-    """The server whose stream a test abandoned mid-way (see test_e2e's ledger check)."""
-    abandoned_generated: float = 0
-    """How many tokens vLLM generated for that stream before the abort reached its engine."""
-    abandoned_seen: int = 0
-    """How many of them reached the client before it went away."""
+    abandoned_generated: dict[str, float] = field(default_factory=dict)
+    """Per server, how many tokens vLLM generated for the streams a test abandoned mid-way (see test_e2e's
+    ledger check), until the abort reached its engine."""
+    abandoned_seen: dict[str, int] = field(default_factory=dict)
+    """Per server, how many of them reached the client before it went away."""
 
     def served_outside(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
         counted = self.outside.setdefault(name, {"prompt_tokens": 0, "completion_tokens": 0})

@@ -229,7 +229,14 @@ def test_the_simulator_refuses_unparseable_bodies_as_vllm_does(vllm_env: VllmEnv
 # Client disconnect mid-stream
 
 
+DISCONNECT_ATTEMPTS = 3
+
+
 def test_client_disconnect_aborts_the_vllm_request(vllm_env: VllmEnv) -> None:
+    """The client goes away after the first generated token; vLLM must stop well before the 495 tokens asked
+    for. The tiny model makes several hundred tokens a second (over a thousand on a fast machine), so a
+    stall of the machine can let a stream run to its end before the disconnect reaches vLLM: such an attempt
+    proves nothing and the scenario runs again, and it fails if no attempt of three stops early."""
     body = {
         "model": MODEL,
         "messages": MESSAGES,
@@ -238,31 +245,36 @@ def test_client_disconnect_aborts_the_vllm_request(vllm_env: VllmEnv) -> None:
         "stream": True,
         "ignore_eos": True,
     }
-    vllm_env.wait_idle()
-    before = {name: vllm_env.counters(name) for name in SERVERS}
-    with (
-        httpx.Client(base_url=vllm_env.base_url, timeout=60, trust_env=False) as http,
-        http.stream("POST", "/v1/chat/completions", json=body, headers={"x-session-id": "disconnect"}) as r,
-    ):
-        assert r.status_code == 200
-        server = vllm_env.servers[r.headers["x-switchyard-backend"]]
-        vllm_env.abandoned_on = server.name
-        lines = r.iter_lines()
-        for _ in range(6):
-            vllm_env.abandoned_seen += _content_chunk(next(lines))
-        assert server.gauge("vllm:num_requests_running") >= 1
-    # The connection is closed here, after a few tokens.
-    deadline = time.monotonic() + 20
-    while server.gauge("vllm:num_requests_running") > 0:
-        assert time.monotonic() < deadline, "vLLM kept generating after the client went away"
-        time.sleep(0.1)
-    # vLLM stopped early: fewer than the 495 tokens asked for were generated (the tiny model makes several
-    # hundred tokens a second, so how many depends on how fast the cancellation arrives).
-    generated = vllm_env.counters(server.name)["completion_tokens"] - before[server.name]["completion_tokens"]
-    seen = vllm_env.abandoned_seen
-    print(f"\nabandoned stream: vLLM generated {generated:g} of 495 tokens, {seen} reached the client")
-    assert 0 < generated < 495, generated
-    vllm_env.abandoned_generated = generated
+    runs: list[tuple[str, float, int]] = []
+    for _ in range(DISCONNECT_ATTEMPTS):
+        vllm_env.wait_idle()
+        before = {name: vllm_env.counters(name) for name in SERVERS}
+        seen = 0
+        headers = {"x-session-id": "disconnect"}
+        with (
+            httpx.Client(base_url=vllm_env.base_url, timeout=60, trust_env=False) as http,
+            http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r,
+        ):
+            assert r.status_code == 200
+            server = vllm_env.servers[r.headers["x-switchyard-backend"]]
+            for line in r.iter_lines():
+                seen += _content_chunk(line)
+                if seen:
+                    break
+        # The connection is closed here, after the first token.
+        deadline = time.monotonic() + 20
+        while server.gauge("vllm:num_requests_running") > 0:
+            assert time.monotonic() < deadline, "vLLM kept generating after the client went away"
+            time.sleep(0.1)
+        name = server.name
+        generated = vllm_env.counters(name)["completion_tokens"] - before[name]["completion_tokens"]
+        vllm_env.abandoned_generated[name] = vllm_env.abandoned_generated.get(name, 0) + generated
+        vllm_env.abandoned_seen[name] = vllm_env.abandoned_seen.get(name, 0) + seen
+        runs.append((name, generated, seen))
+        if generated < 495:
+            break
+    print("\nabandoned streams (server, tokens vLLM generated of 495, tokens that reached the client):", runs)
+    assert seen == 1 and 0 < generated < 495, runs
 
 
 def _content_chunk(line: str) -> int:
@@ -522,15 +534,15 @@ def test_ledger_matches_vllm_over_the_whole_session(vllm_env: VllmEnv) -> None:
         assert ledger[name]["prompt_tokens"] == delta["prompt_tokens"], f"{name}: {ledger[name]} != {delta}"
         unseen = delta["completion_tokens"] - ledger[name]["completion_tokens"]
         print(f"\n{name}: ledger {ledger[name]}, vLLM counters delta {delta}")
-        if name != vllm_env.abandoned_on:
+        if name not in vllm_env.abandoned_seen:
             assert unseen == 0, f"{name}: ledger {ledger[name]} != vLLM counters delta {delta}"
             continue
-        # The abandoned stream: the gateway half-closes the connection and counts every token vLLM sent
+        # The abandoned streams: the gateway half-closes the connection and counts every token vLLM sent
         # until it took the disconnect. What its engine generates after that, before the abort reaches
         # it, never leaves vLLM: 1-4 tokens at a few hundred tokens a second, 33 on a machine three times
         # as fast. So the ledger holds at least what reached the client and at most what vLLM generated
-        # for the stream: counted as nothing or as its max_tokens, it fails.
-        seen, generated = vllm_env.abandoned_seen, vllm_env.abandoned_generated
+        # for the streams: counted as nothing or as their max_tokens, it fails.
+        seen, generated = vllm_env.abandoned_seen[name], vllm_env.abandoned_generated[name]
         assert seen >= 1 and 0 <= unseen <= generated - seen, (
-            f"{name}: ledger {ledger[name]}, vLLM delta {delta}; the stream: {generated:g} made, {seen} seen"
+            f"{name}: ledger {ledger[name]}, vLLM delta {delta}; the streams: {generated:g} made, {seen} seen"
         )
