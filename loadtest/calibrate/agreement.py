@@ -102,6 +102,35 @@ def calibrated_fleet(profile: Path, model: str, max_model_len: int, pool: str) -
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One request as one replay saw it."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+    ok: bool
+    """Answered (not refused or failed by the replay)."""
+
+
+def replayed_outcomes(
+    log: Path, fleet: FleetSpec, policy: Path, scrape_interval_s: float = 0.2, draws: int = DRAWS
+) -> list[list[Replayed]]:
+    """Per replay, each of the log's requests in arrival order (`read_log`): `draws` replays, each meeting
+    its own draw of a calibrated profile's slow spells and front-end spread, or one when nothing is
+    drawn (every replay would be the same)."""
+    trace = read_log(log)
+    loaded = load_policy(policy)
+    replays: list[list[Replayed]] = []
+    for draw in range(draws):
+        sims = build_fleet(fleet, draw)
+        engine = PolicyEngine(loaded, [s.backend for s in sims])
+        result = Replay(sims, engine, trace.requests, scrape_interval_s).run()
+        replays.append([Replayed(o.ttft, o.tpot, o.ok) for o in result.outcomes])
+        if not any((sim.perf is not None and sim.perf.paced) or sim.front.cv > 0 for sim in sims):
+            break
+    return replays
+
+
 def replayed_attainment(
     log: Path,
     fleet: FleetSpec,
@@ -111,21 +140,13 @@ def replayed_attainment(
     draws: int = DRAWS,
 ) -> dict[str, float]:
     """Per class, the share of the log's requests the replay on `fleet` says would meet their SLO: the
-    mean over `draws` replays, each meeting its own draw of a calibrated profile's slow spells and front-end
-    spread (one draw is one of many runs the server might have given; the real run is another)."""
-    trace = read_log(log)
-    loaded = load_policy(policy)
+    mean over `draws` replays (`replayed_outcomes`; one draw is one of many runs the server might have
+    given; the real run is another)."""
+    classes = [request.line.request_class for request in read_log(log).requests]
     results = []
-    for draw in range(draws):
-        sims = build_fleet(fleet, draw)
-        engine = PolicyEngine(loaded, [s.backend for s in sims])
-        result = Replay(sims, engine, trace.requests, scrape_interval_s).run()
-        for request, outcome in zip(trace.requests, result.outcomes, strict=True):
-            cls = request.line.request_class
+    for replay in replayed_outcomes(log, fleet, policy, scrape_interval_s, draws):
+        for cls, outcome in zip(classes, replay, strict=True):
             slo = slos.get(cls)
-            if slo is None:
-                continue
-            results.append((cls, outcome.ok and attained(outcome.ttft, outcome.tpot, slo)))
-        if not any((sim.perf is not None and sim.perf.paced) or sim.front.cv > 0 for sim in sims):
-            break  # nothing is drawn (no slow spells, no front-end spread): every replay is the same
+            if slo is not None:
+                results.append((cls, outcome.ok and attained(outcome.ttft_s, outcome.tpot_s, slo)))
     return _shares(results)

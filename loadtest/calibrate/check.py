@@ -34,6 +34,7 @@ from loadtest.calibrate.agreement import (
     replayed_attainment,
     slos_from_log,
 )
+from loadtest.calibrate.gap import Part, format_parts, gap
 from loadtest.calibrate.legs import (
     POOL,
     SCRAPE_S,
@@ -321,6 +322,8 @@ class Checked:
     """Per class, the share of the real run's requests that met the class's SLO."""
     replayed: dict[str, float]
     """The same, in the replay of its access log on the profile."""
+    parts: list[Part]
+    """Where the replay departs from the run, per class and load (loadtest/calibrate/gap.py)."""
 
 
 def check(url: str, model: str, profile: Path, seed: int, workdir: Path) -> Checked:
@@ -345,7 +348,8 @@ def check(url: str, model: str, profile: Path, seed: int, workdir: Path) -> Chec
     slos = slos_from_log(log)
     fleet = calibrated_fleet(profile, model, max_model_len, POOL)
     replayed = replayed_attainment(log, fleet, policy, slos, SCRAPE_S)
-    return Checked(compare(real, sim, WIDTHS), logged_attainment(log, slos), replayed)
+    parts = gap(log, fleet, policy, slos, SCRAPE_S)
+    return Checked(compare(real, sim, WIDTHS), logged_attainment(log, slos), replayed, parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     for cls, real in checked.real.items():
         replay = checked.replayed.get(cls, 0.0)
         print(f"  {cls:6} {real:6.1%} {replay:6.1%}  ({abs(replay - real) * 100:.1f} points)")
+    print(f"\nwhere it departs (real run / replay):\n{format_parts(checked.parts)}")
     return 1 if failed or off_by_more(checked.real, checked.replayed) else 0
 
 

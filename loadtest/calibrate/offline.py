@@ -43,6 +43,7 @@ from loadtest.calibrate.check import (
     pieces,
     run_interleaved,
 )
+from loadtest.calibrate.gap import format_parts, gap
 from loadtest.calibrate.legs import POOL, SCRAPE_S, WRONG, calibrated_timing, start_simulator
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
 from loadtest.calibrate.refine import closed_loop
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     for cls, share in real.items():
         off = abs(replayed.get(cls, 0.0) - share)
         print(f"  {cls:6} {share:6.1%} {replayed.get(cls, 0.0):6.1%}  ({off * 100:.1f} points)")
+    print(f"\nwhere it departs (real run / replay):\n{format_parts(gap(log, fleet, policy, slos, SCRAPE_S))}")
     return 1 if failed or off_by_more(real, replayed) else 0
 
 
