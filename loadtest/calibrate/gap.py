@@ -7,13 +7,12 @@ for 61 %, and within four points of it at lighter loads. This splits the log's r
 flight when each arrived (read off the log itself) and shows, per part, how many met each bound in the run
 and in the replays, and their medians, so a failed check says what to look at.
 
-Usage: python -m loadtest.calibrate.gap DIR --profile PROFILE
-       DIR: a recording (SWITCHYARD_CALIBRATE_RECORD=DIR make test-calibrate)
+The check (check.py), the test (tests/calibrate) and the offline re-run of a recording
+(`python -m loadtest.calibrate.offline DIR [--profile PROFILE]`) print it.
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import statistics
 from collections.abc import Sequence
@@ -21,14 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.sim.fleet_spec import FleetSpec
-from loadtest.calibrate.agreement import (
-    ClassSlo,
-    Replayed,
-    calibrated_fleet,
-    replayed_outcomes,
-    slos_from_log,
-)
-from loadtest.calibrate.legs import POOL, SCRAPE_S
+from loadtest.calibrate.agreement import ClassSlo, Replayed, replayed_outcomes
 from loadtest.whatif.accesslog import Recorded, read_log
 
 LOADS = ((0, 1), (2, 4), (5, 8), (9, 16), (17, None))
@@ -132,22 +124,3 @@ def format_parts(found: Sequence[Part]) -> str:
             f"  {p.tpot_p50_s[0] * 1e3:5.2f} / {p.tpot_p50_s[1] * 1e3:5.2f}"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.calibrate.gap", description=__doc__)
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("--profile", type=Path, required=True, help="the profile whose replay to show")
-    args = parser.parse_args(argv)
-    # here, not at the top: a recording holds the check's types, and the check prints this module's table
-    from loadtest.calibrate.recording import ACCESS_LOG, POLICY, load
-
-    recording = load(args.directory)
-    log = args.directory / ACCESS_LOG
-    fleet = calibrated_fleet(args.profile, recording.options.model, recording.geometry.max_model_len, POOL)
-    print(format_parts(gap(log, fleet, args.directory / POLICY, slos_from_log(log), SCRAPE_S)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
