@@ -2,73 +2,33 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from backends.calibrated import CalibratedProfile, FitError, Limits, StepFit, dump_profile
+from backends.calibrated import StepFit
 from loadtest.calibrate.agreement import ClassSlo, calibrated_fleet, replayed_attainment
 from loadtest.calibrate.gap import format_parts, gap, in_flight
 from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import read_log
+from tests.calibrated_replay import MODEL, write_log, write_profile
 
-MODEL = "tiny-llama"
 REQUEST_S = 0.01
 PREFILL_S = 0.002 + 100 * 0.0001  # one step of one sequence prefilling 100 tokens
 
 
 def _profile(path: Path) -> Path:
-    profile = CalibratedProfile(
-        accelerator="mi300x",
-        model=MODEL,
-        step=StepFit(
-            step_s=0.002,
-            per_seq_s=0.0,
-            per_prefill_token_s=0.0001,
-            per_context_token_s=0.0,
-            request_s=REQUEST_S,
-        ),
-        limits=Limits(
-            block_size=16, num_blocks=1024, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=512
-        ),
-        fit_error=FitError(ttft_mean=0, ttft_max=0, tpot_mean=0, tpot_max=0),
-        saturated_tokens_per_second=1000.0,
+    step = StepFit(
+        step_s=0.002, per_seq_s=0.0, per_prefill_token_s=0.0001, per_context_token_s=0.0, request_s=REQUEST_S
     )
-    path.write_text(dump_profile(profile))
-    return path
-
-
-def _log(path: Path, requests: list[tuple[float, float, float]]) -> Path:
-    """(arrival, TTFT, duration) per request, 10 output tokens each."""
-    lines = [
-        {
-            "ts": 1000.0 + at + duration,
-            "duration_s": duration,
-            "ttft_s": ttft,
-            "request_id": f"r{i}",
-            "endpoint": "completions",
-            "status": 200,
-            "model": MODEL,
-            "stream": True,
-            "backend": "calibrated-0",
-            "class": "chat",
-            "prompt_tokens": 100,
-            "completion_tokens": 10,
-            "prompt_estimate": 100,
-            "max_tokens": 10,
-        }
-        for i, (at, ttft, duration) in enumerate(requests)
-    ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
+    return write_profile(path, step)
 
 
 def test_requests_are_split_by_how_many_were_in_flight_when_they_came(tmp_path: Path) -> None:
     # three alone (2 s apart, each over in 0.5 s), then six together, each running 0.5 s
     alone = [(2.0 * i, 0.015, 0.1) for i in range(3)]
     burst = [(10.0 + 0.001 * i, 0.030 + 0.01 * i, 0.5) for i in range(6)]
-    log = _log(tmp_path / "a.jsonl", alone + burst)
+    log = write_log(tmp_path / "a.jsonl", alone + burst)
     assert in_flight(read_log(log).requests) == [0, 0, 0, 0, 1, 2, 3, 4, 5]
 
     slos = {"chat": ClassSlo(ttft_s=0.05, tpot_s=1.0)}

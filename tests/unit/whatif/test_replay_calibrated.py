@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from backends.calibrated import CalibratedProfile, FitError, Limits, Pace, StepFit, dump_profile
+from backends.calibrated import Pace, StepFit
 from loadtest.calibrate.agreement import ClassSlo, calibrated_fleet, replayed_attainment
 from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import read_log
@@ -15,8 +14,7 @@ from loadtest.whatif.replay import Replay
 from loadtest.whatif.simfleet import build_fleet
 from policies.config import load_policy
 from policies.engine import PolicyEngine
-
-MODEL = "tiny-llama"
+from tests.calibrated_replay import MODEL, write_log, write_profile
 
 
 def _profile(
@@ -26,50 +24,21 @@ def _profile(
     prefill: list[tuple[int, float]] | None = None,
     pace: Pace | None = None,
 ) -> Path:
-    profile = CalibratedProfile(
-        accelerator="mi300x",
-        model=MODEL,
-        step=StepFit(
-            step_s=0.002,
-            per_seq_s=0.0,
-            per_prefill_token_s=0.0001,
-            per_context_token_s=0.0,
-            request_s=request_s,
-            admit_busy_s=admit_busy_s,
-            prefill=prefill or [],
-            pace=pace,
-        ),
-        limits=Limits(
-            block_size=16, num_blocks=1024, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=512
-        ),
-        fit_error=FitError(ttft_mean=0, ttft_max=0, tpot_mean=0, tpot_max=0),
-        saturated_tokens_per_second=1000.0,
+    step = StepFit(
+        step_s=0.002,
+        per_seq_s=0.0,
+        per_prefill_token_s=0.0001,
+        per_context_token_s=0.0,
+        request_s=request_s,
+        admit_busy_s=admit_busy_s,
+        prefill=prefill or [],
+        pace=pace,
     )
-    path.write_text(dump_profile(profile))
-    return path
+    return write_profile(path, step)
 
 
 def _log(path: Path, arrivals: list[float]) -> Path:
-    lines = [
-        {
-            "ts": 1000.0 + at + 0.5,
-            "duration_s": 0.5,
-            "request_id": f"r{i}",
-            "endpoint": "completions",
-            "status": 200,
-            "model": MODEL,
-            "stream": True,
-            "backend": "calibrated-0",
-            "class": "chat",
-            "prompt_tokens": 100,
-            "completion_tokens": 10,
-            "prompt_estimate": 100,
-            "max_tokens": 10,
-        }
-        for i, at in enumerate(arrivals)
-    ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
+    return write_log(path, [(at, None, 0.5) for at in arrivals])
 
 
 def _outcomes(log: Path, profile: Path) -> list[tuple[float, float]]:
