@@ -27,17 +27,19 @@ def write_profile(path: Path, step: StepFit) -> Path:
     return path
 
 
-def write_log(path: Path, requests: Sequence[tuple[float, float | None, float]]) -> Path:
+def write_log(
+    path: Path, requests: Sequence[tuple[float, float | None, float]], failed: Sequence[int] = ()
+) -> Path:
     """An access log of streamed `chat` requests, (arrival, TTFT or None, duration) each: 100 prompt tokens
-    and 10 output tokens."""
+    and 10 output tokens; those at the indices in `failed` answered 502."""
     lines = []
     for i, (at, ttft, duration) in enumerate(requests):
-        line = {
+        line: dict[str, object] = {
             "ts": 1000.0 + at + duration,
             "duration_s": duration,
             "request_id": f"r{i}",
             "endpoint": "completions",
-            "status": 200,
+            "status": 502 if i in failed else 200,
             "model": MODEL,
             "stream": True,
             "backend": "calibrated-0",

@@ -14,6 +14,7 @@ The check (check.py), the test (tests/calibrate) and the offline re-run of a rec
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,8 +58,10 @@ def _tpot(request: Recorded) -> float | None:
     return (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
+def _median(values: Sequence[float | None]) -> float:
+    """Of the values there are (no first token, a one-token answer or a failed request have none)."""
+    present = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(present) if present else 0.0
 
 
 def _met(values: list[float | None], bound: float, missing: bool) -> float:
@@ -82,10 +85,16 @@ def parts(
             ]
             if not chosen:
                 continue
-            real_ttft = [requests[i].line.ttft_s for i in chosen]
-            real_tpot = [_tpot(requests[i]) for i in chosen]
+            # a request that failed met neither bound (agreement.logged_attainment): no TTFT, an endless TPOT
+            real_ok = [requests[i].line.status == 200 for i in chosen]
+            real_ttft = [
+                requests[i].line.ttft_s if ok else None for i, ok in zip(chosen, real_ok, strict=True)
+            ]
+            real_tpot = [
+                _tpot(requests[i]) if ok else math.inf for i, ok in zip(chosen, real_ok, strict=True)
+            ]
             sim_ttft = [replay[i].ttft_s if replay[i].ok else None for replay in replays for i in chosen]
-            sim_tpot = [replay[i].tpot_s for replay in replays for i in chosen]
+            sim_tpot = [replay[i].tpot_s if replay[i].ok else math.inf for replay in replays for i in chosen]
             found.append(
                 Part(
                     cls,
@@ -93,14 +102,8 @@ def parts(
                     len(chosen),
                     (_met(real_ttft, slo.ttft_s, False), _met(sim_ttft, slo.ttft_s, False)),
                     (_met(real_tpot, slo.tpot_s, True), _met(sim_tpot, slo.tpot_s, True)),
-                    (
-                        _median([t for t in real_ttft if t is not None]),
-                        _median([t for t in sim_ttft if t is not None]),
-                    ),
-                    (
-                        _median([t for t in real_tpot if t is not None]),
-                        _median([t for t in sim_tpot if t is not None]),
-                    ),
+                    (_median(real_ttft), _median(sim_ttft)),
+                    (_median(real_tpot), _median(sim_tpot)),
                 )
             )
     return found

@@ -25,7 +25,7 @@ def _profile(path: Path) -> Path:
 
 
 def test_requests_are_split_by_how_many_were_in_flight_when_they_came(tmp_path: Path) -> None:
-    # three alone (2 s apart, each over in 0.5 s), then six together, each running 0.5 s
+    # three alone (2 s apart, each over in 0.1 s), then six together, each running 0.5 s
     alone = [(2.0 * i, 0.015, 0.1) for i in range(3)]
     burst = [(10.0 + 0.001 * i, 0.030 + 0.01 * i, 0.5) for i in range(6)]
     log = write_log(tmp_path / "a.jsonl", alone + burst)
@@ -51,3 +51,19 @@ def test_requests_are_split_by_how_many_were_in_flight_when_they_came(tmp_path: 
     assert met == pytest.approx(replayed_attainment(log, fleet, policy_file("balanced"), slos)["chat"])
     table = format_parts(parts)
     assert table.splitlines()[1].split()[:3] == ["chat", "0-1", "5"]
+
+
+def test_a_request_the_run_failed_met_neither_bound(tmp_path: Path) -> None:
+    """As the run's attainment counts it (agreement.logged_attainment): a 502 with a quick first token
+    and a quick finish still missed, and its times are no median."""
+    requests = [(2.0 * i, 0.015, 0.1) for i in range(4)]
+    log = write_log(tmp_path / "a.jsonl", requests, failed=[1])
+    slos = {"chat": ClassSlo(ttft_s=0.05, tpot_s=1.0)}
+    fleet = calibrated_fleet(_profile(tmp_path / "p.yaml"), MODEL, 512, "calibrated")
+    (alone,) = gap(log, fleet, policy_file("balanced"), slos, 0.2)
+    assert alone.requests == 4
+    assert alone.ttft_met[0] == pytest.approx(3 / 4)
+    assert alone.tpot_met[0] == pytest.approx(3 / 4)
+    assert alone.ttft_p50_s[0] == pytest.approx(0.015)
+    assert alone.tpot_p50_s[0] == pytest.approx((0.1 - 0.015) / 9)
+    assert alone.ttft_met[1] == alone.tpot_met[1] == 1.0  # the replay served every one of them
