@@ -98,6 +98,36 @@ def front_end(levels: Sequence[Level]) -> tuple[float, float]:
     return intercept, slope
 
 
+UNSTEADY = 1.20
+"""How much one stream's time per output token may move over a sweep before the sweep says the server
+(or the machine under it) did not hold one speed: the check's own tolerance (check.TOLERANCE)."""
+
+
+def steadiness(levels: Sequence[Level]) -> str | None:
+    """What one stream's time per output token did over the sweep's single-stream levels (vLLM's clock;
+    with one sequence it hardly moves with the prompt), and a warning when its slowest level is more than
+    `UNSTEADY` times its fastest: a level measured in a slow stretch is read as the server's own speed.
+    On a two-core CPU machine the two sweeps of five that moved by 40 and 57 % gave profiles whose replay
+    missed the real run's SLO attainment by 8-14 points (docs/calibrate.md, 2026-11-29, 03:00 UTC). None
+    when the sweep ran fewer than two such levels."""
+    alone = [
+        lv.engine_itl_s
+        for lv in levels
+        if lv.concurrency == 1 and lv.kind != "prefix" and lv.engine_itl_s > 0
+    ]
+    if len(alone) < 2:
+        return None
+    fastest, slowest = min(alone), max(alone)
+    note = f"one stream's time per output token over the sweep: {fastest * 1000:.2f}-{slowest * 1000:.2f} ms"
+    if slowest <= UNSTEADY * fastest:
+        return note
+    return (
+        f"{note}: warning, the server's speed moved by {slowest / fastest - 1:.0%} during the sweep, and the "
+        "profile takes its slow levels for the server's own speed; calibrate again when nothing else loads "
+        "the server or its machine"
+    )
+
+
 def extremes_first(sizes: list[int]) -> list[int]:
     """The shortest and the longest first, so a tight budget still measures the whole range."""
     return [*sizes[:1], *sizes[-1:], *sizes[1:-1]] if len(sizes) > 2 else sizes

@@ -46,6 +46,7 @@ from loadtest.calibrate.levels import (
     prefix_level,
     shape_of,
     staggered,
+    steadiness,
 )
 from loadtest.calibrate.measure import Metrics, Server, ServerError, histogram_mean, run_closed_loop
 from loadtest.calibrate.options import Geometry, Options
@@ -341,6 +342,8 @@ def fit_profile(
         step = msgspec.structs.replace(step, request_cv=spread)
         say(f"the front end's spread from one request to the next: {spread:g} (from the staggered levels)")
     step = with_spells(step, levels, say) if spells else step
+    if (steady := steadiness(levels)) is not None:
+        say(steady)
     points = []
     replayed = [level for level in levels if level.kind != "prefix" and level.timed]
     for level, shape in zip(replayed, shapes, strict=True):

@@ -13,7 +13,7 @@ from loadtest.calibrate.agreement import ClassSlo, attained, off_by_more
 from loadtest.calibrate.check import Summary, summarise
 from loadtest.calibrate.cli import parse_duration
 from loadtest.calibrate.fit import Row, decode_row, fit, predict, prefill_curve, prefill_row
-from loadtest.calibrate.levels import ladder
+from loadtest.calibrate.levels import Level, ladder, steadiness
 from loadtest.calibrate.measure import Timed, histogram_mean, parse_metrics
 
 TRUE = (0.002, 0.0004, 0.00005, 2e-7)
@@ -102,7 +102,7 @@ def test_a_sweep_of_one_request_at_a_time_leaves_the_per_sequence_cost_at_zero()
 
 
 def test_front_end_time_grows_with_the_streams_running_and_resists_one_noisy_level() -> None:
-    from loadtest.calibrate.levels import Level, front_end
+    from loadtest.calibrate.levels import front_end
     from loadtest.calibrate.measure import Timed
 
     def level(concurrency: int, client_ttft: float, engine_ttft: float) -> Level:
@@ -209,3 +209,27 @@ def test_a_class_is_off_when_its_replay_is_more_than_5_points_away_either_way_or
     assert off_by_more(real, {"bulk": 0.70, "chat": 0.61, "batch": 0.70}) == []  # 4 points each
     assert off_by_more(real, {"bulk": 0.72, "chat": 0.59, "batch": 0.70}) == ["bulk", "chat"]
     assert off_by_more(real, {"bulk": 0.66, "chat": 0.65}) == ["batch"]  # never replayed
+
+
+def test_a_sweep_whose_single_stream_speed_moved_says_so() -> None:
+    """One stream's time per output token should not move with its prompt; a sweep that saw it move by
+    more than the check's tolerance measured a slow stretch of the machine as well as the server."""
+
+    def alone(itl: float, kind: str = "load", concurrency: int = 1) -> Level:
+        return Level(kind, concurrency, 64, 32, engine_itl_s=itl)  # type: ignore[arg-type]
+
+    steady = [alone(0.00190, "prefill"), alone(0.00201), alone(0.0030, concurrency=4), alone(0.0)]
+    note = steadiness(steady)
+    assert note == "one stream's time per output token over the sweep: 1.90-2.01 ms"
+    slow = [*steady, alone(0.00268)]
+    warned = steadiness(slow)
+    assert warned is not None and warned.startswith(
+        "one stream's time per output token over the sweep: 1.90-2.68"
+    )
+    assert "moved by 41% during the sweep" in warned and "calibrate again" in warned
+    assert (
+        steadiness([alone(0.002), alone(0.003, concurrency=2)]) is None
+    )  # one single-stream level: no reading
+    assert steadiness([alone(0.002), alone(0.0024)]) == (
+        "one stream's time per output token over the sweep: 2.00-2.40 ms"
+    )  # 20 % is within the tolerance
