@@ -8,13 +8,14 @@ request attains its class's SLO when its TTFT and its time per output token are 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
+from gateway.ledger.records import AccessLine
 from loadtest.stats import percentile
-from loadtest.whatif.accesslog import read_log
+from loadtest.whatif.accesslog import Recorded, read_log
 from loadtest.whatif.replay import Replay
 from loadtest.whatif.simfleet import build_fleet
 from policies.config import load_policy
@@ -48,6 +49,14 @@ def _shares(results: Iterable[tuple[str, bool]]) -> dict[str, float]:
     return {cls: hits / total for cls, (hits, total) in sorted(counts.items())}
 
 
+def logged_tpot(line: AccessLine) -> float | None:
+    """A logged request's time per output token after its first (None: no first token, no duration or a
+    one-token answer)."""
+    if line.ttft_s is None or not line.duration_s or line.completion_tokens < 2:
+        return None
+    return (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
+
+
 def slos_from_log(log: Path) -> dict[str, ClassSlo]:
     """Per class, bounds at the real run's own 80th percentiles of TTFT and time per output token, so
     about a fifth of each class misses and a replay that is off in either direction shows it."""
@@ -55,12 +64,11 @@ def slos_from_log(log: Path) -> dict[str, ClassSlo]:
     tpots: dict[str, list[float]] = {}
     for request in read_log(log).requests:
         line = request.line
-        if line.ttft_s is None or not line.duration_s or line.completion_tokens < 2:
+        tpot = logged_tpot(line)
+        if line.ttft_s is None or tpot is None:
             continue
         ttfts.setdefault(line.request_class, []).append(line.ttft_s)
-        tpots.setdefault(line.request_class, []).append(
-            (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
-        )
+        tpots.setdefault(line.request_class, []).append(tpot)
     return {
         cls: ClassSlo(percentile(ttfts[cls], 80) or 0.0, percentile(tpots[cls], 80) or 0.0) for cls in ttfts
     }
@@ -74,9 +82,8 @@ def logged_attainment(log: Path, slos: dict[str, ClassSlo]) -> dict[str, float]:
         slo = slos.get(line.request_class)
         if slo is None:
             continue
-        ttft, duration, tokens = line.ttft_s, line.duration_s, line.completion_tokens
-        tpot = (duration - ttft) / (tokens - 1) if ttft is not None and duration and tokens > 1 else None
-        results.append((line.request_class, line.status == 200 and attained(ttft, tpot, slo)))
+        ok = line.status == 200 and attained(line.ttft_s, logged_tpot(line), slo)
+        results.append((line.request_class, ok))
     return _shares(results)
 
 
@@ -113,22 +120,40 @@ class Replayed:
 
 
 def replayed_outcomes(
-    log: Path, fleet: FleetSpec, policy: Path, scrape_interval_s: float = 0.2, draws: int = DRAWS
+    requests: Sequence[Recorded],
+    fleet: FleetSpec,
+    policy: Path,
+    scrape_interval_s: float = 0.2,
+    draws: int = DRAWS,
 ) -> list[list[Replayed]]:
-    """Per replay, each of the log's requests in arrival order (`read_log`): `draws` replays, each meeting
+    """Per replay, each of `requests` (a log's, in arrival order: `read_log`): `draws` replays, each meeting
     its own draw of a calibrated profile's slow spells and front-end spread, or one when nothing is
     drawn (every replay would be the same)."""
-    trace = read_log(log)
     loaded = load_policy(policy)
     replays: list[list[Replayed]] = []
     for draw in range(draws):
         sims = build_fleet(fleet, draw)
         engine = PolicyEngine(loaded, [s.backend for s in sims])
-        result = Replay(sims, engine, trace.requests, scrape_interval_s).run()
+        result = Replay(sims, engine, requests, scrape_interval_s).run()
         replays.append([Replayed(o.ttft, o.tpot, o.ok) for o in result.outcomes])
         if not any((sim.perf is not None and sim.perf.paced) or sim.front.cv > 0 for sim in sims):
             break
     return replays
+
+
+def replayed_shares(
+    requests: Sequence[Recorded], replays: Sequence[Sequence[Replayed]], slos: dict[str, ClassSlo]
+) -> dict[str, float]:
+    """Per class, the share of `requests` that met their SLO, over every replay of them
+    (`replayed_outcomes`)."""
+    results = []
+    for replay in replays:
+        for request, outcome in zip(requests, replay, strict=True):
+            cls = request.line.request_class
+            slo = slos.get(cls)
+            if slo is not None:
+                results.append((cls, outcome.ok and attained(outcome.ttft_s, outcome.tpot_s, slo)))
+    return _shares(results)
 
 
 def replayed_attainment(
@@ -142,11 +167,7 @@ def replayed_attainment(
     """Per class, the share of the log's requests the replay on `fleet` says would meet their SLO: the
     mean over `draws` replays (`replayed_outcomes`; one draw is one of many runs the server might have
     given; the real run is another)."""
-    classes = [request.line.request_class for request in read_log(log).requests]
-    results = []
-    for replay in replayed_outcomes(log, fleet, policy, scrape_interval_s, draws):
-        for cls, outcome in zip(classes, replay, strict=True):
-            slo = slos.get(cls)
-            if slo is not None:
-                results.append((cls, outcome.ok and attained(outcome.ttft_s, outcome.tpot_s, slo)))
-    return _shares(results)
+    requests = read_log(log).requests
+    return replayed_shares(
+        requests, replayed_outcomes(requests, fleet, policy, scrape_interval_s, draws), slos
+    )

@@ -31,10 +31,9 @@ from loadtest.calibrate.agreement import (
     calibrated_fleet,
     logged_attainment,
     off_by_more,
-    replayed_attainment,
     slos_from_log,
 )
-from loadtest.calibrate.gap import Part, format_parts, gap
+from loadtest.calibrate.gap import Part, format_parts, replayed_with_parts
 from loadtest.calibrate.legs import (
     POOL,
     SCRAPE_S,
@@ -347,8 +346,7 @@ def check(url: str, model: str, profile: Path, seed: int, workdir: Path) -> Chec
         real, sim = asyncio.run(run_interleaved(targets, model, levels, WIDTHS))
     slos = slos_from_log(log)
     fleet = calibrated_fleet(profile, model, max_model_len, POOL)
-    replayed = replayed_attainment(log, fleet, policy, slos, SCRAPE_S)
-    parts = gap(log, fleet, policy, slos, SCRAPE_S)
+    replayed, parts = replayed_with_parts(log, fleet, policy, slos, SCRAPE_S)
     return Checked(compare(real, sim, WIDTHS), logged_attainment(log, slos), replayed, parts)
 
 

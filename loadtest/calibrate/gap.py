@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.sim.fleet_spec import FleetSpec
-from loadtest.calibrate.agreement import ClassSlo, Replayed, replayed_outcomes
+from loadtest.calibrate.agreement import ClassSlo, Replayed, logged_tpot, replayed_outcomes, replayed_shares
 from loadtest.whatif.accesslog import Recorded, read_log
 
 LOADS = ((0, 1), (2, 4), (5, 8), (9, 16), (17, None))
@@ -49,13 +49,6 @@ def in_flight(requests: Sequence[Recorded]) -> list[int]:
 
 def _label(low: int, high: int | None) -> str:
     return f"{low}+" if high is None else f"{low}-{high}"
-
-
-def _tpot(request: Recorded) -> float | None:
-    line = request.line
-    if line.ttft_s is None or not line.duration_s or line.completion_tokens < 2:
-        return None
-    return (line.duration_s - line.ttft_s) / (line.completion_tokens - 1)
 
 
 def _median(values: Sequence[float | None]) -> float:
@@ -91,7 +84,8 @@ def parts(
                 requests[i].line.ttft_s if ok else None for i, ok in zip(chosen, real_ok, strict=True)
             ]
             real_tpot = [
-                _tpot(requests[i]) if ok else math.inf for i, ok in zip(chosen, real_ok, strict=True)
+                logged_tpot(requests[i].line) if ok else math.inf
+                for i, ok in zip(chosen, real_ok, strict=True)
             ]
             sim_ttft = [replay[i].ttft_s if replay[i].ok else None for replay in replays for i in chosen]
             sim_tpot = [replay[i].tpot_s if replay[i].ok else math.inf for replay in replays for i in chosen]
@@ -109,8 +103,14 @@ def parts(
     return found
 
 
-def gap(log: Path, fleet: FleetSpec, policy: Path, slos: dict[str, ClassSlo], scrape_s: float) -> list[Part]:
-    return parts(read_log(log).requests, replayed_outcomes(log, fleet, policy, scrape_s), slos)
+def replayed_with_parts(
+    log: Path, fleet: FleetSpec, policy: Path, slos: dict[str, ClassSlo], scrape_s: float
+) -> tuple[dict[str, float], list[Part]]:
+    """The replay's attainment per class (as `agreement.replayed_attainment`) and where it departs from
+    the run, from one set of replays of the log."""
+    requests = read_log(log).requests
+    replays = replayed_outcomes(requests, fleet, policy, scrape_s)
+    return replayed_shares(requests, replays, slos), parts(requests, replays, slos)
 
 
 def format_parts(found: Sequence[Part]) -> str:

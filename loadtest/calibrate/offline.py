@@ -27,7 +27,6 @@ from loadtest.calibrate.agreement import (
     calibrated_fleet,
     logged_attainment,
     off_by_more,
-    replayed_attainment,
     slos_from_log,
 )
 from loadtest.calibrate.check import (
@@ -43,7 +42,7 @@ from loadtest.calibrate.check import (
     pieces,
     run_interleaved,
 )
-from loadtest.calibrate.gap import format_parts, gap
+from loadtest.calibrate.gap import format_parts, replayed_with_parts
 from loadtest.calibrate.legs import POOL, SCRAPE_S, WRONG, calibrated_timing, start_simulator
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
 from loadtest.calibrate.refine import closed_loop
@@ -145,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     slos = slos_from_log(log)
     real = logged_attainment(log, slos)
     fleet = calibrated_fleet(profile_path, recording.options.model, recording.geometry.max_model_len, POOL)
-    replayed = replayed_attainment(log, fleet, policy, slos, SCRAPE_S)
+    replayed, departs = replayed_with_parts(log, fleet, policy, slos, SCRAPE_S)
     print("\nSLO attainment per class (real run / replay on the profile):")
     for cls, share in real.items():
         off = abs(replayed.get(cls, 0.0) - share)
         print(f"  {cls:6} {share:6.1%} {replayed.get(cls, 0.0):6.1%}  ({off * 100:.1f} points)")
-    print(f"\nwhere it departs (real run / replay):\n{format_parts(gap(log, fleet, policy, slos, SCRAPE_S))}")
+    print(f"\nwhere it departs (real run / replay):\n{format_parts(departs)}")
     return 1 if failed or off_by_more(real, replayed) else 0
 
 

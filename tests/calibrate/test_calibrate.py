@@ -63,7 +63,7 @@ from loadtest.calibrate.check import (
     run_level,
     vocabulary_of,
 )
-from loadtest.calibrate.gap import format_parts, gap
+from loadtest.calibrate.gap import format_parts, replayed_with_parts
 from loadtest.calibrate.legs import (
     POOL,
     SCRAPE_S,
@@ -213,7 +213,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
     slos = slos_from_log(log)
     real_shares = logged_attainment(log, slos)
     fleet = calibrated_fleet(profile_path, MODEL, MAX_MODEL_LEN, POOL)
-    replayed = replayed_attainment(log, fleet, policy, slos, SCRAPE_S)
+    replayed, departs = replayed_with_parts(log, fleet, policy, slos, SCRAPE_S)
     wrong_fleet = FleetSpec(
         model=MODEL,
         max_model_len=MAX_MODEL_LEN,
@@ -236,8 +236,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
             f"  {cls:6} {share:6.1%} {replayed.get(cls, 0.0):6.1%} {wrong_replayed.get(cls, 0.0):6.1%}"
             f"  (TTFT <= {slos[cls].ttft_s * 1000:.1f} ms, TPOT <= {slos[cls].tpot_s * 1000:.2f} ms)"
         )
-    departs = format_parts(gap(log, fleet, policy, slos, SCRAPE_S))
-    print(f"\nwhere it departs, real run / replay on the calibrated profile:\n{departs}")
+    print(f"\nwhere it departs, real run / replay on the calibrated profile:\n{format_parts(departs)}")
 
     assert not failures(calibrated), f"the calibrated profile is off by more than {TOLERANCE:.0%}"
     off = off_by_more(real_shares, replayed)

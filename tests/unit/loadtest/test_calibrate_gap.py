@@ -8,7 +8,7 @@ import pytest
 
 from backends.calibrated import StepFit
 from loadtest.calibrate.agreement import ClassSlo, calibrated_fleet, replayed_attainment
-from loadtest.calibrate.gap import format_parts, gap, in_flight
+from loadtest.calibrate.gap import format_parts, in_flight, replayed_with_parts
 from loadtest.stack import policy_file
 from loadtest.whatif.accesslog import read_log
 from tests.calibrated_replay import MODEL, write_log, write_profile
@@ -33,7 +33,7 @@ def test_requests_are_split_by_how_many_were_in_flight_when_they_came(tmp_path: 
 
     slos = {"chat": ClassSlo(ttft_s=0.05, tpot_s=1.0)}
     fleet = calibrated_fleet(_profile(tmp_path / "p.yaml"), MODEL, 512, "calibrated")
-    parts = gap(log, fleet, policy_file("balanced"), slos, 0.2)
+    shares, parts = replayed_with_parts(log, fleet, policy_file("balanced"), slos, 0.2)
     assert [(p.load, p.requests) for p in parts] == [("0-1", 5), ("2-4", 3), ("5-8", 1)]
     light, middle, heavy = parts
     # the run: TTFTs 15 ms (three), 30, 40 | 50, 60, 70 | 80 ms against a 50 ms bound
@@ -48,7 +48,8 @@ def test_requests_are_split_by_how_many_were_in_flight_when_they_came(tmp_path: 
     assert all(p.tpot_met == (1.0, 1.0) for p in parts)
     # the parts hold every request once, and their replayed shares add up to the replay's attainment
     met = sum(p.ttft_met[1] * p.requests for p in parts) / sum(p.requests for p in parts)
-    assert met == pytest.approx(replayed_attainment(log, fleet, policy_file("balanced"), slos)["chat"])
+    assert met == pytest.approx(shares["chat"])
+    assert shares == replayed_attainment(log, fleet, policy_file("balanced"), slos)
     table = format_parts(parts)
     assert table.splitlines()[1].split()[:3] == ["chat", "0-1", "5"]
 
@@ -60,10 +61,11 @@ def test_a_request_the_run_failed_met_neither_bound(tmp_path: Path) -> None:
     log = write_log(tmp_path / "a.jsonl", requests, failed=[1])
     slos = {"chat": ClassSlo(ttft_s=0.05, tpot_s=1.0)}
     fleet = calibrated_fleet(_profile(tmp_path / "p.yaml"), MODEL, 512, "calibrated")
-    (alone,) = gap(log, fleet, policy_file("balanced"), slos, 0.2)
+    shares, (alone,) = replayed_with_parts(log, fleet, policy_file("balanced"), slos, 0.2)
     assert alone.requests == 4
     assert alone.ttft_met[0] == pytest.approx(3 / 4)
     assert alone.tpot_met[0] == pytest.approx(3 / 4)
     assert alone.ttft_p50_s[0] == pytest.approx(0.015)
     assert alone.tpot_p50_s[0] == pytest.approx((0.1 - 0.015) / 9)
     assert alone.ttft_met[1] == alone.tpot_met[1] == 1.0  # the replay served every one of them
+    assert shares == {"chat": 1.0}
