@@ -107,9 +107,10 @@ def steadiness(levels: Sequence[Level]) -> str | None:
     """What one stream's time per output token did over the sweep's single-stream levels (vLLM's clock;
     with one sequence it hardly moves with the prompt), and a warning when its slowest level is more than
     `UNSTEADY` times its fastest: a level measured in a slow stretch is read as the server's own speed.
-    On a two-core CPU machine the two sweeps of six that moved by 40 and 57 % gave profiles whose replay
-    missed the real run's SLO attainment by 8-14 points (docs/calibrate.md, 2026-11-29, 03:00 UTC). None
-    when the sweep ran fewer than two such levels."""
+    On a two-core CPU machine the two sweeps of seven that moved by 40 and 57 % gave profiles whose replay
+    missed the real run's SLO attainment by 8-14 points, while one that moved by 30 % held it within 5
+    (docs/calibrate.md, 2026-11-29, 03:00 UTC): a risk, not a verdict. None when the sweep ran fewer than
+    two such levels."""
     alone = [
         lv.engine_itl_s
         for lv in levels
