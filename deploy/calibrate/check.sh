@@ -45,6 +45,12 @@ mkdir -p "$out"
 make -s venv
 py=.venv/bin/python
 
+# Whether this machine holds one speed at all: a core that changes speed on its own (other guests of a
+# virtual machine's host) makes the server a different one from one minute to the next, and the check
+# then measures the machine; a warning here, not a failure.
+echo "== this machine's cores, second by second, with nothing else of the check running"
+"$py" -m loadtest.calibrate.core_speed --seconds 20 | tee "$out/core-speed.txt" || true
+
 launch=(--vendor "$vendor" --served-model-name calibrated --port "$port" --max-model-len 2048)
 if [ "$vendor" = cpu ]; then
   make -s vllm-model

@@ -36,6 +36,7 @@ from backends.launcher import LaunchSpec, build_launch
 from backends.lifetime import stop_process
 from backends.server_process import start, stop, wait_ready
 from backends.sim.fleet_spec import FleetSpec, GroupSpec, ProfileSpec
+from loadtest.calibrate import core_speed
 from loadtest.calibrate.agreement import (
     ATTAINMENT_POINTS,
     calibrated_fleet,
@@ -84,6 +85,8 @@ from tests.support import free_port, metric, sim_metrics
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
 SEED = 20261127
+MACHINE_S = 15
+"""How long the machine's cores are timed alone, before the check and after it (core_speed)."""
 BUDGET_S = 120.0
 """The sweep's budget. At 60 s a machine whose single stream decodes at 4.3 ms a token cut the warm-up
 at 376 of 488 prompt lengths and the sweep before its last levels (the long prompt's newcomers among
@@ -149,7 +152,16 @@ async def _calibrate_around(
     return profile, [merged(runs) for runs in measured], calibration
 
 
+def _machine(when: str) -> bool:
+    """Whether every core held one speed for `MACHINE_S` seconds with only the idle server beside it."""
+    speeds = core_speed.measure(MACHINE_S)
+    for line in core_speed.report(speeds, TOLERANCE):
+        print(f"the machine {when}: {line}")
+    return all(speed.steady(TOLERANCE) for speed in speeds)
+
+
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
+    steady_before = _machine("before the check")
     vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
     levels = held_apart_jobs(vocabulary, max_model_len, SEED)
     gateway_log = tmp_path / "access.jsonl"
@@ -198,6 +210,12 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
         with simulated_busy.measuring():
             simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
     log = gateway_log
+    steady_after = _machine("after the check's loads")
+    machine = (
+        "every core held one speed before and after"
+        if steady_before and steady_after
+        else "a core of the machine changed speed by more than that on its own, before or after (above)"
+    )
 
     calibrated = compare(real, simulated, WIDTHS)
     wrong = compare(real, wrong_run, WIDTHS)
@@ -238,9 +256,9 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
         )
     print(f"\nwhere it departs, real run / replay on the calibrated profile:\n{format_parts(departs)}")
 
-    assert not failures(calibrated), f"the calibrated profile is off by more than {TOLERANCE:.0%}"
+    assert not failures(calibrated), f"the calibrated profile is off by more than {TOLERANCE:.0%}; {machine}"
     off = off_by_more(real_shares, replayed)
-    assert not off, f"classes {off}: replay more than {ATTAINMENT_POINTS:.0%} from the real attainment"
+    assert not off, f"classes {off}: replay over {ATTAINMENT_POINTS:.0%} from the real attainment; {machine}"
     # the built-in MI300X profile must fail the same comparison: its rows or its attainment (at one pair of
     # bounds its too-fast TTFT and too-slow decode can cancel in the attainment: docs/calibrate.md)
     wrong_attainment = off_by_more(real_shares, wrong_replayed)
