@@ -14,6 +14,8 @@ profile. Per level the client's TTFT p50 and p90 and time per output token p50 m
 and the what-if replay of the real gateway's access log on the profile must agree with the run's SLO
 attainment within 5 points per class.
 The built-in MI300X profile (an 8B model on a GPU) must fail the same comparison, so the test can fail.
+Before the check and after its loads each core is timed alone (core_speed), and a failure says whether
+the machine held one speed: on a core that changes speed on its own, no profile of the server can hold.
 
 With SWITCHYARD_CALIBRATE_RECORD=DIR it records the real measurements (the sweep, the held-apart load and
 its real run, the access log, the policy) to DIR before comparing anything, and
