@@ -46,7 +46,7 @@ make -s venv
 py=.venv/bin/python
 
 # Whether this machine holds one speed at all: a core that changes speed on its own (other guests of a
-# virtual machine's host) makes the server a different one from one minute to the next, and the check
+# virtual machine's host) makes the server a different one from one second to the next, and the check
 # then measures the machine; a warning here, not a failure.
 echo "== this machine's cores, second by second, with nothing else of the check running"
 "$py" -m loadtest.calibrate.core_speed --seconds 20 | tee "$out/core-speed.txt" || true
