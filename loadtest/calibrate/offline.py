@@ -42,6 +42,7 @@ from loadtest.calibrate.check import (
     pieces,
     run_interleaved,
 )
+from loadtest.calibrate.core_speed import CoreSpeed, report
 from loadtest.calibrate.gap import format_parts, replayed_with_parts
 from loadtest.calibrate.legs import POOL, SCRAPE_S, WRONG, calibrated_timing, start_simulator
 from loadtest.calibrate.recording import ACCESS_LOG, POLICY, Recording, load
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     directory: Path = args.directory
     recording = load(directory)
     print(f"recording {directory}: load average {recording.loadavg} when its real legs ended")
+    speeds = [CoreSpeed(cpu, tuple(counts)) for cpu, counts in sorted(recording.core_speeds.items())]
+    for line in report(speeds) if speeds else []:
+        print(f"the machine before the check: {line}")
     if args.profile is not None:
         profile_path = args.profile
     else:

@@ -11,7 +11,7 @@ SWITCHYARD_CALIBRATE_RECORD; `python -m loadtest.calibrate.offline DIR` re-runs 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -41,6 +41,9 @@ class Recording:
     """The machine's load averages (1, 5, 15 min) when the real legs ended."""
     pieces: int = 1
     """How many pieces each level ran in (check.pieces); recordings made before pieces ran levels whole."""
+    core_speeds: dict[int, list[int]] = field(default_factory=dict)
+    """Per CPU, the fixed work counted second by second before the check (core_speed); empty in
+    recordings made before the machine was timed."""
 
 
 def save(recording: Recording, directory: Path, access_log: Path, policy: Path) -> None:

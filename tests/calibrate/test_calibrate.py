@@ -154,16 +154,16 @@ async def _calibrate_around(
     return profile, [merged(runs) for runs in measured], calibration
 
 
-def _machine(when: str) -> bool:
-    """Whether every core held one speed for `MACHINE_S` seconds with only the idle server beside it."""
+def _machine(when: str) -> list[core_speed.CoreSpeed]:
+    """Each core timed alone for `MACHINE_S` seconds, with only the idle server beside it."""
     speeds = core_speed.measure(MACHINE_S)
     for line in core_speed.report(speeds, TOLERANCE):
         print(f"the machine {when}: {line}")
-    return all(speed.steady(TOLERANCE) for speed in speeds)
+    return speeds
 
 
 def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path: Path) -> None:
-    steady_before = _machine("before the check")
+    before = _machine("before the check")
     vocabulary, max_model_len = asyncio.run(vocabulary_of(real_server, MODEL))
     levels = held_apart_jobs(vocabulary, max_model_len, SEED)
     gateway_log = tmp_path / "access.jsonl"
@@ -189,6 +189,7 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
             real,
             list(os.getloadavg()),
             PIECES,
+            {speed.cpu: list(speed.per_second) for speed in before},
         )
         save(recording, Path(os.environ["SWITCHYARD_CALIBRATE_RECORD"]), gateway_log, policy)
     profile_path.write_text(dump_profile(fitted))
@@ -212,10 +213,10 @@ def test_calibrated_profile_predicts_the_real_server(real_server: str, tmp_path:
         with simulated_busy.measuring():
             simulated, wrong_run = asyncio.run(run_interleaved(targets, MODEL, levels, WIDTHS))
     log = gateway_log
-    steady_after = _machine("after the check's loads")
+    after = _machine("after the check's loads")
     machine = (
         "every core held one speed before and after"
-        if steady_before and steady_after
+        if all(speed.steady(TOLERANCE) for speed in before + after)
         else "a core of the machine changed speed by more than that on its own, before or after (above)"
     )
 

@@ -159,3 +159,14 @@ def test_the_virtual_run_of_a_level_in_pieces_is_a_closed_loop_per_piece() -> No
             expected += closed_loop(profile.step, profile.limits, sizes, width).timed
         assert level.timed == expected
     assert [len(level.timed) for level in cut] == [len(level.timed) for level in whole]
+
+
+def test_the_machines_own_speed_before_the_check_is_kept_and_old_recordings_have_none(tmp_path: Path) -> None:
+    recording = _recording()
+    recording.core_speeds = {0: [8000, 7990, 4100], 1: [8100, 8050, 8070]}
+    directory = _saved(recording, tmp_path)
+    assert load(directory).core_speeds == {0: [8000, 7990, 4100], 1: [8100, 8050, 8070]}
+    raw = json.loads((directory / RECORDING).read_bytes())
+    del raw["core_speeds"]
+    (directory / RECORDING).write_text(json.dumps(raw))
+    assert load(directory).core_speeds == {}
