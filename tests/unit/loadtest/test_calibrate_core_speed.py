@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from loadtest.calibrate import check, core_speed
+from loadtest.calibrate import check, core_speed, levels
 from loadtest.calibrate.core_speed import CoreSpeed, measure, report
 
 
@@ -31,14 +31,17 @@ def test_a_slow_stretch_is_counted_and_its_length_read() -> None:
 
 
 def test_the_report_names_the_unsteady_cores() -> None:
-    lines = report([CoreSpeed(0, (100, 101, 99)), CoreSpeed(1, (100, 50, 100))])
+    speeds = [CoreSpeed(0, (100, 101, 99)), CoreSpeed(1, (100, 50, 100))]
+    assert core_speed.unsteady(speeds) == speeds[1:]
+    lines = report(speeds)
     assert lines[0].startswith("cpu0: 3 s, slowest second 0.99")
     assert lines[-1].startswith("warning: cpu1 did not hold one speed within 20%")
     assert report([CoreSpeed(0, (100, 101, 99))])[-1].startswith("every CPU held its speed within 20%")
 
 
-def test_its_bound_is_the_checks() -> None:
+def test_its_bound_is_the_checks_as_is_the_sweeps_warning() -> None:
     assert core_speed.TOLERANCE == check.TOLERANCE
+    assert pytest.approx(1.0 + check.TOLERANCE) == levels.UNSTEADY
 
 
 def test_each_core_is_counted_at_once_by_a_process_of_its_own() -> None:
