@@ -262,11 +262,15 @@ class ClientCapProtocol(HttpToolsProtocol):
             self.app = app
 
     def on_response_complete(self) -> None:
+        self._release_request_client()
+        super().on_response_complete()
+
+    def _release_request_client(self) -> None:
+        """The answered request's client (on a balancer's connection) is counted no more."""
         if self._request_clients:
             counted = self._request_clients.popleft()
             if counted is not None:
                 self.caps.release(counted)
-        super().on_response_complete()
 
     # --- refusing a connection so that the client reads the answer -------------------------------
 

@@ -221,7 +221,6 @@ def protocol_class(
             if self._special:  # a PROXY header awaited, or a refused connection's request
                 self._special_data(data)
                 return
-            self._unset_keepalive_if_required()
             if len(data) > max_header_bytes:
                 self._big_read = True  # on_headers_complete sums the headers
             try:
@@ -298,6 +297,18 @@ def protocol_class(
             if self._upgrade_refused:
                 return
             base.on_message_complete(self)
+
+        def on_response_complete(self) -> None:
+            """uvicorn's, less its keep-alive timer (a `call_later` and a `cancel` per request, and a
+            check on every read): the sweeper closes a connection idle for `keep_alive_timeout`."""
+            self._release_request_client()
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
 
     async def _sweep(connections: set[Any]) -> None:
         loop = asyncio.get_running_loop()

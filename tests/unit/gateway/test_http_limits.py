@@ -70,6 +70,7 @@ async def test_a_request_being_served_is_never_timed_out() -> None:
     await asyncio.sleep(TIMEOUT * 5)
     assert transport.written.startswith(b"HTTP/1.1 200")
     assert not transport.closed
+    assert protocol.timeout_keep_alive_task is None  # no timer per request: the sweeper closes idle ones
     await asyncio.sleep(TIMEOUT * 2.5)  # then idle: closed after keep_alive_timeout
     assert transport.closed
     protocol.connection_lost(None)
