@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -48,23 +49,27 @@ def _any(tests: list[Predicate]) -> Predicate:
     return check
 
 
-def _threshold(t: Threshold) -> Callable[[float | None], bool]:
-    tests: list[Callable[[Any], bool]] = []
-    gt, gte, lt, lte, eq = t.gt, t.gte, t.lt, t.lte, t.eq
-    if gt is not None:
-        tests.append(lambda v: v > gt)
-    if gte is not None:
-        tests.append(lambda v: v >= gte)
-    if lt is not None:
-        tests.append(lambda v: v < lt)
-    if lte is not None:
-        tests.append(lambda v: v <= lte)
-    if eq is not None:
-        tests.append(lambda v: v == eq)
-    if not tests:
-        return lambda v: v is not None
-    combined = _all(tests)
-    return lambda v: v is not None and combined(v)
+_BOUNDS = (
+    ("gt", operator.gt),
+    ("gte", operator.ge),
+    ("lt", operator.lt),
+    ("lte", operator.le),
+    ("eq", operator.eq),
+)
+
+
+def _threshold(read: Callable[[RequestProfile], Any], t: Threshold) -> Predicate:
+    """`read(p)` is set and within every bound of `t`: one Python call, the comparisons in C."""
+    bounds = [(op, getattr(t, name)) for name, op in _BOUNDS if getattr(t, name) is not None]
+    if not bounds:
+        return lambda p: read(p) is not None
+    if len(bounds) == 1:
+        ((op, a),) = bounds
+        return lambda p: (v := read(p)) is not None and op(v, a)
+    if len(bounds) == 2:
+        (op_a, a), (op_b, b) = bounds
+        return lambda p: (v := read(p)) is not None and op_a(v, a) and op_b(v, b)
+    return lambda p: (v := read(p)) is not None and all(op(v, x) for op, x in bounds)
 
 
 def compile_condition(c: Condition) -> Predicate:
@@ -73,14 +78,11 @@ def compile_condition(c: Condition) -> Predicate:
         models = _one_of(c.model)
         tests.append(lambda p: p.model in models)
     if c.prompt_tokens is not None:
-        check = _threshold(c.prompt_tokens)
-        tests.append(lambda p: check(p.prompt_tokens_estimate))
+        tests.append(_threshold(operator.attrgetter("prompt_tokens_estimate"), c.prompt_tokens))
     if c.max_tokens is not None:
-        check_max = _threshold(c.max_tokens)
-        tests.append(lambda p: check_max(p.max_tokens))
+        tests.append(_threshold(operator.attrgetter("max_tokens"), c.max_tokens))
     if c.n is not None:
-        check_n = _threshold(c.n)
-        tests.append(lambda p: check_n(p.n))
+        tests.append(_threshold(operator.attrgetter("n"), c.n))
     if c.stream is not None:
         stream = c.stream
         tests.append(lambda p: p.stream is stream)
