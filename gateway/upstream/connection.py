@@ -161,16 +161,15 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
+        if self._sink is not None:
+            return  # handed to the sink once the parser returns (`data_received`); no reader waits
         self._buffered += len(body)
-        if (
-            self._buffered > _READ_HIGH_WATER
-            and not self._paused
-            and self._sink is None
-            and self.transport is not None
-        ):
+        if self._buffered > _READ_HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake_reader()
+        waiter = self._body_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         self.complete = True
