@@ -5,7 +5,7 @@ What is shared, under the deployment's hash tag `{sy:<key_prefix>}` (one Redis C
     {sy:P}:fleet:drain          hash backend -> "1"/"0": the drain state every replica applies
     {sy:P}:fleet:events         pub/sub channel: "a drain changed", breaker openings, policy changes
     {sy:P}:fleet:replica:<id>   JSON view of one replica (its backends, its policy), EX VIEW_TTL
-    {sy:P}:fleet:replicas       sorted set id -> last heartbeat, to list the live views
+    {sy:P}:fleet:replicas       sorted set id -> last heartbeat, to list the live views (PX VIEW_TTL)
     {sy:P}:fleet:recent         list of the latest records of every replica (`/admin/v1/requests`)
 
 A drain is written to the hash and announced on the channel; every replica re-reads the hash when told
@@ -330,6 +330,9 @@ class FleetSync:
             pipe.set(self._view_prefix + self.replica, json.dumps(view), px=int(VIEW_TTL * 1000))
             pipe.zadd(self.k_replicas, {self.replica: now})
             pipe.zremrangebyscore(self.k_replicas, "-inf", now - VIEW_TTL)
+            # Past VIEW_TTL without a heartbeat it lists no live view: gone with the last replica, not
+            # kept holding the ids of replicas killed before they could take themselves out.
+            pipe.pexpire(self.k_replicas, int(VIEW_TTL * 1000))
             await pipe.execute()
 
     async def _read_views(self) -> None:

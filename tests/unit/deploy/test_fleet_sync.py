@@ -14,6 +14,7 @@ from litestar.testing import AsyncTestClient
 
 from gateway.app import SwitchyardPlugin, create_app
 from gateway.config.settings import settings_from_text
+from gateway.fleet_sync import VIEW_TTL
 from tests.support import RecordingBackend
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -39,21 +40,21 @@ pools:
 async def _replicas(
     prefix: str, count: int, redis_url: str = REDIS, backend_url: str = "http://127.0.0.1:9"
 ) -> AsyncIterator[list[AsyncTestClient]]:
-    async with AsyncExitStack() as stack:
-        clients = []
-        for i in range(count):
-            os.environ["SWITCHYARD_REPLICA"] = f"r{i}"
-            app = create_app(settings_from_text(_config(prefix, redis_url, backend_url)))
-            clients.append(await stack.enter_async_context(AsyncTestClient(app)))
-        os.environ.pop("SWITCHYARD_REPLICA", None)
-        try:
+    try:
+        async with AsyncExitStack() as stack:
+            clients = []
+            for i in range(count):
+                os.environ["SWITCHYARD_REPLICA"] = f"r{i}"
+                app = create_app(settings_from_text(_config(prefix, redis_url, backend_url)))
+                clients.append(await stack.enter_async_context(AsyncTestClient(app)))
+            os.environ.pop("SWITCHYARD_REPLICA", None)
             yield clients
-        finally:
-            client = aioredis.Redis.from_url(REDIS)
-            keys = [k async for k in client.scan_iter(match="{sy:" + prefix + "}:*")]
-            if keys:
-                await client.delete(*keys)
-            await client.aclose()
+    finally:  # once the apps stopped: what they write as they stop (the ledger's last flush) goes too
+        client = aioredis.Redis.from_url(REDIS)
+        keys = [k async for k in client.scan_iter(match="{sy:" + prefix + "}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
 
 
 async def _until(check, within: float) -> float:  # type: ignore[no-untyped-def]
@@ -107,6 +108,19 @@ async def test_a_replica_started_late_catches_up_on_drains() -> None:
                 return next(r for r in rows if r["name"] == "h100-b")["draining"]
 
             await _until(drained, 1.0)
+
+
+async def test_the_replica_list_lapses_with_the_last_heartbeat() -> None:
+    """A replica killed before it could take itself out of the list is not kept there for ever."""
+    prefix = _prefix()
+    async with _replicas(prefix, 1) as (a,):
+        await _until(lambda: _replicas_seen(a, 1), 5)
+        client = aioredis.Redis.from_url(REDIS)
+        try:
+            left_ms = await client.pttl("{sy:" + prefix + "}:fleet:replicas")
+        finally:
+            await client.aclose()
+        assert 0 < left_ms <= VIEW_TTL * 1000
 
 
 async def test_recent_requests_and_breaker_hints_are_fleet_wide() -> None:
