@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import redis
 import yaml
 
 from tests.support import ROOT, free_port
@@ -31,9 +32,10 @@ def _wait(check, within: float) -> None:  # type: ignore[no-untyped-def]
 
 def test_workers_share_one_port_and_one_view_and_are_restarted(tmp_path: Path) -> None:
     port = free_port()
+    prefix = f"test-w-{uuid.uuid4().hex[:8]}"
     config = {
         "gateway": {"port": port, "shutdown_grace": 2},
-        "ledger": {"redis_url": "redis://127.0.0.1:6379/0", "key_prefix": f"test-w-{uuid.uuid4().hex[:8]}"},
+        "ledger": {"redis_url": "redis://127.0.0.1:6379/0", "key_prefix": prefix},
         "telemetry": {"access_log": {"enabled": False}},
         "pools": [
             {
@@ -83,6 +85,13 @@ def test_workers_share_one_port_and_one_view_and_are_restarted(tmp_path: Path) -
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+        client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+        try:
+            keys = list(client.scan_iter(match="{sy:" + prefix + "}:*"))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
 
 
 def _alive(pid: int) -> bool:

@@ -41,21 +41,21 @@ pools:
 
 @asynccontextmanager
 async def _replicas(prefix: str | None, count: int) -> AsyncIterator[list[AsyncTestClient]]:
-    async with AsyncExitStack() as stack:
-        clients = []
-        for _ in range(count):
-            app = create_app(settings_from_text(_config(prefix)))
-            clients.append(await stack.enter_async_context(AsyncTestClient(app, base_url=BASE)))
-        try:
+    try:
+        async with AsyncExitStack() as stack:
+            clients = []
+            for _ in range(count):
+                app = create_app(settings_from_text(_config(prefix)))
+                clients.append(await stack.enter_async_context(AsyncTestClient(app, base_url=BASE)))
             yield clients
-        finally:
-            if prefix:
-                client = aioredis.Redis.from_url(REDIS)
-                for pattern in ("{syt:" + prefix + "}*", "{sy:" + prefix + "}*"):
-                    keys = [k async for k in client.scan_iter(match=pattern)]
-                    if keys:
-                        await client.delete(*keys)
-                await client.aclose()
+    finally:  # once the apps stopped: what they write as they stop (the ledger's last flush) goes too
+        if prefix:
+            client = aioredis.Redis.from_url(REDIS)
+            for pattern in ("{syt:" + prefix + "}*", "{sy:" + prefix + "}*"):
+                keys = [k async for k in client.scan_iter(match=pattern)]
+                if keys:
+                    await client.delete(*keys)
+            await client.aclose()
 
 
 async def _log_in(client: AsyncTestClient) -> str:
