@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -21,6 +22,9 @@ if str(ROOT) not in sys.path:
 # it starts, a state folder of its own, so no run replays another's records or leaves any behind.
 _STATE = tempfile.mkdtemp(prefix="switchyard-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE
+# Removed when the process ends: pytest-xdist's controller imports this file too but runs no session
+# fixture, so the fixture below alone left the controller's folder behind at every run.
+atexit.register(shutil.rmtree, _STATE, True)
 
 
 # A gateway built with the default settings makes its batch file store, `switchyard-files/` in the current

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -102,10 +104,12 @@ class _Run:
 
 @contextlib.contextmanager
 def _started(argv: list[str]) -> Iterator[_Run]:
+    # A command killed with SIGKILL cannot remove its temporary folders: they go under one of the test's.
+    temp = tempfile.mkdtemp(prefix="switchyard-lifetime-")
     process = subprocess.Popen(
         argv,
         cwd=ROOT,
-        env=_ENV,
+        env={**_ENV, "TMPDIR": temp},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -121,6 +125,7 @@ def _started(argv: list[str]) -> Iterator[_Run]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         process.wait(timeout=10)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _demo_argv(port: int) -> list[str]:
