@@ -244,6 +244,7 @@ def budget_series(tenants: Tenants, logins: LoginThrottle | None = None) -> Call
 
     def render(scope: Any) -> str:
         text = tenants.watch.render(scopes=public or scope.get(ON_ADMIN_PORT) is True)
+        text += tenants.admission_series()
         return text + logins.render() if logins is not None else text
 
     return render

@@ -24,7 +24,7 @@ from gateway.openai.errors import GatewayError
 from gateway.redis.client import AnyRedis
 from gateway.redis.script_client import ScriptClient
 from gateway.tenants import errors
-from gateway.tenants.admit_batch import AdmitBatcher
+from gateway.tenants.admit_batch import AdmitBatcher, render
 from gateway.tenants.answers import (
     decoded,
     encoded,
@@ -121,6 +121,10 @@ class Tenants:
             if self._admit is not None
             else None
         )
+
+    def admission_series(self) -> str:
+        """`/metrics` series of the admissions' round trips to Redis (none without Redis)."""
+        return render(self._batcher) if self._batcher is not None else ""
 
     @classmethod
     def admin_hash_from_env(cls, options: AuthOptions) -> str | None:

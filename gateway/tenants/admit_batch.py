@@ -9,6 +9,7 @@ are RESP-encoded here straight into the batch (`script_client`): a key's scope a
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from gateway.redis.script_client import ScriptClient, bulk, bulk_int
@@ -36,6 +37,12 @@ class AdmitBatcher:
         self._waiting: list[asyncio.Future[bytes]] = []
         self._orphans: dict[asyncio.Future[bytes], Callable[[bytes], None]] = {}
         """Admissions whose request was cancelled while in flight: what to do with their answer."""
+        self.calls = 0
+        """Round trips answered (or failed): each admitted or refused a batch."""
+        self.requests = 0
+        """Requests in those batches."""
+        self.seconds = 0.0
+        """Their time from the write to the answer, summed: every request of a batch waited for it."""
 
     def admit(self, tokens: int, cost: int, scopes: tuple[int, bytes, bytes]) -> asyncio.Future[bytes]:
         """The request's answer from `limits.ADMIT` (bytes), or the batch's exception. `scopes`: the
@@ -79,8 +86,12 @@ class AdmitBatcher:
             parts.insert(2, b"".join([counter + bulk_int(delta) for counter, delta in settling.items()]))
             argc += 2 * len(settling)
         body = b"".join(parts)
+        started = time.monotonic()
 
         def answer(replies: object) -> None:
+            self.calls += 1
+            self.requests += len(waiting)
+            self.seconds += time.monotonic() - started
             orphans = self._orphans
             failed = not isinstance(replies, list) or len(replies) != len(waiting)
             if failed and settling:
@@ -105,6 +116,21 @@ class AdmitBatcher:
                         answered(reply)
 
         self._client.call(argc, body, answer)
+
+
+def render(batcher: AdmitBatcher) -> str:
+    """The admissions' round trips to Redis as Prometheus series (`/metrics`)."""
+    return (
+        "# HELP switchyard_tenant_admission_seconds Round trips of the limits script to Redis, from a "
+        "batch's write to its answer (every request of the batch waits for one).\n"
+        "# TYPE switchyard_tenant_admission_seconds summary\n"
+        f"switchyard_tenant_admission_seconds_sum {batcher.seconds:.6f}\n"
+        f"switchyard_tenant_admission_seconds_count {batcher.calls}\n"
+        "# HELP switchyard_tenant_admission_requests_total Requests admitted or refused by those round "
+        "trips (over their count: the batch size).\n"
+        "# TYPE switchyard_tenant_admission_requests_total counter\n"
+        f"switchyard_tenant_admission_requests_total {batcher.requests}\n"
+    )
 
 
 def encode_scopes(args: list[str]) -> tuple[int, bytes, bytes]:

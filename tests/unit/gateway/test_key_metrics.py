@@ -28,6 +28,7 @@ def test_per_key_series_only_on_the_admin_port_by_default() -> None:
     assert 'switchyard_budget_used_ratio{scope="k:key_budgeted"} 0.250000' in admin
     assert "key_budgeted" not in public and "switchyard_budget_used_ratio" not in public
     assert "switchyard_tenant_admissions_total" in public
+    assert "switchyard_tenant_admission_seconds" not in public  # no Redis, no round trips to count
 
 
 def test_public_key_metrics_shows_them_on_the_public_port_too() -> None:

@@ -10,7 +10,7 @@ import uuid
 import redis
 
 from gateway.redis.script_client import ScriptClient, bulk
-from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes
+from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes, render
 from gateway.tenants.answers import verdict_of
 from gateway.tenants.limits import ADMIT
 
@@ -163,6 +163,36 @@ def test_a_dead_replicas_field_is_dropped_within_a_second_without_a_refusal() ->
         shared.set(f"{ns}:lu:k:q", 1)  # last used long ago: this second's first batch looks at leases
         assert verdict_of(_batch(ns, [(1, 0, [_scope("k:q", par=1000)])])[0]).admitted
         assert shared.hgetall(f"{ns}:pa:k:q") == {b"replica-1": b"1"}
+    finally:
+        names = list(shared.scan_iter(match=ns + "*"))
+        if names:
+            shared.delete(*names)
+        shared.close()
+
+
+def test_the_round_trips_are_counted_for_metrics() -> None:
+    ns = "{syt:test-admit-" + uuid.uuid4().hex[:8] + "}"
+    shared = redis.Redis()
+
+    async def run() -> AdmitBatcher:
+        client = ScriptClient(ADMIT, timeout_s=2.0)
+        try:
+            batcher = AdmitBatcher(client, 3_600_000, "replica-1", ns)
+            first = [batcher.admit(1, 1, encode_scopes([_scope("k:m", rpm=2)])) for _ in range(3)]
+            await asyncio.gather(*first)  # one turn of the loop, one call: two admitted, one refused
+            await batcher.admit(1, 1, encode_scopes([_scope("k:n")]))
+            return batcher
+        finally:
+            await client.close()
+
+    try:
+        batcher = asyncio.run(run())
+        assert (batcher.calls, batcher.requests) == (2, 4)
+        assert 0 < batcher.seconds < 4.0
+        series = render(batcher)
+        assert "switchyard_tenant_admission_seconds_count 2\n" in series
+        assert "switchyard_tenant_admission_requests_total 4\n" in series
+        assert f"switchyard_tenant_admission_seconds_sum {batcher.seconds:.6f}\n" in series
     finally:
         names = list(shared.scan_iter(match=ns + "*"))
         if names:
