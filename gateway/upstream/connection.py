@@ -167,9 +167,7 @@ class Connection(asyncio.Protocol):
         if self._buffered > _READ_HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        waiter = self._body_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake_reader()
 
     def on_message_complete(self) -> None:
         self.complete = True
