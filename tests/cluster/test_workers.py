@@ -12,10 +12,9 @@ import uuid
 from pathlib import Path
 
 import httpx
-import redis
 import yaml
 
-from tests.support import ROOT, free_port
+from tests.support import ROOT, clean_redis, free_port
 
 
 def _pids(parent: int) -> set[int]:
@@ -85,13 +84,7 @@ def test_workers_share_one_port_and_one_view_and_are_restarted(tmp_path: Path) -
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
-        client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
-        try:
-            keys = list(client.scan_iter(match="{sy:" + prefix + "}:*"))
-            if keys:
-                client.delete(*keys)
-        finally:
-            client.close()
+        clean_redis(prefix)
 
 
 def _alive(pid: int) -> bool:

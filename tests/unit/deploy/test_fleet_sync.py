@@ -15,7 +15,7 @@ from litestar.testing import AsyncTestClient
 from gateway.app import SwitchyardPlugin, create_app
 from gateway.config.settings import settings_from_text
 from gateway.fleet_sync import VIEW_TTL
-from tests.support import RecordingBackend
+from tests.support import RecordingBackend, clean_redis
 
 REDIS = "redis://127.0.0.1:6379/0"
 
@@ -50,11 +50,7 @@ async def _replicas(
             os.environ.pop("SWITCHYARD_REPLICA", None)
             yield clients
     finally:  # once the apps stopped: what they write as they stop (the ledger's last flush) goes too
-        client = aioredis.Redis.from_url(REDIS)
-        keys = [k async for k in client.scan_iter(match="{sy:" + prefix + "}:*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
+        clean_redis(prefix)
 
 
 async def _until(check, within: float) -> float:  # type: ignore[no-untyped-def]

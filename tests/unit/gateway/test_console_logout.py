@@ -16,7 +16,7 @@ from litestar.testing import AsyncTestClient
 from gateway.app import create_app
 from gateway.config.settings import settings_from_text
 from gateway.console.session import COOKIE, Revocations, Sessions
-from tests.support import free_port
+from tests.support import clean_redis, free_port
 
 REDIS = "redis://127.0.0.1:6379/0"
 ADMIN = "sy-logout-admin-" + "Vq8Rf2Lk9Wx4Tb7Nz1Hm5Pc3Ds6Gy0Ja"
@@ -50,12 +50,7 @@ async def _replicas(prefix: str | None, count: int) -> AsyncIterator[list[AsyncT
             yield clients
     finally:  # once the apps stopped: what they write as they stop (the ledger's last flush) goes too
         if prefix:
-            client = aioredis.Redis.from_url(REDIS)
-            for pattern in ("{syt:" + prefix + "}*", "{sy:" + prefix + "}*"):
-                keys = [k async for k in client.scan_iter(match=pattern)]
-                if keys:
-                    await client.delete(*keys)
-            await client.aclose()
+            clean_redis(prefix)
 
 
 async def _log_in(client: AsyncTestClient) -> str:
