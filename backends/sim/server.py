@@ -61,8 +61,11 @@ def _error(exc: SimError) -> web.Response:
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
     try:
-        body = msgspec.json.decode(await request.read())
+        # Checked here, not left to msgspec: which error it raises for invalid UTF-8 changed in 0.23.
+        raw.decode()
+        body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise SimError(400, f"Invalid JSON body: {exc}") from None
     except (UnicodeDecodeError, RecursionError):
