@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# The versions installed together (pip constraints); `make lock` refreshes them.
+LOCK := deploy/constraints.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | cksum | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many worker processes (0: in one process), then the tests marked
@@ -16,12 +18,22 @@ TEST_WORKERS ?= 2
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c $(LOCK) -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# Re-pin deploy/constraints.txt to the newest versions pyproject.toml allows (a throwaway virtualenv);
+# then run `make test` on them before committing the new pins.
+.PHONY: lock
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(PYTHON) -m venv "$$tmp/venv" && \
+	  "$$tmp/venv/bin/pip" install -q --disable-pip-version-check -e '.[dev]' && \
+	  { sed -n '/^#/p' $(LOCK); "$$tmp/venv/bin/pip" freeze --exclude-editable --disable-pip-version-check; } \
+	    > "$$tmp/constraints.txt" && mv "$$tmp/constraints.txt" $(LOCK)
 
 demo: venv
 	$(VENV)/bin/switchyard demo $(ARGS)

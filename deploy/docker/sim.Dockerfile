@@ -5,11 +5,12 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY deploy/constraints.txt deploy/constraints.txt
 COPY gateway gateway
 COPY backends backends
 COPY policies policies
 COPY loadtest loadtest
-RUN python -m venv /opt/switchyard && /opt/switchyard/bin/pip install --no-cache-dir --disable-pip-version-check ".[sim]"
+RUN python -m venv /opt/switchyard && /opt/switchyard/bin/pip install --no-cache-dir --disable-pip-version-check -c deploy/constraints.txt ".[sim]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --user-group --no-create-home switchyard

@@ -33,6 +33,7 @@ def test_the_image_install_step_yields_a_gateway_that_passes_the_image_health_ch
                 if target.is_dir():
                     shutil.copytree(target, context / source, ignore=shutil.ignore_patterns("__pycache__"))
                 else:
+                    (context / source).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(target, context / source)
     venv = tmp_path / "opt-switchyard"
     command = install_command(DOCKERFILE).replace("/opt/switchyard", str(venv))

@@ -46,6 +46,8 @@ def test_the_image_installs_the_runtime_only_from_everything_the_package_needs(p
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages | {"pyproject.toml", project["project"]["readme"]} <= copied
+    # The versions CI tested together (deploy/constraints.txt), not whatever is newest on the day of a build.
+    assert "deploy/constraints.txt" in copied and " -c deploy/constraints.txt " in command, command
     runtime = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][-1] :]
     user = [arg for op, arg in runtime if op == "USER"]
     assert user and user[-1].split(":")[0] not in ("root", "0")
