@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -318,54 +317,3 @@ def test_latencies_are_timed_finer_than_the_event_loops_millisecond_clock(env: E
     ms = [line[field] * 1000 for line in lines for field in ("ttft_s", "duration_s")]
     assert all(value > 0 for value in ms)
     assert any(abs(value - round(value)) > 0.01 for value in ms), ms
-
-
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "switchyard-dashboard.json"
-
-
-def _queries(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        if node.get("type") == "datasource":  # the variable choosing the Prometheus data source
-            return
-        for key, value in node.items():
-            if key in ("expr", "query") and isinstance(value, str):
-                yield value
-            else:
-                yield from _queries(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _queries(value)
-
-
-def test_the_dashboard_queries_only_series_and_labels_the_gateway_exports(env: Env) -> None:
-    """Every metric a panel or variable of deploy/grafana's dashboard reads is one `/metrics` has, with
-    the labels the query filters or groups on (a renamed metric would leave a panel silently empty)."""
-    assert chat(env).status_code == 200 and chat(env, stream=True).status_code == 200
-    assert chat(env, model="no-such-model").status_code == 404
-    exported: dict[str, set[str]] = {}
-    for line in httpx.get(env.base + "/metrics").text.splitlines():
-        if line.startswith("# TYPE "):
-            exported.setdefault(line.split()[2], set())
-        elif line and not line.startswith("#"):
-            name, _, labels = line.rpartition(" ")[0].partition("{")
-            exported.setdefault(name, set()).update(re.findall(r'(\w+)="', labels))
-    for suffix in ("_bucket", "_sum", "_count"):  # a histogram family's series
-        for name in [n for n in exported if n.endswith(suffix)]:
-            exported.setdefault(name.removesuffix(suffix), set()).update(exported[name] - {"le"})
-
-    queries = list(_queries(json.loads(DASHBOARD.read_text())))
-    assert len(queries) >= 20
-    for query in queries:
-        names = re.findall(r"\b(switchyard_\w+)", query)
-        assert names, query
-        for name in names:
-            assert name in exported, f"the dashboard reads {name}, which /metrics does not have: {query}"
-        labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", query))
-        for group in re.findall(r"\bby \(([^)]*)\)", query):
-            labels.update(label.strip() for label in group.split(",") if label.strip() != "le")
-        if query.startswith("label_values("):
-            labels.add(query.removesuffix(")").split(",")[1].strip())
-        for label in labels:
-            assert any(label in exported[name] for name in names), (
-                f"no series of {names} has `{label}`: {query}"
-            )
