@@ -147,6 +147,20 @@ def clean_redis(prefix: str) -> None:
     client.close()
 
 
+def two_pool_fleet(model: str, tpot_ms: float = 4) -> str:
+    """A simulated fleet spec (`parse_fleet_spec`): one H100 and one MI300X serving `model`, fast enough
+    for tests that need a real fleet but not its timing."""
+    return f"""
+model: {model}
+max_model_len: 4096
+groups:
+  - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90, ttft_ms: 2,
+      tpot_ms: {tpot_ms:g}}}
+  - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75, ttft_ms: 2,
+      tpot_ms: {tpot_ms:g}}}
+"""
+
+
 class RecordingBackend:
     """A minimal vLLM stand-in that records every request it receives and answers a fixed completion."""
 

@@ -31,17 +31,10 @@ from gateway.app import create_app
 from gateway.batch.runner import BatchRunner
 from gateway.config.settings import settings_from_text
 from tests.integration.tcp_proxy import CuttableProxy
+from tests.support import two_pool_fleet
 
 MODEL = "llama-3.1-8b"
-FLEET = f"""
-model: {MODEL}
-max_model_len: 4096
-groups:
-  - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90, ttft_ms: 2,
-      tpot_ms: 4}}
-  - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75, ttft_ms: 2,
-      tpot_ms: 4}}
-"""
+FLEET = two_pool_fleet(MODEL)
 REDIS = "redis://127.0.0.1:6379/0"
 ADMIN_KEY = "sy-test-admin-" + uuid.uuid4().hex
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}

@@ -27,18 +27,10 @@ import yaml
 from backends.lifetime import die_with_parent
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
-from tests.support import ROOT, free_port
+from tests.support import ROOT, free_port, two_pool_fleet
 
 MODEL = "llama-3.1-8b"
-FLEET = f"""
-model: {MODEL}
-max_model_len: 4096
-groups:
-  - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90, ttft_ms: 2,
-      tpot_ms: 4}}
-  - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75, ttft_ms: 2,
-      tpot_ms: 4}}
-"""
+FLEET = two_pool_fleet(MODEL)
 ADMIN_KEY = "sy-test-admin-" + uuid.uuid4().hex
 LEASE_S = 1.5
 

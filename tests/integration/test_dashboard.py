@@ -15,19 +15,11 @@ import pytest
 
 from backends.sim.fleet import Fleet
 from backends.sim.fleet_spec import parse_fleet_spec
-from tests.support import ROOT, clean_redis, running_gateway
+from tests.support import ROOT, clean_redis, running_gateway, two_pool_fleet
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "switchyard-dashboard.json"
 MODEL = "llama-3.1-8b"
-FLEET = f"""
-model: {MODEL}
-max_model_len: 4096
-groups:
-  - {{pool: h100, vendor: nvidia, accelerator: h100, count: 1, price_per_gpu_hour: 2.90, ttft_ms: 2,
-      tpot_ms: 1}}
-  - {{pool: mi300x, vendor: amd, accelerator: mi300x, count: 1, price_per_gpu_hour: 1.75, ttft_ms: 2,
-      tpot_ms: 1}}
-"""
+FLEET = two_pool_fleet(MODEL, tpot_ms=1)
 ADMIN_KEY = "sy-test-admin-" + uuid.uuid4().hex
 
 
