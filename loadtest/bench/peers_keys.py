@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -61,12 +62,13 @@ async def _provision(material: str, prefix: str) -> None:
         await client.aclose()
 
 
-def _config_path(prefix: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"{prefix}.yaml"
+def _workdir(prefix: str) -> Path:
+    """Holds the gateway's config, so its batch files too (relative to the config); `--cleanup` removes it."""
+    return Path(tempfile.gettempdir()) / prefix
 
 
 def _cleanup(prefix: str) -> int:
-    _config_path(prefix).unlink(missing_ok=True)
+    shutil.rmtree(_workdir(prefix), ignore_errors=True)
     return delete_prefix(REDIS_URL, prefix)
 
 
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     config = yaml.safe_load(PEERS_CONFIG.read_text())
     config["ledger"] = {**config.get("ledger", {}), "key_prefix": args.prefix}
     config["auth"] = {"mode": "keys", "store": "redis", "redis_url": REDIS_URL, "replicas": 3}
-    path = _config_path(args.prefix)
+    _workdir(args.prefix).mkdir(exist_ok=True)
+    path = _workdir(args.prefix) / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     switchyard = str(Path(sys.executable).with_name("switchyard"))
     argv_serve = [
