@@ -13,6 +13,7 @@ from gateway.redis.script_client import ScriptClient, bulk
 from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes, render
 from gateway.tenants.answers import verdict_of
 from gateway.tenants.limits import ADMIT
+from tests.support import clean_redis
 
 
 def _scope(name: str, rpm: int = 0, tpm: int = 0, par: int = 0, budget: int = -1) -> str:
@@ -33,7 +34,8 @@ def _batch(ns: str, requests: list[tuple[int, int, list[str]]]) -> list[str]:
 
 
 def test_one_batch_counts_each_request_against_those_before_it() -> None:
-    ns = "{syt:test-admit-" + uuid.uuid4().hex[:8] + "}"
+    prefix = "test-admit-" + uuid.uuid4().hex[:8]
+    ns = "{syt:" + prefix + "}"
     shared = redis.Redis()
     try:
         key, team = _scope("k:a", rpm=3, budget=1000), _scope("t:x", tpm=100, par=4)
@@ -64,9 +66,7 @@ def test_one_batch_counts_each_request_against_those_before_it() -> None:
         )
         assert [verdict_of(a).refused_by for a in answers] == ["", "budget"]
     finally:
-        names = list(shared.scan_iter(match=ns + "*"))
-        if names:
-            shared.delete(*names)
+        clean_redis(prefix)
         shared.close()
 
 
@@ -98,7 +98,8 @@ def test_settling_never_revives_an_ended_counter_and_never_goes_below_zero() -> 
     """A settlement for a window or period that ended (its counter expired) is dropped, not written to a
     counter without a TTL; one for a counter that lives is applied, clamped at zero; a slot given back to
     a hash that is gone leaves nothing behind."""
-    ns = "{syt:test-settle-" + uuid.uuid4().hex[:8] + "}"
+    prefix = "test-settle-" + uuid.uuid4().hex[:8]
+    ns = "{syt:" + prefix + "}"
     shared = redis.Redis()
     try:
         day = _scope("k:s", budget=10_000).replace("|total|", "|d2026-11-27|").replace("|0|600", "|90000|600")
@@ -127,15 +128,14 @@ def test_settling_never_revives_an_ended_counter_and_never_goes_below_zero() -> 
         assert shared.hgetall(f"{ns}:pa:k:s") == {}
         assert shared.pttl(tk) > 0
     finally:
-        names = list(shared.scan_iter(match=ns + "*"))
-        if names:
-            shared.delete(*names)
+        clean_redis(prefix)
         shared.close()
 
 
 def test_a_dead_replicas_slots_never_refuse_and_a_live_ones_do() -> None:
     """Leases are looked at only when the slots would refuse: the answer is the same as if each were."""
-    ns = "{syt:test-lease-" + uuid.uuid4().hex[:8] + "}"
+    prefix = "test-lease-" + uuid.uuid4().hex[:8]
+    ns = "{syt:" + prefix + "}"
     shared = redis.Redis()
     try:
         shared.hset(f"{ns}:pa:k:p", mapping={"dead": 5, "alive": 1})
@@ -148,15 +148,14 @@ def test_a_dead_replicas_slots_never_refuse_and_a_live_ones_do() -> None:
         answers = _batch(ns, [(1, 0, [par])] * 2)
         assert [verdict_of(a).refused_by for a in answers] == ["", "parallel"]
     finally:
-        names = list(shared.scan_iter(match=ns + "*"))
-        if names:
-            shared.delete(*names)
+        clean_redis(prefix)
         shared.close()
 
 
 def test_a_dead_replicas_field_is_dropped_within_a_second_without_a_refusal() -> None:
     """Far from its limit a busy scope still forgets lapsed replicas (restarts do not pile up fields)."""
-    ns = "{syt:test-lapsed-" + uuid.uuid4().hex[:8] + "}"
+    prefix = "test-lapsed-" + uuid.uuid4().hex[:8]
+    ns = "{syt:" + prefix + "}"
     shared = redis.Redis()
     try:
         shared.hset(f"{ns}:pa:k:q", mapping={"dead": 5})
@@ -164,15 +163,13 @@ def test_a_dead_replicas_field_is_dropped_within_a_second_without_a_refusal() ->
         assert verdict_of(_batch(ns, [(1, 0, [_scope("k:q", par=1000)])])[0]).admitted
         assert shared.hgetall(f"{ns}:pa:k:q") == {b"replica-1": b"1"}
     finally:
-        names = list(shared.scan_iter(match=ns + "*"))
-        if names:
-            shared.delete(*names)
+        clean_redis(prefix)
         shared.close()
 
 
 def test_the_round_trips_are_counted_for_metrics() -> None:
-    ns = "{syt:test-admit-" + uuid.uuid4().hex[:8] + "}"
-    shared = redis.Redis()
+    prefix = "test-admit-" + uuid.uuid4().hex[:8]
+    ns = "{syt:" + prefix + "}"
 
     async def run() -> AdmitBatcher:
         client = ScriptClient(ADMIT, timeout_s=2.0)
@@ -194,7 +191,4 @@ def test_the_round_trips_are_counted_for_metrics() -> None:
         assert "switchyard_tenant_admission_requests_total 4\n" in series
         assert f"switchyard_tenant_admission_seconds_sum {batcher.seconds:.6f}\n" in series
     finally:
-        names = list(shared.scan_iter(match=ns + "*"))
-        if names:
-            shared.delete(*names)
-        shared.close()
+        clean_redis(prefix)
