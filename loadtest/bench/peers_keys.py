@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     config = yaml.safe_load(PEERS_CONFIG.read_text())
     config["ledger"] = {**config.get("ledger", {}), "key_prefix": args.prefix}
     config["auth"] = {"mode": "keys", "store": "redis", "redis_url": REDIS_URL, "replicas": 3}
-    _workdir(args.prefix).mkdir(exist_ok=True)
-    path = _workdir(args.prefix) / "gateway.yaml"
+    workdir = _workdir(args.prefix)
+    workdir.mkdir(exist_ok=True)
+    path = workdir / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     switchyard = str(Path(sys.executable).with_name("switchyard"))
     argv_serve = [
