@@ -1,0 +1,28 @@
+"""The call-count bench's arithmetic: counts per request, and what changed between two runs."""
+
+from __future__ import annotations
+
+from loadtest.bench.call_counts import compare, format_table, per_request
+
+
+def test_counts_are_divided_by_the_requests_sent_and_sorted() -> None:
+    raw = {"python": {"a.py:1 f": 300, "b.py:9 g": 1000}, "c": {"len": 4000, "dict.get": 200}}
+    summary = per_request(raw, 100)
+    assert summary["python_frames"] == 13.0 and summary["c_calls"] == 42.0
+    assert list(summary["python"].items()) == [("b.py:9 g", 10.0), ("a.py:1 f", 3.0)]
+    table = format_table({"mode": "keys", "stream": False, **summary}, top=1)
+    assert "13.0 Python frames and 42.0 C calls per request" in table
+    assert "b.py:9 g" in table and "a.py:1 f" not in table  # --top 1
+
+
+def test_a_function_that_moved_is_the_same_function_and_lambdas_add_up() -> None:
+    before = per_request({"python": {"m.py:10 f": 200, "m.py:20 h.<locals>.<lambda>": 100}, "c": {}}, 100)
+    after = per_request(
+        {"python": {"m.py:14 f": 200, "m.py:30 h.<locals>.<lambda>": 50, "m.py:31 h.<locals>.<lambda>": 50},
+         "c": {"len": 100}},
+        100,
+    )  # fmt: skip
+    text = compare(before, after, top=10)
+    assert "Python frames per request 3.0 -> 3.0, C calls 0.0 -> 1.0" in text
+    assert "m.py f" not in text and "<lambda>" not in text  # unchanged once the line numbers go
+    assert "+1.00  c: len" in text
