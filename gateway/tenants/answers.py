@@ -20,7 +20,7 @@ def verdict_of(reply: bytes | str) -> Verdict:
         parts[2].decode() if parts[2] else "",
         int(parts[3]) / 1000.0,
         int(parts[4]),
-        [int(count) for count in parts[5:]],
+        list(map(int, parts[5:])),
     )
 
 
@@ -48,12 +48,25 @@ class HeaderPlan:
         out = b""
         counts = verdict.counts
         reset = b"%.3fs" % verdict.reset_s
-        if self.requests:
-            left, text = _tightest(self.requests, counts)
-            out = _REQUESTS % (text, left, reset)
-        if self.tokens:
-            left, text = _tightest(self.tokens, counts)
-            out += _TOKENS % (text, left, reset)
+        # the tightest of each (the key's and its team's), inline: this runs for every admitted request
+        best, best_text = -1, b""
+        for index, limit, text in self.requests:
+            left = limit - counts[index]
+            if left < 0:
+                left = 0
+            if best < 0 or left < best:
+                best, best_text = left, text
+        if best >= 0:
+            out = _REQUESTS % (best_text, best, reset)
+        best = -1
+        for index, limit, text in self.tokens:
+            left = limit - counts[index]
+            if left < 0:
+                left = 0
+            if best < 0 or left < best:
+                best, best_text = left, text
+        if best >= 0:
+            out += _TOKENS % (best_text, best, reset)
         return out
 
 
@@ -82,17 +95,6 @@ def encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 def decoded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
-
-
-def _tightest(entries: tuple[tuple[int, int, bytes], ...], counts: list[int]) -> tuple[int, bytes]:
-    best_left, best_text = -1, b""
-    for index, limit, text in entries:
-        left = limit - counts[index]
-        if left < 0:
-            left = 0
-        if best_left < 0 or left < best_left:
-            best_left, best_text = left, text
-    return best_left, best_text
 
 
 def rate_headers(scopes: list[ScopeCounters], verdict: Verdict) -> dict[str, str]:

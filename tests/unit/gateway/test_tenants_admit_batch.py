@@ -9,7 +9,7 @@ import uuid
 
 import redis
 
-from gateway.redis.script_client import ScriptClient, bulk
+from gateway.redis.script_client import ScriptClient, bulk, bulk_int
 from gateway.tenants.admit_batch import AdmitBatcher, encode_scopes, render
 from gateway.tenants.answers import verdict_of
 from gateway.tenants.limits import ADMIT
@@ -192,3 +192,30 @@ def test_the_round_trips_are_counted_for_metrics() -> None:
         assert f"switchyard_tenant_admission_seconds_sum {batcher.seconds:.6f}\n" in series
     finally:
         clean_redis(prefix)
+
+
+def test_the_batch_body_is_every_argument_as_resp_bulk_strings() -> None:
+    """The numbers are encoded inline (no `bulk_int` call per request): the same bytes as `bulk_int`'s,
+    negative settlements and zero included, in the order `limits.ADMIT` reads them."""
+    sent: list[tuple[int, bytes]] = []
+
+    class _Capture:
+        def call(self, argc: int, body: bytes, answer: object) -> None:
+            sent.append((argc, body))
+
+    class _Pending:
+        def take(self) -> dict[bytes, int]:
+            return {bulk("{syt:p}:pa:k:a"): -3, bulk("{syt:p}:tk:k:a:7"): 1234}
+
+    async def run() -> None:
+        batcher = AdmitBatcher(_Capture(), 60_000, "r1", "{syt:p}", _Pending())  # type: ignore[arg-type]
+        batcher.admit(250, 0, encode_scopes([_scope("k:a")]))
+        batcher.admit(7, 123_456_789, encode_scopes([_scope("k:a"), _scope("t:x")]))
+        await asyncio.sleep(0)  # the batch goes at the end of the loop's turn
+
+    asyncio.run(run())
+    expected = [60_000, "r1", "{syt:p}", 2, "{syt:p}:pa:k:a", -3, "{syt:p}:tk:k:a:7", 1234]
+    expected += [1, 250, 0, _scope("k:a"), 2, 7, 123_456_789, _scope("k:a"), _scope("t:x")]
+    assert sent == [
+        (len(expected), b"".join(bulk(a) if isinstance(a, str) else bulk_int(a) for a in expected))
+    ]
