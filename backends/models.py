@@ -78,6 +78,13 @@ class Pool:
     """A calibrated pool's measured saturated throughput per backend."""
     step: StepFit | None = None
     """A calibrated pool's measured step-time model (what its drift is measured against)."""
+    backend_price_per_second: float = field(init=False, compare=False)
+    """USD per second that one backend of this pool costs, busy or idle (read for every request's cost:
+    worked out once, not in a property)."""
+
+    def __post_init__(self) -> None:
+        price = self.price_per_gpu_hour * self.gpus_per_backend / 3600.0
+        object.__setattr__(self, "backend_price_per_second", price)  # frozen
 
     @property
     def saturated_tokens_per_s(self) -> float:
@@ -87,10 +94,6 @@ class Pool:
             return self.measured_tokens_per_s
         return priors(self.accelerator).tokens_per_second * self.gpus_per_backend / self.model_scale
 
-    @property
-    def backend_price_per_second(self) -> float:
-        """USD per second that one backend of this pool costs, busy or idle."""
-        return self.price_per_gpu_hour * self.gpus_per_backend / 3600.0
 
 
 @dataclass(slots=True)

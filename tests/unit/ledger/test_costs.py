@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -24,7 +24,7 @@ def test_split_rule_adds_back_up_to_spend() -> None:
 
 def test_vendor_price_is_paid_over_gpu_hours_when_prices_differ() -> None:
     backends = _backends()
-    backends[1].pool = backends[2].pool.__class__(**{**asdict(backends[0].pool), "price_per_gpu_hour": 1.2})
+    backends[1].pool = replace(backends[0].pool, price_per_gpu_hour=1.2)
     (row,) = build_rows("vendor", {}, {"nv-0": 3_600_000, "nv-1": 3_600_000}, backends[:2], 4.0)
     assert row.price_per_gpu_hour == pytest.approx((3.6 + 1.2) / 2)
     assert row.requests == 0 and row.blended_usd_per_mtok is None
