@@ -1,105 +1,86 @@
-"""Class rules compiled into plain predicates once, so matching a request costs a few comparisons."""
+"""Class rules compiled once into one plain function each, so matching a request costs one call and a few
+comparisons (every request is matched against the rules in order until one holds).
+
+A rule becomes the source of one expression over the profile `p`, compiled with `compile` as
+`dataclasses` does for `__init__`: the source holds only what this module spells (the profile's
+attribute names, comparison operators, `and`/`or`) and the names of constants (`_k0`, `_k1`...). The
+policy file's values are those constants, bound as the function's globals, never text in its source, and
+the function has no builtins: no rule can add code to it.
+"""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from policies.config import Condition, Threshold
 from policies.profile import RequestProfile
 
 Predicate = Callable[[RequestProfile], bool]
 
+_BOUNDS = (("gt", ">"), ("gte", ">="), ("lt", "<"), ("lte", "<="), ("eq", "=="))
+_THRESHOLDS = (("prompt_tokens", "prompt_tokens_estimate"), ("max_tokens", "max_tokens"), ("n", "n"))
+"""A condition's numeric fields and the profile attribute each reads."""
+_ONE_OF = (("model", "model"), ("priority", "priority"), ("key", "key_id"), ("tenant", "tenant"))
+"""A condition's fields that name one value or several, and the profile attribute each reads."""
+
+
+class _Constants:
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def name(self, value: Any) -> str:
+        """A name the expression reads `value` by (bound as a global of the compiled function)."""
+        name = f"_k{len(self.values)}"
+        self.values[name] = value
+        return name
+
 
 def _one_of(value: str | list[str]) -> frozenset[str]:
     return frozenset([value] if isinstance(value, str) else value)
 
 
-def _all(tests: list[Callable[[Any], bool]]) -> Callable[[Any], bool]:
-    """AND of the tests, without a generator per call (this runs for every request)."""
-    if len(tests) == 1:
-        return tests[0]
-    if len(tests) == 2:
-        a, b = tests
-        return lambda p: a(p) and b(p)
-    if len(tests) == 3:
-        a, b, c = tests
-        return lambda p: a(p) and b(p) and c(p)
-
-    def check(p: Any) -> bool:
-        for test in tests:  # noqa: SIM110 - a plain loop is cheaper than all()/any() over a generator
-            if not test(p):
-                return False
-        return True
-
-    return check
+def _threshold(attribute: str, t: Threshold, constants: _Constants) -> str:
+    """`p.<attribute>` is set and within every bound of `t`."""
+    tests = [f"p.{attribute} is not None"]
+    tests += [
+        f"p.{attribute} {op} {constants.name(getattr(t, bound))}"
+        for bound, op in _BOUNDS
+        if getattr(t, bound) is not None
+    ]
+    return "(" + " and ".join(tests) + ")"
 
 
-def _any(tests: list[Predicate]) -> Predicate:
-    if len(tests) == 1:
-        return tests[0]
-
-    def check(p: RequestProfile) -> bool:
-        for test in tests:  # noqa: SIM110 - a plain loop is cheaper than all()/any() over a generator
-            if test(p):
-                return True
-        return False
-
-    return check
+def _headers(wanted: dict[str, str]) -> Predicate:
+    return lambda p: all(p.header(k) == v for k, v in wanted.items())
 
 
-_BOUNDS = (
-    ("gt", operator.gt),
-    ("gte", operator.ge),
-    ("lt", operator.lt),
-    ("lte", operator.le),
-    ("eq", operator.eq),
-)
-
-
-def _threshold(read: Callable[[RequestProfile], Any], t: Threshold) -> Predicate:
-    """`read(p)` is set and within every bound of `t`: one Python call, the comparisons in C."""
-    bounds = [(op, getattr(t, name)) for name, op in _BOUNDS if getattr(t, name) is not None]
-    if not bounds:
-        return lambda p: read(p) is not None
-    if len(bounds) == 1:
-        ((op, a),) = bounds
-        return lambda p: (v := read(p)) is not None and op(v, a)
-    if len(bounds) == 2:
-        (op_a, a), (op_b, b) = bounds
-        return lambda p: (v := read(p)) is not None and op_a(v, a) and op_b(v, b)
-    return lambda p: (v := read(p)) is not None and all(op(v, x) for op, x in bounds)
+def _expression(c: Condition, constants: _Constants) -> str:
+    """The source of `c` over `p`: every field given must hold (AND), one of `any` (OR)."""
+    tests: list[str] = []
+    for field, attribute in _ONE_OF[:1]:
+        if getattr(c, field) is not None:
+            tests.append(f"p.{attribute} in {constants.name(_one_of(getattr(c, field)))}")
+    for field, attribute in _THRESHOLDS:
+        threshold = getattr(c, field)
+        if threshold is not None:
+            tests.append(_threshold(attribute, threshold, constants))
+    if c.stream is not None:
+        tests.append(f"p.stream is {constants.name(c.stream)}")
+    for field, attribute in _ONE_OF[1:]:
+        if getattr(c, field) is not None:
+            tests.append(f"p.{attribute} in {constants.name(_one_of(getattr(c, field)))}")
+    if c.headers:
+        tests.append(f"{constants.name(_headers(dict(c.headers)))}(p)")
+    if c.any:
+        tests.append("(" + " or ".join(_expression(alt, constants) for alt in c.any) + ")")
+    if not tests:
+        return "True"
+    return "(" + " and ".join(tests) + ")"
 
 
 def compile_condition(c: Condition) -> Predicate:
-    tests: list[Predicate] = []
-    if c.model is not None:
-        models = _one_of(c.model)
-        tests.append(lambda p: p.model in models)
-    if c.prompt_tokens is not None:
-        tests.append(_threshold(operator.attrgetter("prompt_tokens_estimate"), c.prompt_tokens))
-    if c.max_tokens is not None:
-        tests.append(_threshold(operator.attrgetter("max_tokens"), c.max_tokens))
-    if c.n is not None:
-        tests.append(_threshold(operator.attrgetter("n"), c.n))
-    if c.stream is not None:
-        stream = c.stream
-        tests.append(lambda p: p.stream is stream)
-    if c.priority is not None:
-        priorities = _one_of(c.priority)
-        tests.append(lambda p: p.priority in priorities)
-    if c.key is not None:
-        keys = _one_of(c.key)
-        tests.append(lambda p: p.key_id in keys)
-    if c.tenant is not None:
-        tenants = _one_of(c.tenant)
-        tests.append(lambda p: p.tenant in tenants)
-    if c.headers:
-        wanted = dict(c.headers)
-        tests.append(lambda p: all(p.header(k) == v for k, v in wanted.items()))
-    if c.any:
-        tests.append(_any([compile_condition(alt) for alt in c.any]))
-    if not tests:
-        return lambda p: True
-    return _all(tests)
+    constants = _Constants()
+    source = "lambda p: " + _expression(c, constants)
+    code = compile(source, "<class rule>", "eval")
+    return cast(Predicate, eval(code, {"__builtins__": {}, **constants.values}))
