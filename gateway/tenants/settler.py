@@ -37,6 +37,8 @@ class Settler:
         self._settles: dict[int, list[Any]] = {}
         """Pending `settle` calls: per `names` object, [names, tokens, requests, cost, held]."""
         self._wake = asyncio.Event()
+        self._woken = False
+        """`settle` set `_wake` since `_run` last cleared it (others may set it too: then it is set twice)."""
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
         self.flushes = 0
@@ -74,7 +76,9 @@ class Settler:
             entry[4] += held
         else:
             self._settles[id(names)] = [names, tokens, 1, cost, held]
-        self._wake.set()
+        if not self._woken:  # `Event.set` is a Python call: once until `_run` clears it, not per request
+            self._woken = True
+            self._wake.set()
 
     def _spread(self) -> dict[bytes, int]:
         settles = self._settles
@@ -134,6 +138,7 @@ class Settler:
             if backoff == BATCH_DELAY_S and self._taken_at >= slept_at:
                 continue  # an admission batch carried settlements meanwhile (`take`): the next takes these
             self._wake.clear()
+            self._woken = False
             if await self.flush():
                 backoff = BATCH_DELAY_S
             else:
