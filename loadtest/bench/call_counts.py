@@ -51,7 +51,10 @@ _START, _DUMP = signal.SIGUSR1, signal.SIGUSR2
 # --- the child: the gateway, counted -------------------------------------------------------------------
 
 
-def _where(code: Any) -> str:
+def _where(entry: Any) -> str:
+    code, owner = entry if isinstance(entry, tuple) else (entry, "")
+    if owner:
+        return f"<string> {owner}.{code.co_qualname.rpartition('.')[2]}"
     path = code.co_filename
     for marker in ("site-packages/", str(ROOT) + "/"):
         if marker in path:
@@ -66,7 +69,11 @@ def _serve(config: str, port: int, out: Path) -> None:
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
-            frames[frame.f_code] += 1
+            code = frame.f_code
+            if code.co_filename == "<string>":  # generated (a dataclass's `__init__`): named by its class
+                frames[(code, type(frame.f_locals.get("self")).__qualname__)] += 1
+            else:
+                frames[code] += 1
         elif event == "c_call":
             builtins[getattr(arg, "__qualname__", type(arg).__name__)] += 1
 
@@ -77,7 +84,9 @@ def _serve(config: str, port: int, out: Path) -> None:
 
     def dump(signum: int, frame: FrameType | None) -> None:
         sys.setprofile(None)
-        python = {_where(code): n for code, n in frames.items()}
+        python: Counter[str] = Counter()
+        for code, n in frames.items():
+            python[_where(code)] += n  # code compiled from one source (a policy's rules) shares a place
         out.write_text(json.dumps({"python": python, "c": dict(builtins)}))
 
     signal.signal(_START, start)
