@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
 # minutes): `make test-whatif` runs them (and .ci/run).
 .PHONY: test-whatif whatif-demo bench-whatif
-.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-keys bench-keys-ab loadtest clean
+.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-call-counts bench-keys bench-keys-ab loadtest clean
 
 venv: $(STAMP)
 
@@ -126,6 +126,10 @@ bench-stream-chunks: venv wrk
 wrk:
 	@(command -v wrk && test -x /usr/sbin/nginx) >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light libnginx-mod-http-echo)
+
+# Python frames and C calls per request on the hot path (deterministic; ARGS="--compare a.json b.json").
+bench-call-counts: venv wrk
+	$(PY) -m loadtest.bench.call_counts $(ARGS)
 
 bench-keys: venv wrk
 	$(PY) -m loadtest.bench.keys $(ARGS)
