@@ -95,7 +95,6 @@ class Pool:
         return priors(self.accelerator).tokens_per_second * self.gpus_per_backend / self.model_scale
 
 
-
 @dataclass(slots=True)
 class EngineLoad:
     """vLLM's engine gauges, scraped from GET /metrics in the background."""
