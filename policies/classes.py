@@ -21,8 +21,8 @@ Predicate = Callable[[RequestProfile], bool]
 _BOUNDS = (("gt", ">"), ("gte", ">="), ("lt", "<"), ("lte", "<="), ("eq", "=="))
 _THRESHOLDS = (("prompt_tokens", "prompt_tokens_estimate"), ("max_tokens", "max_tokens"), ("n", "n"))
 """A condition's numeric fields and the profile attribute each reads."""
-_ONE_OF = (("model", "model"), ("priority", "priority"), ("key", "key_id"), ("tenant", "tenant"))
-"""A condition's fields that name one value or several, and the profile attribute each reads."""
+_NAMED = (("priority", "priority"), ("key", "key_id"), ("tenant", "tenant"))
+"""The fields besides `model` that name one value or several, and the profile attribute each reads."""
 
 
 class _Constants:
@@ -58,16 +58,15 @@ def _headers(wanted: dict[str, str]) -> Predicate:
 def _expression(c: Condition, constants: _Constants) -> str:
     """The source of `c` over `p`: every field given must hold (AND), one of `any` (OR)."""
     tests: list[str] = []
-    for field, attribute in _ONE_OF[:1]:
-        if getattr(c, field) is not None:
-            tests.append(f"p.{attribute} in {constants.name(_one_of(getattr(c, field)))}")
+    if c.model is not None:
+        tests.append(f"p.model in {constants.name(_one_of(c.model))}")
     for field, attribute in _THRESHOLDS:
         threshold = getattr(c, field)
         if threshold is not None:
             tests.append(_threshold(attribute, threshold, constants))
     if c.stream is not None:
         tests.append(f"p.stream is {constants.name(c.stream)}")
-    for field, attribute in _ONE_OF[1:]:
+    for field, attribute in _NAMED:
         if getattr(c, field) is not None:
             tests.append(f"p.{attribute} in {constants.name(_one_of(getattr(c, field)))}")
     if c.headers:
