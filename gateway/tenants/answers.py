@@ -48,25 +48,17 @@ class HeaderPlan:
         out = b""
         counts = verdict.counts
         reset = b"%.3fs" % verdict.reset_s
-        # the tightest of each (the key's and its team's), inline: this runs for every admitted request
-        best, best_text = -1, b""
-        for index, limit, text in self.requests:
-            left = limit - counts[index]
-            if left < 0:
-                left = 0
-            if best < 0 or left < best:
-                best, best_text = left, text
-        if best >= 0:
-            out = _REQUESTS % (best_text, best, reset)
-        best = -1
-        for index, limit, text in self.tokens:
-            left = limit - counts[index]
-            if left < 0:
-                left = 0
-            if best < 0 or left < best:
-                best, best_text = left, text
-        if best >= 0:
-            out += _TOKENS % (best_text, best, reset)
+        # the tightest of the key's and its team's limits, inline (no call): this runs for every admission
+        for entries, template in ((self.requests, _REQUESTS), (self.tokens, _TOKENS)):
+            best, best_text = -1, b""
+            for index, limit, text in entries:
+                left = limit - counts[index]
+                if left < 0:
+                    left = 0
+                if best < 0 or left < best:
+                    best, best_text = left, text
+            if best >= 0:
+                out += template % (best_text, best, reset)
         return out
 
 
