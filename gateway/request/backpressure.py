@@ -29,7 +29,10 @@ PRIORITY = {"high": 0, "low": 2, "batch": 2}
 
 
 def all_saturated(candidates: Sequence[Backend], limits: Saturation) -> bool:
-    return all(saturation_reason(b, limits) is not None for b in candidates)
+    for backend in candidates:  # noqa: SIM110 - a plain loop is cheaper than all() over a generator
+        if saturation_reason(backend, limits) is None:
+            return False
+    return True
 
 
 def no_room(decision: Decision, limits: Saturation) -> bool:

@@ -262,7 +262,9 @@ def parse(endpoint: Endpoint, body: bytes, limits: RequestLimits = DEFAULT_LIMIT
     request: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
     if endpoint == "chat":
         request = chat = _decode(chat_decoder, body)
-        prompt_chars = sum(_text_chars(m.content) for m in chat.messages)
+        prompt_chars = 0
+        for m in chat.messages:  # a loop, not sum() over a generator: no generator frame per message
+            prompt_chars += _text_chars(m.content)
         model, stream, options, n = chat.model, bool(chat.stream), chat.stream_options, chat.n or 1
         max_tokens = chat.max_completion_tokens or chat.max_tokens
     elif endpoint == "completions":
