@@ -1,16 +1,16 @@
 """The gateway's interpreter work per request, counted: Python frames entered and C functions called.
 
 CPU per request on a small shared VM moves by 10-20 % from one run to the next, more than most changes to
-the request path are worth; these counts come out the same each run, to a fraction of a call, so a
-change's effect on the hot path can be told from noise (issue 38). They are not time: a frame of
-`parse` and one of a one-line lambda count the same, so read them beside a CPU figure, not instead.
+the request path are worth; these counts move by about one frame a request between runs (a few for
+streams), so a change's effect on the hot path can be told from noise (issue 38). They are not time: a
+frame of `parse` and one of a one-line lambda count the same, so read them beside a CPU figure, not instead.
 
 How: the gateway runs under this module's `--serve` wrapper, which counts with `sys.setprofile` every
 Python frame entered (a call, or a coroutine resumed: each `await` that suspends costs its whole chain
 again) and every C function called, between SIGUSR1 and SIGUSR2. In between the parent sends exactly
 `--requests` chat completions over 8 connections (in `keys` mode with a key and team with every limit
 set, on the shared Redis), all answered 200, and divides by that number. The upstream is nginx answering
-static bodies (else a simulated backend with no delays); `--stream` asks for streamed answers.
+static bodies (else a small aiohttp app), the request the stream_chunks bench sends; `--stream` streams.
 
 Usage: python -m loadtest.bench.call_counts [--mode keys|open] [--requests 2000] [--stream] [--top 30]
        [--json out.json]
@@ -36,14 +36,13 @@ from typing import Any
 import httpx
 import yaml
 
+from loadtest.bench import stream_chunks
 from loadtest.bench._util import delete_prefix, pick_cpus, start_gateway, which
 from loadtest.bench.http_clients.upstream import start_upstream
 from loadtest.bench.peers_keys import REDIS_URL, _provision
 from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "bench-model"
-STREAM_MODEL = "bench-stream"
 CONNECTIONS = 8
 _START, _DUMP = signal.SIGUSR1, signal.SIGUSR2
 
@@ -87,7 +86,9 @@ def _serve(config: str, port: int, out: Path) -> None:
         python: Counter[str] = Counter()
         for code, n in frames.items():
             python[_where(code)] += n  # code compiled from one source (a policy's rules) shares a place
-        out.write_text(json.dumps({"python": python, "c": dict(builtins)}))
+        written = out.with_suffix(".part")
+        written.write_text(json.dumps({"python": python, "c": dict(builtins)}))
+        written.replace(out)  # whole once `out` exists
 
     signal.signal(_START, start)
     signal.signal(_DUMP, dump)
@@ -97,34 +98,6 @@ def _serve(config: str, port: int, out: Path) -> None:
 
 
 # --- the parent: the load, and the counts per request --------------------------------------------------
-
-
-def _config(port: int, json_base: str, stream_base: str, mode: str, prefix: str) -> dict[str, Any]:
-    def pool(name: str, base: str, model: str) -> dict[str, Any]:
-        backend = {"url": base, "models": [model], "max_model_len": 8192}
-        return {"name": name, "vendor": "nvidia", "accelerator": "h100", "price_per_gpu_hour": 2.9,
-                "backends": [backend]}  # fmt: skip
-
-    config: dict[str, Any] = {
-        "gateway": {"port": port},
-        "ledger": {"store": "memory", "key_prefix": prefix},
-        "telemetry": {"metrics": True, "access_log": {"enabled": False}},
-        "pools": [pool("json", json_base, MODEL), pool("stream", stream_base, STREAM_MODEL)],
-    }
-    if mode == "keys":
-        config["auth"] = {"mode": "keys", "store": "redis", "redis_url": REDIS_URL, "replicas": 3}
-    return config
-
-
-def _body(stream: bool) -> bytes:
-    request: dict[str, Any] = {
-        "model": STREAM_MODEL if stream else MODEL,
-        "messages": [{"role": "user", "content": "Why is decode bandwidth bound? " * 20}],
-        "max_tokens": 64,
-    }
-    if stream:
-        request |= {"stream": True, "stream_options": {"include_usage": True}}
-    return json.dumps(request).encode()
 
 
 async def _send(url: str, key: str, body: bytes, requests: int) -> None:
@@ -169,10 +142,12 @@ def run(mode: str, requests: int, stream: bool) -> dict[str, Any]:
             if mode == "keys":
                 asyncio.run(_provision(key, prefix))
             port = free_port()
+            upstreams = {"json": upstream.json_base, "stream": upstream.stream_base}
+            config = stream_chunks._config(port, upstreams, prefix)  # keys mode, ledger and metrics on
+            if mode == "open":
+                del config["auth"]
             path = work / "gateway.yaml"
-            path.write_text(
-                yaml.safe_dump(_config(port, upstream.json_base, upstream.stream_base, mode, prefix))
-            )
+            path.write_text(yaml.safe_dump(config))
             out = work / "counts.json"
             argv = [
                 sys.executable,
@@ -184,14 +159,13 @@ def run(mode: str, requests: int, stream: bool) -> dict[str, Any]:
                 str(out),
             ]
             url, child = start_gateway(group, "gateway", argv, port, gw_cpu, cwd=str(ROOT), timeout=60)
-            body = _body(stream)
+            body = stream_chunks._request_body("stream" if stream else "json")
             asyncio.run(_send(url, key, body, 200))  # warm: connections, caches, the key's lookup
             os.kill(child.pid, _START)
             time.sleep(0.2)  # the signal is handled between two bytecodes of the gateway's loop
             asyncio.run(_send(url, key, body, requests))
             os.kill(child.pid, _DUMP)
             wait_until(out.exists, timeout=10, what="the counts", child=child)
-            time.sleep(0.1)  # written whole by then: one write_text
             raw = json.loads(out.read_text())
         finally:
             group.close()
