@@ -35,6 +35,9 @@ class MemoryResponse:
         self.closed = False
         self.released = False
 
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
     @property
     def content_type(self) -> str:
         return self.headers.get("content-type", "application/octet-stream").partition(";")[0].strip()

@@ -207,7 +207,7 @@ class Attempts:
             if status >= 500 or status in RETRY_STATUSES:
                 response.release()
                 ctx.release()
-                retry_after = response.headers.get("retry-after")
+                retry_after = response.header("retry-after")
                 if retry_after is not None:
                     breaker.pause(retry_after_seconds(retry_after))
                 error = upstream_status_error(status, payload, backend, retry_after)

@@ -106,7 +106,7 @@ class Upstream:
         """What `complete` returns, from `attempts.send`'s answer (its connection goes back to its pool)."""
         response.release()
         ctx.first_byte_at = monotonic()
-        return Answer(body, response.headers.get("content-type", "application/json"))
+        return Answer(body, response.header("content-type") or "application/json")
 
     async def open_stream(self, ctx: RequestContext) -> OpenStream:
         """Send a streaming request and wait for its first chunk; errors before it become HTTP errors."""

@@ -31,6 +31,8 @@ from gateway.upstream.connection import (
     ConnectionBroken,
     ConnectTimeout,
     UpstreamError,
+    head_of,
+    header_in,
 )
 
 KEEPALIVE_SECONDS = 4.0
@@ -52,7 +54,7 @@ __all__ = [
 class Response:
     """A backend's answer: status and headers arrived, the body is read on demand."""
 
-    __slots__ = ("_conn", "_done", "closed", "headers", "readany", "status")
+    __slots__ = ("_conn", "_done", "_head", "_lowered", "_pieces", "closed", "readany", "status")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -63,13 +65,20 @@ class Response:
         self.closed = False
         """The connection was dropped rather than pooled (set once the answer is released or closed)."""
         self.status = conn.status
-        self.headers = conn.headers
-        """Lower-case names."""
+        self._pieces = conn.head
+        self._head = self._lowered = b""
+
+    def header(self, name: str) -> str | None:
+        head = self._head
+        if not head:
+            self._head = head = head_of(self._pieces)
+            self._lowered = head.lower()
+        return header_in(head, self._lowered, name)
 
     @property
     def content_type(self) -> str:
         """The media type without parameters (`text/event-stream`), as aiohttp's `content_type`."""
-        value = self.headers.get("content-type")
+        value = self.header("content-type")
         if value is None:
             return "application/octet-stream"
         return value.partition(";")[0].strip().lower()

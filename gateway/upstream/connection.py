@@ -34,6 +34,26 @@ class BodySink(Protocol):
         ...
 
 
+def head_of(pieces: list[bytes]) -> bytes:
+    """An answer's status line and header lines (each ending in CRLF), from what was read until httptools
+    found the head complete (`Connection.head`): httptools validated them, so a header is then looked up
+    in these bytes when asked for, rather than with one Python call per header as it is parsed."""
+    raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    end = raw.find(b"\r\n\r\n")
+    return raw[: end + 2] if end >= 0 else raw
+
+
+def header_in(head: bytes, lowered: bytes, name: str) -> str | None:
+    """The value of header `name` (lower case) in `head` (`head_of`; `lowered`: the same, lower-cased),
+    OWS stripped; the last one when it repeats, as a dict of the headers would keep it."""
+    key = b"\r\n" + name.encode("latin-1") + b":"
+    at = lowered.rfind(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    return head[start : head.find(b"\r\n", start)].strip(b" \t").decode("latin-1")
+
+
 class UpstreamError(Exception):
     """The exchange with a backend failed before a complete answer."""
 
@@ -59,9 +79,6 @@ class Connection(asyncio.Protocol):
         "_buffered",
         "_chunks",
         "_error",
-        "_header_name",
-        "_headers",
-        "_length_known",
         "_loop",
         "_parser",
         "_paused",
@@ -69,6 +86,7 @@ class Connection(asyncio.Protocol):
         "_sink",
         "complete",
         "got_bytes",
+        "head",
         "idle_since",
         "keep_alive",
         "lost",
@@ -89,15 +107,15 @@ class Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.status = 0
-        self._headers: dict[str, str] = {}
-        self._header_name = ""
+        self.head: list[bytes] = []
+        """What was read until the answer's head was complete (its body's first bytes too, mostly): a new
+        list per answer, so an answer's `Response` reads its headers after the connection's next exchange."""
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._paused = False
         self._error: UpstreamError | None = None
         self._answer_waiter: asyncio.Future[None] | None = None
         self._body_waiter: asyncio.Future[None] | None = None
-        self._length_known = False
         self._sink: BodySink | None = None
         self.complete = False
         self.keep_alive = False
@@ -111,6 +129,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if not self.status:
+            self.head.append(data)
         error: UpstreamError | None = None
         try:
             self._parser.feed_data(data)
@@ -131,7 +151,7 @@ class Connection(asyncio.Protocol):
         self._pool.forget(self)
         if self.complete:
             return
-        if self.status and not self._length_known:
+        if self.status and not _delimited(head_of(self.head).lower()):
             self.on_message_complete()  # an answer delimited by the end of the connection
             if self._sink is not None:
                 self._deliver()
@@ -145,13 +165,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         return None
 
-    # --- httptools callbacks -----------------------------------------------------------------------------
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
-        self._headers[key] = value.decode("latin-1")
-        if key == "content-length" or key == "transfer-encoding":
-            self._length_known = True
+    # --- httptools callbacks (no `on_header`, a Python call per header: `header_in` reads those asked for) --
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
@@ -326,6 +340,7 @@ class Connection(asyncio.Protocol):
         self.abort()
         return False
 
-    @property
-    def headers(self) -> dict[str, str]:
-        return self._headers
+
+def _delimited(lowered_head: bytes) -> bool:
+    """The body's length is in the head (Content-Length or chunked), not the connection's end."""
+    return b"\r\ncontent-length:" in lowered_head or b"\r\ntransfer-encoding:" in lowered_head

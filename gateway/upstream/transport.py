@@ -15,10 +15,12 @@ class BackendResponse(Protocol):
     """A backend's answer: status and headers arrived, the body is read on demand."""
 
     status: int
-    headers: dict[str, str]
-    """Lower-case names."""
     closed: bool
     """The connection was dropped rather than kept for another request."""
+
+    def header(self, name: str) -> str | None:
+        """The value of header `name` (lower case); the last one when it repeats."""
+        ...
 
     @property
     def content_type(self) -> str:

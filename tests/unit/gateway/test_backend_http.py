@@ -209,6 +209,66 @@ async def test_a_body_delimited_by_the_end_of_the_connection() -> None:
         server.close()
 
 
+async def test_headers_are_read_from_a_head_that_arrives_a_byte_at_a_time() -> None:
+    """Headers are looked up in the bytes httptools parsed, not collected per header: names match in any
+    case, values keep theirs, OWS is stripped, the last of a repeated header wins, a name inside another
+    header's value is not a header, and each answer keeps its own head once its connection carries the
+    next."""
+    first = (
+        b"HTTP/1.1 429 Too Many Requests\r\nX-Note: retry-after: 99\r\nRETRY-after:   7 \r\n"
+        b"Retry-After:\t3\r\ncontent-TYPE: Application/JSON; Charset=UTF-8\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    second = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]"
+    asked = asyncio.Event()
+
+    def nothing_yet(_req: bytes, _n: int) -> bytes:
+        asked.set()
+        return b""  # the test writes the answer itself
+
+    state, server = await serve(nothing_yet)
+    client = BackendClient(limit_per_backend=1, keepalive=4.0)
+    try:
+        sending = asyncio.ensure_future(client.post(state.url, "/x", b"", b"{}", 1.0))
+        await asked.wait()
+        for byte in first:
+            state.writers[0].write(bytes([byte]))
+            await state.writers[0].drain()
+            await asyncio.sleep(0)
+        response = await sending
+        assert response.status == 429 and await response.read() == b"{}"
+        response.release()
+        assert not response.closed
+        state.answer = lambda _req, _n: second
+        again = await client.post(state.url, "/x", b"", b"{}", 1.0)
+        assert await again.read() == b"[]" and state.connections == 1
+        again.release()
+        assert response.header("retry-after") == "3"
+        assert response.header("x-note") == "retry-after: 99"
+        assert response.header("content-type") == "Application/JSON; Charset=UTF-8"
+        assert response.content_type == "application/json"
+        assert response.header("content-length") == "2" and response.header("missing") is None
+        assert again.header("retry-after") is None and again.content_type == "application/octet-stream"
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_a_drop_mid_chunked_answer_is_a_broken_connection() -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nsome\r\n"
+    state, server = await serve(lambda _req, _n: head)
+    client = BackendClient(limit_per_backend=4, keepalive=4.0)
+    try:
+        response = await client.post(state.url, "/x", b"", b"{}", 1.0)
+        assert await response.readany() == b"some"
+        state.writers[0].close()
+        with pytest.raises(ConnectionBroken):
+            await response.readany()
+        response.close()
+    finally:
+        client.close()
+        server.close()
+
+
 async def test_a_large_answer_is_read_whole_through_flow_control() -> None:
     big = bytes(range(256)) * 8192  # 2 MiB, over the read high-water mark
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big
