@@ -126,7 +126,7 @@ class SwitchyardForwarder:
         resp = await self._client.post(base, path, _SWITCHYARD_HEADERS, body, 30.0)
         data = await resp.read()
         resp.release()
-        return resp.status, resp.headers.get("content-type", "application/json"), data
+        return resp.status, resp.header("content-type") or "application/json", data
 
     async def open_stream(self, url: str, body: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
         base, path = self._split(url)
@@ -141,7 +141,7 @@ class SwitchyardForwarder:
             finally:
                 resp.release() if completed else resp.close()
 
-        return resp.status, resp.headers.get("content-type", "text/event-stream"), relay()
+        return resp.status, resp.header("content-type") or "text/event-stream", relay()
 
 
 _SWITCHYARD_HEADERS = b"Content-Type: application/json\r\n"
