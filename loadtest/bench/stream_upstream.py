@@ -110,12 +110,10 @@ def start_nginx(group: ProcessGroup, work: Path, cpu: int, paced_ms: float) -> d
     temp = "\n".join(
         f"    {k}_temp_path {prefix}/tmp/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
-    for path in (work, prefix, prefix / "tmp"):
-        path.chmod(0o755)  # nginx workers may run as an unprivileged user
-    conf = prefix / "nginx.conf"
+    conf = prefix / "nginx.conf"  # one process (`master_process off`), as http_clients/upstream.py says why
     conf.write_text(
         f"""load_module {ECHO_MODULE};
-worker_processes 1;
+master_process off;
 daemon off;
 pid {prefix}/nginx.pid;
 error_log stderr warn;

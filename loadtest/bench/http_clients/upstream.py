@@ -35,7 +35,10 @@ class Upstream:
 
 
 def _nginx_conf(prefix: Path, json_port: int, stream_port: int) -> str:
-    """Static answers for POST: ``return 405`` + ``error_page 405 =200 /file`` (redirects as GET)."""
+    """Static answers for POST: ``return 405`` + ``error_page 405 =200 /file`` (redirects as GET).
+
+    ``master_process off``: nginx is one process, which dies with the bench however the bench ends (the
+    process group's death signal reaches its child only; a master's worker outlived a SIGKILLed master)."""
 
     def server(port: int, name: str, ctype: str) -> str:
         return f"""
@@ -50,7 +53,7 @@ def _nginx_conf(prefix: Path, json_port: int, stream_port: int) -> str:
 
     kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     temp_paths = "\n".join(f"    {kind}_temp_path {prefix}/tmp/{kind};" for kind in kinds)
-    return f"""worker_processes 1;
+    return f"""master_process off;
 daemon off;
 pid {prefix}/nginx.pid;
 error_log stderr warn;
@@ -78,8 +81,6 @@ def _write_nginx_prefix(prefix: Path, json_port: int, stream_port: int) -> Path:
     (prefix / "tmp").mkdir(exist_ok=True)
     (prefix / "www" / "completion.json").write_bytes(completion_body())
     (prefix / "www" / "stream.sse").write_bytes(sse_body())
-    for path in (prefix.parent, prefix, prefix / "www", *(prefix / "www").iterdir()):
-        path.chmod(0o755)  # nginx workers may run as an unprivileged user (e.g. nobody)
     conf = prefix / "nginx.conf"
     conf.write_text(_nginx_conf(prefix, json_port, stream_port))
     return conf
