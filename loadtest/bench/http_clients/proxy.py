@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from backends.lifetime import end_with_parent
 from loadtest.bench._util import (
     python_argv,
 )
@@ -161,6 +163,10 @@ def create_app() -> Any:
     """Litestar app factory; configured by BENCH_CLIENT, BENCH_CONNECTIONS, BENCH_UPSTREAM_{JSON,STREAM}."""
     from litestar import Litestar, Request, Response, post
     from litestar.response import Stream
+
+    # Under granian this runs in its worker, a child of the process the bench started (and stops with it
+    # whatever ends the bench): the worker must not outlive that process.
+    end_with_parent(signal.SIGKILL)
 
     forwarder = make_forwarder(os.environ["BENCH_CLIENT"], int(os.environ["BENCH_CONNECTIONS"]))
     json_url = os.environ["BENCH_UPSTREAM_JSON"] + CHAT_PATH

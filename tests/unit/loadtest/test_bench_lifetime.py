@@ -1,5 +1,6 @@
-"""The benchmarks' nginx upstreams stop with the bench, however it ends: SIGKILLed, it leaves no nginx
-process behind (with a master process, the master died with the bench and its worker lived on)."""
+"""What the benchmarks start stops with the bench, however it ends: SIGKILLed, it leaves no process of the
+servers it started behind, grandchildren included (nginx's worker lived on once its master died with the
+bench, as did granian's worker process)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ _HOLDER = textwrap.dedent(
     if sys.argv[1] == "static":
         from loadtest.bench.http_clients.upstream import start_upstream
         pid = start_upstream(group, "nginx", 0, work).child.pid
+    elif sys.argv[1] == "granian":
+        import os, urllib.error, urllib.request
+        from loadtest.bench.http_clients.proxy import proxy_argv
+        from loadtest.processes import free_port
+        port, unused = free_port(), "http://127.0.0.1:9"
+        env = {**os.environ, "BENCH_CLIENT": "httpx", "BENCH_CONNECTIONS": "8"}
+        env.update(BENCH_UPSTREAM_JSON=unused, BENCH_UPSTREAM_STREAM=unused)
+        pid = group.start("granian", proxy_argv("granian", port), cpu=0, env=env).pid
+        for _ in range(300):  # until its worker answers: the app, and what it set up, is loaded
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                time.sleep(0.1)
     else:
         from loadtest.bench.stream_upstream import start_nginx
         start_nginx(group, work, 0, 1.0)
@@ -64,26 +81,36 @@ def test_the_static_upstream_is_one_nginx_process() -> None:
 def test_a_killed_bench_leaves_no_nginx_running(upstream: str, tmp_path: Path) -> None:
     if upstream == "streaming" and not ECHO_MODULE.exists():
         pytest.skip("nginx's echo module is not installed (make bench-stream-chunks installs it)")
+    _kill_and_check(upstream, tmp_path, processes=1)
+
+
+def test_a_killed_bench_leaves_no_granian_worker_running(tmp_path: Path) -> None:
+    _kill_and_check("granian", tmp_path, processes=2)  # granian's main process and its worker
+
+
+def _kill_and_check(server: str, tmp_path: Path, processes: int) -> None:
+    """Start `server` from a bench process, SIGKILL that process, and wait for every process of the
+    server's session to end; `processes`: how many the session held before."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, upstream, str(tmp_path)],
+        [sys.executable, "-c", _HOLDER, server, str(tmp_path)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
-    nginx = 0
+    leader = 0
     try:
         assert holder.stdout is not None
-        nginx = int(holder.stdout.readline())
-        assert nginx in _session_members(nginx)  # nginx leads a session of its own
+        leader = int(holder.stdout.readline())
+        assert len(_session_members(leader)) == processes  # the server leads a session of its own
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _session_members(nginx) and time.monotonic() < deadline:
+        while _session_members(leader) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _session_members(nginx) == []
+        assert _session_members(leader) == []
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-        for pid in _session_members(nginx) if nginx else []:
+        for pid in _session_members(leader) if leader else []:
             os.kill(pid, signal.SIGKILL)  # what a failed run left
