@@ -11,6 +11,10 @@ import httptools
 _READ_HIGH_WATER = 256 * 1024
 """Buffered answer bytes above which the socket stops being read until the relay catches up."""
 
+MAX_HEAD_BYTES = 64 * 1024
+"""An answer's status line and headers past this without their end: the backend is broken (vLLM's are a
+few hundred bytes), and what it sent is not kept growing until the attempt times out."""
+
 
 class ConnectionOwner(Protocol):
     """What a connection tells the pool it belongs to (gateway/upstream/client.py `Pool`)."""
@@ -138,6 +142,8 @@ class Connection(asyncio.Protocol):
             error = ConnectionBroken("the backend switched protocols")
         except httptools.HttpParserError as exc:
             error = ConnectionBroken(f"the backend's answer is not valid HTTP/1.1 ({exc})")
+        if not self.status and error is None and sum(map(len, self.head)) > MAX_HEAD_BYTES:
+            error = ConnectionBroken(f"the answer's head is not complete after {MAX_HEAD_BYTES} bytes")
         if self._sink is not None and (self._chunks or self.complete):
             self._deliver()  # after the parser returns: the sink's work is never inside its callbacks
         if error is not None:

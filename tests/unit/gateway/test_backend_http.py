@@ -15,6 +15,7 @@ from gateway.upstream.client import (
     ConnectFailed,
     ConnectionBroken,
 )
+from gateway.upstream.connection import MAX_HEAD_BYTES
 from tests.support import free_port
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -264,6 +265,33 @@ async def test_a_drop_mid_chunked_answer_is_a_broken_connection() -> None:
         with pytest.raises(ConnectionBroken):
             await response.readany()
         response.close()
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_a_head_that_never_ends_is_a_broken_connection_not_a_growing_buffer() -> None:
+    """Header lines past MAX_HEAD_BYTES without the head's end fail the exchange at once (not when the
+    attempt times out, holding all of it); a head that ends within the limit, with a large body in the
+    same read, is an answer."""
+    endless = b"HTTP/1.1 200 OK\r\n" + b"X-Filler: %s\r\n" % (b"a" * 1000) * (MAX_HEAD_BYTES // 1000 + 2)
+    state, server = await serve(lambda _req, _n: endless)
+    client = BackendClient(limit_per_backend=4, keepalive=4.0)
+    try:
+        with pytest.raises(ConnectionBroken, match="not complete after"):
+            await asyncio.wait_for(client.post(state.url, "/x", b"", b"{}", 1.0), 5)
+        assert client.pool(state.url).idle_connections == 0
+    finally:
+        client.close()
+        server.close()
+    big = b"x" * (4 * MAX_HEAD_BYTES)
+    whole = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(big), big)
+    state, server = await serve(lambda _req, _n: whole)
+    client = BackendClient(limit_per_backend=4, keepalive=4.0)
+    try:
+        response = await client.post(state.url, "/x", b"", b"{}", 1.0)
+        assert await response.read() == big and response.header("content-length") == str(len(big))
+        response.release()
     finally:
         client.close()
         server.close()
