@@ -5,7 +5,8 @@ until close), flow control, malformed answers and refused connections."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -62,10 +63,22 @@ async def serve(answer: Callable[[bytes, int], bytes | None]) -> tuple[RawServer
     return state, server
 
 
-async def test_sequential_requests_reuse_one_connection_and_send_exact_bytes() -> None:
-    state, server = await serve(lambda _req, _n: OK)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
+@contextlib.asynccontextmanager
+async def backend(
+    answer: Callable[[bytes, int], bytes | None], limit: int = 4, keepalive: float = 4.0
+) -> AsyncIterator[tuple[RawServer, BackendClient]]:
+    """A raw server answering with `answer` and a client to it, both closed at the end."""
+    state, server = await serve(answer)
+    client = BackendClient(limit_per_backend=limit, keepalive=keepalive)
     try:
+        yield state, client
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_sequential_requests_reuse_one_connection_and_send_exact_bytes() -> None:
+    async with backend(lambda _req, _n: OK) as (state, client):
         for i in range(5):
             response = await client.post(
                 state.url, "/v1/chat/completions", b"X-Request-Id: r%d\r\n" % i, b'{"a":1}', 1.0
@@ -79,37 +92,27 @@ async def test_sequential_requests_reuse_one_connection_and_send_exact_bytes() -
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Request-Id: r0\r\n"
             b'Content-Length: 7\r\n\r\n{"a":1}' % int(state.url.rsplit(":", 1)[1])
         )
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_a_path_prefix_in_the_backend_url_is_kept() -> None:
-    state, server = await serve(lambda _req, _n: OK)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: OK) as (state, client):
         response = await client.post(state.url + "/tenant-a/", "/v1/completions", b"", b"{}", 1.0)
         await response.read()
         response.release()
         assert state.requests[0].startswith(b"POST /tenant-a/v1/completions HTTP/1.1\r\n")
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_the_connection_limit_queues_requests_instead_of_opening_more() -> None:
     release = asyncio.Event()
-    state, server = await serve(lambda _req, _n: OK)
-    client = BackendClient(limit_per_backend=2, keepalive=4.0)
+    async with backend(lambda _req, _n: OK, limit=2) as (state, client):
 
-    async def one() -> bytes:
-        response = await client.post(state.url, "/x", b"", b"{}", 1.0)
-        await release.wait()
-        body = await response.read()
-        response.release()
-        return body
+        async def one() -> bytes:
+            response = await client.post(state.url, "/x", b"", b"{}", 1.0)
+            await release.wait()
+            body = await response.read()
+            response.release()
+            return body
 
-    try:
         tasks = [asyncio.create_task(one()) for _ in range(6)]
         await asyncio.sleep(0.1)
         assert state.connections == 2 and len(state.requests) == 2  # four wait for a free connection
@@ -117,15 +120,10 @@ async def test_the_connection_limit_queues_requests_instead_of_opening_more() ->
         assert await asyncio.gather(*tasks) == [b"{}"] * 6
         assert state.connections == 2 and len(state.requests) == 6
         assert client.pool(state.url).open_connections == 2
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_an_idle_connection_the_backend_closed_is_replaced_without_an_error() -> None:
-    state, server = await serve(lambda _req, _n: OK)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: OK) as (state, client):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         await response.read()
         response.release()
@@ -136,40 +134,27 @@ async def test_an_idle_connection_the_backend_closed_is_replaced_without_an_erro
         assert await response.read() == b"{}"
         response.release()
         assert state.connections == 2 and len(state.requests) == 2
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_a_stale_connection_is_not_reused_past_the_keepalive_time() -> None:
-    state, server = await serve(lambda _req, _n: OK)
-    client = BackendClient(limit_per_backend=4, keepalive=0.05)
-    try:
+    async with backend(lambda _req, _n: OK, keepalive=0.05) as (state, client):
         for _ in range(2):
             response = await client.post(state.url, "/x", b"", b"{}", 1.0)
             await response.read()
             response.release()
             await asyncio.sleep(0.1)
         assert state.connections == 2
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_connection_close_answers_are_not_pooled() -> None:
     answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
-    state, server = await serve(lambda _req, _n: answer)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: answer) as (state, client):
         for _ in range(2):
             response = await client.post(state.url, "/x", b"", b"{}", 1.0)
             assert await response.read() == b"{}"
             response.release()
             assert response.closed
         assert state.connections == 2
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_chunked_events_arrive_as_they_are_sent_then_the_end() -> None:
@@ -177,9 +162,7 @@ async def test_chunked_events_arrive_as_they_are_sent_then_the_end() -> None:
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n"
     )
-    state, server = await serve(lambda _req, _n: head)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: head) as (state, client):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         assert response.content_type == "text/event-stream"
         writer = state.writers[0]
@@ -190,24 +173,16 @@ async def test_chunked_events_arrive_as_they_are_sent_then_the_end() -> None:
         assert await response.readany() == b""
         response.release()
         assert not response.closed and client.pool(state.url).idle_connections == 1
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_a_body_delimited_by_the_end_of_the_connection() -> None:
-    state, server = await serve(lambda _req, _n: b"HTTP/1.1 200 OK\r\n\r\n")
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: b"HTTP/1.1 200 OK\r\n\r\n") as (state, client):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         state.writers[0].write(b"all of it")
         state.writers[0].close()
         assert await response.read() == b"all of it"
         response.release()
         assert response.closed
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_headers_are_read_from_a_head_that_arrives_a_byte_at_a_time() -> None:
@@ -226,9 +201,7 @@ async def test_headers_are_read_from_a_head_that_arrives_a_byte_at_a_time() -> N
         asked.set()
         return b""  # the test writes the answer itself
 
-    state, server = await serve(nothing_yet)
-    client = BackendClient(limit_per_backend=1, keepalive=4.0)
-    try:
+    async with backend(nothing_yet, limit=1) as (state, client):
         sending = asyncio.ensure_future(client.post(state.url, "/x", b"", b"{}", 1.0))
         await asked.wait()
         for byte in first:
@@ -249,25 +222,6 @@ async def test_headers_are_read_from_a_head_that_arrives_a_byte_at_a_time() -> N
         assert response.content_type == "application/json"
         assert response.header("content-length") == "2" and response.header("missing") is None
         assert again.header("retry-after") is None and again.content_type == "application/octet-stream"
-    finally:
-        client.close()
-        server.close()
-
-
-async def test_a_drop_mid_chunked_answer_is_a_broken_connection() -> None:
-    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nsome\r\n"
-    state, server = await serve(lambda _req, _n: head)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
-        response = await client.post(state.url, "/x", b"", b"{}", 1.0)
-        assert await response.readany() == b"some"
-        state.writers[0].close()
-        with pytest.raises(ConnectionBroken):
-            await response.readany()
-        response.close()
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_a_head_that_never_ends_is_a_broken_connection_not_a_growing_buffer() -> None:
@@ -275,48 +229,39 @@ async def test_a_head_that_never_ends_is_a_broken_connection_not_a_growing_buffe
     attempt times out, holding all of it); a head that ends within the limit, with a large body in the
     same read, is an answer."""
     endless = b"HTTP/1.1 200 OK\r\n" + b"X-Filler: %s\r\n" % (b"a" * 1000) * (MAX_HEAD_BYTES // 1000 + 2)
-    state, server = await serve(lambda _req, _n: endless)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: endless) as (state, client):
         with pytest.raises(ConnectionBroken, match="not complete after"):
             await asyncio.wait_for(client.post(state.url, "/x", b"", b"{}", 1.0), 5)
         assert client.pool(state.url).idle_connections == 0
-    finally:
-        client.close()
-        server.close()
     big = b"x" * (4 * MAX_HEAD_BYTES)
     whole = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(big), big)
-    state, server = await serve(lambda _req, _n: whole)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: whole) as (state, client):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         assert await response.read() == big and response.header("content-length") == str(len(big))
         response.release()
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_a_large_answer_is_read_whole_through_flow_control() -> None:
     big = bytes(range(256)) * 8192  # 2 MiB, over the read high-water mark
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(big) + big
-    state, server = await serve(lambda _req, _n: answer)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: answer) as (state, client):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         await asyncio.sleep(0.1)  # let the socket fill while nobody reads
         assert await response.read() == big
         response.release()
         assert not response.closed
-    finally:
-        client.close()
-        server.close()
 
 
-async def test_a_drop_mid_answer_is_a_broken_connection() -> None:
-    state, server = await serve(lambda _req, _n: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n7\r\npartial\r\n",
+    ],
+    ids=["content-length", "chunked"],
+)
+async def test_a_drop_mid_answer_is_a_broken_connection(answer: bytes) -> None:
+    async with backend(lambda _req, _n: answer) as (state, client):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         assert await response.readany() == b"partial"
         state.writers[0].close()
@@ -325,32 +270,19 @@ async def test_a_drop_mid_answer_is_a_broken_connection() -> None:
         response.close()
         await asyncio.sleep(0.01)
         assert client.pool(state.url).open_connections == 0
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_no_answer_at_all_on_a_fresh_connection_is_a_broken_connection() -> None:
-    state, server = await serve(lambda _req, _n: None)
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: None) as (state, client):
         with pytest.raises(ConnectionBroken):
             await client.post(state.url, "/x", b"", b"{}", 1.0)
         assert len(state.requests) == 1  # a fresh connection is not retried
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_garbage_instead_of_http_is_a_broken_connection() -> None:
-    state, server = await serve(lambda _req, _n: b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
-    client = BackendClient(limit_per_backend=4, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: b"SSH-2.0-OpenSSH_9.2\r\n\r\n") as (state, client):
         with pytest.raises(ConnectionBroken, match="not valid HTTP"):
             await client.post(state.url, "/x", b"", b"{}", 1.0)
-    finally:
-        client.close()
-        server.close()
 
 
 async def test_a_refused_connection_frees_its_slot() -> None:
@@ -366,9 +298,10 @@ async def test_a_refused_connection_frees_its_slot() -> None:
 
 
 async def test_cancelling_an_exchange_aborts_its_connection() -> None:
-    state, server = await serve(lambda _req, _n: b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
-    client = BackendClient(limit_per_backend=1, keepalive=4.0)
-    try:
+    async with backend(lambda _req, _n: b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", limit=1) as (
+        state,
+        client,
+    ):
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)
         reading = asyncio.create_task(response.read())
         await asyncio.sleep(0.05)
@@ -382,9 +315,6 @@ async def test_cancelling_an_exchange_aborts_its_connection() -> None:
         response = await client.post(state.url, "/x", b"", b"{}", 1.0)  # the slot is free again
         assert await response.read() == b"{}"
         response.release()
-    finally:
-        client.close()
-        server.close()
 
 
 def test_only_http_urls_are_accepted() -> None:
