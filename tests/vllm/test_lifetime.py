@@ -1,0 +1,85 @@
+"""A vLLM server the project starts (backends/server_process.py) ends with the process that started it,
+SIGKILLed included, and so does its engine: vLLM's EngineCore is the server's child, and outlives a server
+that is itself SIGKILLed (vllm-project/vllm#55510). The server gets SIGTERM when its parent dies, which
+vLLM answers by stopping its engine; this holds it to that."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from backends.launcher import LaunchSpec, build_launch
+    from backends.server_process import start, wait_ready
+    from tests.support import free_port
+    python, model, name, max_len, log, timeout = sys.argv[1:7]
+    spec = LaunchSpec(vendor="cpu", model=model, served_model_name=[name], python=python, port=free_port(),
+                      max_model_len=int(max_len), env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    launch = build_launch(spec)
+    server = start(launch, Path(log))
+    wait_ready(launch.url, server, Path(log), float(timeout))
+    print(server.pid, flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def _session(session: int) -> list[str]:
+    """The live processes of `session`, by name."""
+    names = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session id
+            names.append(name)
+    return names
+
+
+def test_a_killed_launcher_leaves_no_vllm_process(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    argv = [_python(), _model(), MODEL, str(MAX_MODEL_LEN), str(log), str(READY_TIMEOUT)]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    server = 0
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        assert line, "the server did not start; its log: " + (log.read_text()[-2000:] if log.exists() else "")
+        server = int(line)
+        assert "VLLM::EngineCor" in _session(server), _session(server)  # `comm` keeps 15 characters
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        deadline = time.monotonic() + 60
+        while _session(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _session(server) == []
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        if server:
+            for entry in Path("/proc").iterdir():  # what a failed run left: the server's whole session
+                if entry.name.isdigit() and entry.name != str(os.getpid()):
+                    try:
+                        if int((entry / "stat").read_text().rpartition(")")[2].split()[3]) == server:
+                            os.kill(int(entry.name), signal.SIGKILL)
+                    except (OSError, ValueError):
+                        pass
