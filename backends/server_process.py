@@ -28,7 +28,9 @@ def start(
 ) -> subprocess.Popen[bytes]:
     """Start the server in its own process group, stdout and stderr into `log_path`.
 
-    The server gets SIGTERM when this process dies, even by SIGKILL, so it never outlives it.
+    The server gets SIGTERM when this process dies, even by SIGKILL, so it never outlives it: SIGTERM, not
+    SIGKILL, because vLLM stops its EngineCore process on SIGTERM and a SIGKILLed server leaves it running
+    (tests/vllm/test_lifetime.py).
     `below_clients`: it runs a little below them in CPU priority, so clients timing it from the same machine
     are not kept waiting by its spinning engine (backends/cpu_priority.py).
     """
