@@ -52,6 +52,42 @@ async def serving(app: web.Application, shutdown_timeout: float = 60.0) -> Async
         await runner.cleanup()
 
 
+def session_processes(session: int) -> dict[int, str]:
+    """The live processes (not zombies) of session `session`, pid to name (`comm`: 15 characters at most):
+    what a server started as a session's leader runs, its grandchildren included."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":  # the sixth field of stat: the session id
+            found[int(entry.name)] = name
+    return found
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL what is left of session `session` (a failed test's leftovers)."""
+    for pid in session_processes(session):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def left_after_sigkill(holder: subprocess.Popen[bytes], session: int, timeout: float) -> dict[int, str]:
+    """SIGKILL `holder`, the process that started a server leading `session`, and wait up to `timeout`
+    seconds for the whole session to end: what still runs then (killed before returning)."""
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    deadline = time.monotonic() + timeout
+    while (left := session_processes(session)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_session(session)
+    return left
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,14 +5,12 @@ vLLM answers by stopping its engine; this holds it to that."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+from tests.support import kill_session, left_after_sigkill, session_processes
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,22 +34,6 @@ _HOLDER = textwrap.dedent(
 )
 
 
-def _session(session: int) -> list[str]:
-    """The live processes of `session`, by name."""
-    names = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            name = (entry / "comm").read_text().strip()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session id
-            names.append(name)
-    return names
-
-
 def test_a_killed_launcher_leaves_no_vllm_process(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     argv = [_python(), _model(), MODEL, str(MAX_MODEL_LEN), str(log), str(READY_TIMEOUT)]
@@ -64,22 +46,12 @@ def test_a_killed_launcher_leaves_no_vllm_process(tmp_path: Path) -> None:
         line = holder.stdout.readline()
         assert line, "the server did not start; its log: " + (log.read_text()[-2000:] if log.exists() else "")
         server = int(line)
-        assert "VLLM::EngineCor" in _session(server), _session(server)  # `comm` keeps 15 characters
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=10)
-        deadline = time.monotonic() + 60
-        while _session(server) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _session(server) == []
+        names = list(session_processes(server).values())
+        assert "VLLM::EngineCor" in names, names  # `comm` keeps 15 characters
+        assert left_after_sigkill(holder, server, 60) == {}
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
         if server:
-            for entry in Path("/proc").iterdir():  # what a failed run left: the server's whole session
-                if entry.name.isdigit() and entry.name != str(os.getpid()):
-                    try:
-                        if int((entry / "stat").read_text().rpartition(")")[2].split()[3]) == server:
-                            os.kill(int(entry.name), signal.SIGKILL)
-                    except (OSError, ValueError):
-                        pass
+            kill_session(server)  # what a failed run left: the server's whole session

@@ -4,12 +4,9 @@ bench, as did granian's worker process)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from loadtest.bench._util import which
 from loadtest.bench.http_clients.upstream import _nginx_conf
 from loadtest.bench.stream_upstream import ECHO_MODULE
+from tests.support import kill_session, left_after_sigkill, session_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 NGINX = which("nginx", "/usr/sbin", "/usr/local/sbin")
@@ -57,20 +55,6 @@ _HOLDER = textwrap.dedent(
 )
 
 
-def _session_members(session: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session id
-            members.append(int(entry.name))
-    return members
-
-
 def test_the_static_upstream_is_one_nginx_process() -> None:
     conf = _nginx_conf(Path("/tmp/x"), 1, 2)
     assert "master_process off;" in conf and "daemon off;" in conf
@@ -101,16 +85,11 @@ def _kill_and_check(server: str, tmp_path: Path, processes: int) -> None:
     try:
         assert holder.stdout is not None
         leader = int(holder.stdout.readline())
-        assert len(_session_members(leader)) == processes  # the server leads a session of its own
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _session_members(leader) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _session_members(leader) == []
+        assert len(session_processes(leader)) == processes  # the server leads a session of its own
+        assert left_after_sigkill(holder, leader, 10) == {}
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-        for pid in _session_members(leader) if leader else []:
-            os.kill(pid, signal.SIGKILL)  # what a failed run left
+        if leader:
+            kill_session(leader)  # what a failed run left
