@@ -83,6 +83,7 @@ class Connection(asyncio.Protocol):
         "_buffered",
         "_chunks",
         "_error",
+        "_head_size",
         "_loop",
         "_parser",
         "_paused",
@@ -114,6 +115,7 @@ class Connection(asyncio.Protocol):
         self.head: list[bytes] = []
         """What was read until the answer's head was complete (its body's first bytes too, mostly): a new
         list per answer, so an answer's `Response` reads its headers after the connection's next exchange."""
+        self._head_size = 0
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._paused = False
@@ -135,6 +137,7 @@ class Connection(asyncio.Protocol):
         self.got_bytes = True
         if not self.status:
             self.head.append(data)
+            self._head_size += len(data)
         error: UpstreamError | None = None
         try:
             self._parser.feed_data(data)
@@ -142,7 +145,7 @@ class Connection(asyncio.Protocol):
             error = ConnectionBroken("the backend switched protocols")
         except httptools.HttpParserError as exc:
             error = ConnectionBroken(f"the backend's answer is not valid HTTP/1.1 ({exc})")
-        if not self.status and error is None and sum(map(len, self.head)) > MAX_HEAD_BYTES:
+        if not self.status and error is None and self._head_size > MAX_HEAD_BYTES:
             error = ConnectionBroken(f"the answer's head is not complete after {MAX_HEAD_BYTES} bytes")
         if self._sink is not None and (self._chunks or self.complete):
             self._deliver()  # after the parser returns: the sink's work is never inside its callbacks
