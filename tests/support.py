@@ -76,16 +76,47 @@ def kill_session(session: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def left_after_sigkill(holder: subprocess.Popen[bytes], session: int, timeout: float) -> dict[int, str]:
-    """SIGKILL `holder`, the process that started a server leading `session`, and wait up to `timeout`
-    seconds for the whole session to end: what still runs then (killed before returning)."""
-    holder.send_signal(signal.SIGKILL)
-    holder.wait(timeout=10)
-    deadline = time.monotonic() + timeout
-    while (left := session_processes(session)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    kill_session(session)
-    return left
+class ServerHolder:
+    """A process standing in for what starts a server in the project (a bench, the launcher's caller):
+    `script` run by this interpreter from the checkout, which starts a server leading a session of its
+    own and prints that session's id. `holding_server` stops both, whatever the test did."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", script, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        self.session = 0
+
+    def started(self) -> int:
+        """The session id the script printed once its server was up (0: it exited first)."""
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        self.session = int(line) if line.strip() else 0
+        return self.session
+
+    def left_after_sigkill(self, timeout: float) -> dict[int, str]:
+        """SIGKILL the holder and wait up to `timeout` seconds for the server's whole session to end: what
+        still runs then (killed before returning)."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+        deadline = time.monotonic() + timeout
+        while (left := session_processes(self.session)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kill_session(self.session)
+        return left
+
+
+@contextlib.contextmanager
+def holding_server(script: str, *args: str) -> Iterator[ServerHolder]:
+    holder = ServerHolder(script, *args)
+    try:
+        yield holder
+    finally:
+        if holder.process.poll() is None:
+            holder.process.kill()
+            holder.process.wait()
+        if holder.session:
+            kill_session(holder.session)  # what a failed test left
 
 
 def free_port() -> int:

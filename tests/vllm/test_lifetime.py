@@ -5,15 +5,11 @@ vLLM answers by stopping its engine; this holds it to that."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-from tests.support import kill_session, left_after_sigkill, session_processes
+from tests.support import holding_server, session_processes
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL, READY_TIMEOUT, _model, _python
-
-ROOT = Path(__file__).resolve().parents[2]
 
 _HOLDER = textwrap.dedent(
     """
@@ -37,21 +33,11 @@ _HOLDER = textwrap.dedent(
 def test_a_killed_launcher_leaves_no_vllm_process(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     argv = [_python(), _model(), MODEL, str(MAX_MODEL_LEN), str(log), str(READY_TIMEOUT)]
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    server = 0
-    try:
-        assert holder.stdout is not None
-        line = holder.stdout.readline()
-        assert line, "the server did not start; its log: " + (log.read_text()[-2000:] if log.exists() else "")
-        server = int(line)
+    with holding_server(_HOLDER, *argv) as holder:
+        server = holder.started()
+        assert server, "the server did not start; its log: " + (
+            log.read_text()[-2000:] if log.exists() else ""
+        )
         names = list(session_processes(server).values())
         assert "VLLM::EngineCor" in names, names  # `comm` keeps 15 characters
-        assert left_after_sigkill(holder, server, 60) == {}
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
-        if server:
-            kill_session(server)  # what a failed run left: the server's whole session
+        assert holder.left_after_sigkill(60) == {}

@@ -4,8 +4,6 @@ bench, as did granian's worker process)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,9 +12,8 @@ import pytest
 from loadtest.bench._util import which
 from loadtest.bench.http_clients.upstream import _nginx_conf
 from loadtest.bench.stream_upstream import ECHO_MODULE
-from tests.support import kill_session, left_after_sigkill, session_processes
+from tests.support import holding_server, session_processes
 
-ROOT = Path(__file__).resolve().parents[3]
 NGINX = which("nginx", "/usr/sbin", "/usr/local/sbin")
 
 _HOLDER = textwrap.dedent(
@@ -75,21 +72,7 @@ def test_a_killed_bench_leaves_no_granian_worker_running(tmp_path: Path) -> None
 def _kill_and_check(server: str, tmp_path: Path, processes: int) -> None:
     """Start `server` from a bench process, SIGKILL that process, and wait for every process of the
     server's session to end; `processes`: how many the session held before."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, server, str(tmp_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    leader = 0
-    try:
-        assert holder.stdout is not None
-        leader = int(holder.stdout.readline())
+    with holding_server(_HOLDER, server, str(tmp_path)) as holder:
+        leader = holder.started()
         assert len(session_processes(leader)) == processes  # the server leads a session of its own
-        assert left_after_sigkill(holder, leader, 10) == {}
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
-        if leader:
-            kill_session(leader)  # what a failed run left
+        assert holder.left_after_sigkill(10) == {}
