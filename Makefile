@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # `make test` skips the HTTP-vs-replay agreement tests and the plan checked over HTTP (about three
 # minutes): `make test-whatif` runs them (and .ci/run).
 .PHONY: test-whatif whatif-demo bench-whatif
-.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-call-counts bench-keys bench-keys-ab loadtest clean
+.PHONY: demo test test-hostile lint fmt venv docs docs-serve browser bench-clients bench-latency bench-peers bench-peers-keys bench-sim bench-routing bench-accounting bench-telemetry bench-sse bench-stream-chunks bench-call-counts bench-cpu-layers bench-keys bench-keys-ab loadtest clean
 
 venv: $(STAMP)
 
@@ -130,6 +130,10 @@ wrk:
 # Python frames and C calls per request on the hot path (deterministic; ARGS="--compare a.json b.json").
 bench-call-counts: venv wrk
 	$(PY) -m loadtest.bench.call_counts $(ARGS)
+
+# a request's CPU layer by layer: a bare Python relay, the gateway open, in keys mode, vllm-router if installed
+bench-cpu-layers: venv wrk
+	$(PY) -m loadtest.bench.cpu_layers $(ARGS)
 
 bench-keys: venv wrk
 	$(PY) -m loadtest.bench.keys $(ARGS)
