@@ -6,7 +6,9 @@ Starting and stopping children is loadtest/processes.py (the load test uses it t
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -166,6 +168,27 @@ def start_static_backend(group: ProcessGroup, model: str, cpu: int, work: Path) 
     if which("nginx", "/usr/sbin", "/usr/local/sbin"):
         return start_upstream(group, "nginx", cpu, work).json_base
     return start_zero_delay_backend(group, model, cpu)
+
+
+def run_wrk(
+    wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int
+) -> tuple[float, float]:
+    """(requests/s, p50 ms) of one `wrk -t1` run of `script` against `url`, pinned to `cpu`; raises when
+    wrk failed or any answer was not 2xx/3xx."""
+    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script), url]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=duration + 30,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        check=True,
+    ).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
+    if rps is None or p50 is None or "Non-2xx or 3xx responses" in out:
+        raise RuntimeError(f"wrk failed or saw errors against {url}:\n{out}")
+    return float(rps.group(1)), float(p50.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50.group(2)]
 
 
 def delete_prefix(redis_url: str, prefix: str) -> int:

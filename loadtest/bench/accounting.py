@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +35,7 @@ from loadtest.bench._util import (
     bench_pools,
     http_post,
     pick_cpus,
+    run_wrk,
     serve_argv,
     session_cpu_seconds,
     start_gateway,
@@ -72,23 +70,6 @@ def _gateway_config(port: int, backend_url: str, mode: str, redis_url: str, pref
         "ledger": ledger,
         "pools": bench_pools(backend_url, MODEL),
     }
-
-
-def _wrk(wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int) -> float:
-    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(script), url]
-    out = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=duration + 30,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-        check=True,
-    ).stdout
-    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if match is None or errors is not None:
-        raise RuntimeError(f"wrk failed or saw errors:\n{out}")
-    return float(match.group(1))
 
 
 def run(
@@ -127,13 +108,15 @@ def run(
                     raise RuntimeError(f"{tree}{mode} gateway answered {status}: {body[:300]!r}")
                 gateways[(tree, mode)] = (url, child.pid)
             for url, _ in gateways.values():  # warm up
-                _wrk(wrk, url + "/v1/chat/completions", script, connections, 1, load_cpu)
+                run_wrk(wrk, url + "/v1/chat/completions", script, connections, 1, load_cpu)
             for r in range(rounds):
                 order = runs[r % len(runs) :] + runs[: r % len(runs)]
                 for run in order:
                     url, pid = gateways[run]
                     cpu_before = session_cpu_seconds(pid)
-                    rps = _wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)
+                    rps = run_wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)[
+                        0
+                    ]
                     cpu = session_cpu_seconds(pid) - cpu_before
                     samples[run].append((rps, cpu / max(1.0, rps * duration) * 1e6))
             time.sleep(0.5)  # let the Redis gateway flush its last batch

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -40,6 +38,7 @@ from loadtest.bench._util import (
     pick_cpus,
     process_cpu_seconds,
     python_argv,
+    run_wrk,
     start_static_backend,
     which,
 )
@@ -49,25 +48,6 @@ from loadtest.bench.peer_router import PEER
 from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers, wait_until
 
 TARGETS = ("floor", "open", "keys", "vllm-router")
-
-
-def _wrk(
-    wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int
-) -> tuple[float, float]:
-    """(requests/s, p50 ms) of one wrk run against `url`; raises on any error response."""
-    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script), url]
-    out = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=duration + 30,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-    ).stdout
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
-    if rps is None or p50 is None or "Non-2xx or 3xx responses" in out or "Socket errors" in out:
-        raise RuntimeError(f"wrk failed or saw errors against {url}:\n{out}")
-    return float(rps.group(1)), float(p50.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50.group(2)]
 
 
 def _answers(url: str) -> bool:
@@ -123,10 +103,10 @@ def run(connections: list[int], rounds: int, duration: float) -> dict[str, Any]:
                         group.stop(key_child)
                     url, child = start(target, r)
                     chat = url + "/v1/chat/completions"
-                    _wrk(wrk, chat, script, max(connections), 1, load_cpu)  # warm-up
+                    run_wrk(wrk, chat, script, max(connections), 1, load_cpu)  # warm-up
                     for c in connections:
                         before = process_cpu_seconds(child.pid)
-                        rps, p50 = _wrk(wrk, chat, script, c, duration, load_cpu)
+                        rps, p50 = run_wrk(wrk, chat, script, c, duration, load_cpu)
                         spent = process_cpu_seconds(child.pid) - before
                         row = figures[target][c]
                         row["rps"].append(rps)
