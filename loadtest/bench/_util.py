@@ -12,6 +12,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +152,14 @@ def start_gateway(
     cwd: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 30,
+    ready: Callable[[str], bool] = healthy,
 ) -> tuple[str, Child]:
-    """Start a gateway listening on `port` pinned to `cpu`; its URL and child once it answers /health."""
+    """Start a gateway listening on `port` pinned to `cpu`; its URL and child once `ready(url)` holds (by
+    default: it answers /health)."""
     child = group.start(name, argv, cpu=cpu, cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     assert_loopback(url)
-    wait_until(lambda: healthy(url), timeout=timeout, what=url, child=child)
+    wait_until(lambda: ready(url), timeout=timeout, what=url, child=child)
     return url, child
 
 
@@ -171,10 +174,17 @@ def start_static_backend(group: ProcessGroup, model: str, cpu: int, work: Path) 
 
 
 def run_wrk(
-    wrk: str, url: str, script: Path, connections: int, duration: float, cpu: int
+    wrk: str,
+    url: str,
+    script: Path,
+    connections: int,
+    duration: float,
+    cpu: int,
+    *,
+    refuse_socket_errors: bool = False,
 ) -> tuple[float, float]:
     """(requests/s, p50 ms) of one `wrk -t1` run of `script` against `url`, pinned to `cpu`; raises when
-    wrk failed or any answer was not 2xx/3xx."""
+    wrk failed or any answer was not 2xx/3xx (or, with `refuse_socket_errors`, a connection failed)."""
     argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script), url]
     out = subprocess.run(
         argv,
@@ -186,7 +196,8 @@ def run_wrk(
     ).stdout
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
-    if rps is None or p50 is None or "Non-2xx or 3xx responses" in out:
+    refused = "Non-2xx or 3xx responses" in out or (refuse_socket_errors and "Socket errors" in out)
+    if rps is None or p50 is None or refused:
         raise RuntimeError(f"wrk failed or saw errors against {url}:\n{out}")
     return float(rps.group(1)), float(p50.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50.group(2)]
 

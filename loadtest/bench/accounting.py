@@ -114,9 +114,8 @@ def run(
                 for run in order:
                     url, pid = gateways[run]
                     cpu_before = session_cpu_seconds(pid)
-                    rps = run_wrk(wrk, url + "/v1/chat/completions", script, connections, duration, load_cpu)[
-                        0
-                    ]
+                    chat = url + "/v1/chat/completions"
+                    rps, _ = run_wrk(wrk, chat, script, connections, duration, load_cpu)
                     cpu = session_cpu_seconds(pid) - cpu_before
                     samples[run].append((rps, cpu / max(1.0, rps * duration) * 1e6))
             time.sleep(0.5)  # let the Redis gateway flush its last batch

@@ -32,34 +32,26 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench._util import (
-    assert_loopback,
     delete_prefix,
     http_post,
     pick_cpus,
     process_cpu_seconds,
     python_argv,
     run_wrk,
+    start_gateway,
     start_static_backend,
     which,
 )
 from loadtest.bench.accounting import _BODY
 from loadtest.bench.keys import REDIS_URL, _make_key, _script, _start
 from loadtest.bench.peer_router import PEER
-from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers, wait_until
+from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers
 
 TARGETS = ("floor", "open", "keys", "vllm-router")
 
 
 def _answers(url: str) -> bool:
     return http_post(url + "/v1/chat/completions", _BODY.encode(), timeout=2)[0] == 200
-
-
-def _start_plain(group: ProcessGroup, name: str, argv: list[str], port: int, cpu: int) -> tuple[str, Child]:
-    child = group.start(name, argv, cpu=cpu)
-    url = f"http://127.0.0.1:{port}"
-    assert_loopback(url)
-    wait_until(lambda: _answers(url), timeout=60, what=url, child=child)
-    return url, child
 
 
 def run(connections: list[int], rounds: int, duration: float) -> dict[str, Any]:
@@ -91,22 +83,25 @@ def run(connections: list[int], rounds: int, duration: float) -> dict[str, Any]:
                     assert router is not None
                     argv = [router, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend_url]
                     argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-                return _start_plain(group, f"{target}-{r}", argv, port, gw_cpu)
+                return start_gateway(group, f"{target}-{r}", argv, port, gw_cpu, timeout=60, ready=_answers)
 
-            script = work / "post.lua"
+            script = work / "post.lua"  # with the key, made through a keys gateway's admin API
+            key_url, key_child = _start(group, work, "key", "keys", backend_url, prefix, gw_cpu, 1)
+            script.write_text(_script(_make_key(key_url)))
+            group.stop(key_child)
             for r in range(rounds):
                 order = targets if r % 2 == 0 else targets[::-1]
                 for target in order:
-                    if not script.exists():  # the key, made through a keys gateway's admin API
-                        key_url, key_child = start("keys", r)
-                        script.write_text(_script(_make_key(key_url)))
-                        group.stop(key_child)
                     url, child = start(target, r)
                     chat = url + "/v1/chat/completions"
-                    run_wrk(wrk, chat, script, max(connections), 1, load_cpu)  # warm-up
+                    run_wrk(
+                        wrk, chat, script, max(connections), 1, load_cpu, refuse_socket_errors=True
+                    )  # warm-up
                     for c in connections:
                         before = process_cpu_seconds(child.pid)
-                        rps, p50 = run_wrk(wrk, chat, script, c, duration, load_cpu)
+                        rps, p50 = run_wrk(
+                            wrk, chat, script, c, duration, load_cpu, refuse_socket_errors=True
+                        )
                         spent = process_cpu_seconds(child.pid) - before
                         row = figures[target][c]
                         row["rps"].append(rps)

@@ -10,8 +10,6 @@ import pytest
 from loadtest.bench import cpu_layers, floor_proxy
 from loadtest.processes import free_port
 
-_ANSWER = b'{"ok":true}'
-
 
 async def _upstream(seen: list[bytes], close_after: int) -> tuple[asyncio.Server, int]:
     """An HTTP/1.1 upstream answering each request with its number; it closes the connection (saying so)
