@@ -1,7 +1,8 @@
 """The least a Python proxy can do per request: the floor under the gateway's CPU (bench/cpu_layers.py).
 
 The gateway's own stack (uvloop, httptools) and nothing else: each request parsed, forwarded as its client
-sent it over a kept-alive connection to the one upstream, the answer parsed and written back as it came. No
+sent it over a kept-alive connection to the one upstream, the answer written back read by read as it came
+(a streamed answer chunk by chunk) and parsed only to tell where it ends. No
 header rewritten, no routing, limits, accounting or telemetry: what serving and relaying alone cost in
 Python. A benchmark target, not a gateway (no bounds, no errors in OpenAI's shape).
 
@@ -24,7 +25,6 @@ class _Upstream(asyncio.Protocol):
     def __init__(self, idle: list[_Upstream]) -> None:
         self._idle = idle
         self._parser = httptools.HttpResponseParser(self)
-        self._pieces: list[bytes] = []
         self.client: _Client | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -32,17 +32,16 @@ class _Upstream(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's, not a subclass
 
     def data_received(self, data: bytes) -> None:
-        self._pieces.append(data)
+        """Each read goes to the client as it came (a streamed answer chunk by chunk), then is parsed only
+        to tell where the answer ends."""
+        if self.client is not None:
+            self.client.answer(data)
         self._parser.feed_data(data)
 
     def on_message_complete(self) -> None:
-        client, self.client = self.client, None
-        answer = b"".join(self._pieces)
-        self._pieces = []
+        self.client = None
         if self._parser.should_keep_alive():
             self._idle.append(self)
-        if client is not None:
-            client.answer(answer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self in self._idle:

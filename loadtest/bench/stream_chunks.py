@@ -18,9 +18,14 @@ started as the harness's `vllm-router` preset (default policy) with one router p
 pinned to the gateway's CPU (its CPU is its whole session's, every thread); `new/peer` and `old/peer` are
 the medians of the per-round ratios. `--peer ''` leaves it out.
 
+The floor, loadtest/bench/floor_proxy.py (uvloop and httptools writing each read from the backend to the
+client as it came, nothing else), is a fourth target in the same rounds, one per upstream shape on the
+gateway's CPU: `floor/peer` says what a Python relay costs per chunk before it does any of the gateway's
+work, against the Rust router; `new/floor` what the gateway adds to it. `--no-floor` leaves it out.
+
 Usage: python -m loadtest.bench.stream_chunks [--baseline REF] [--rounds 5] [--duration 5]
        [--connections 64,8] [--shapes burst,paced,json] [--tokens 512] [--json out.json]
-       [--peer /tmp/peers-venvs/vllm-router/bin/vllm-router]
+       [--peer /tmp/peers-venvs/vllm-router/bin/vllm-router] [--no-floor]
        (make bench-stream-chunks ARGS=...; needs wrk, nginx and its echo module, Redis)
 REF defaults to `main`; the baseline runs from `git archive REF` in a temporary directory.
 """
@@ -51,6 +56,7 @@ from loadtest.bench._util import (
     delete_prefix,
     pick_cpus,
     process_cpu_seconds,
+    python_argv,
     session_cpu_seconds,
     start_gateway,
     which,
@@ -58,7 +64,7 @@ from loadtest.bench._util import (
 from loadtest.bench.peer_router import PEER, start_peers
 from loadtest.bench.peers_keys import _provision
 from loadtest.bench.stream_upstream import MODEL, TOKENS, start_nginx
-from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
+from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -174,6 +180,8 @@ def check_stream(url: str, key: str, shape: str) -> int:
     if not headers.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(f"{url} answered {raw[:300]!r}")
     if shape == "json":
+        if b"\r\ntransfer-encoding: chunked" in headers.lower():  # relayed as the backend framed it
+            chunked = _dechunk(chunked)
         if json.loads(chunked)["usage"]["completion_tokens"] != TOKENS:
             raise RuntimeError(f"{url} answered without the usage")
         return len(raw)
@@ -204,6 +212,7 @@ def run(
     shapes: list[str],
     paced_ms: float,
     peer: str | None = None,
+    floor: bool = True,
 ) -> dict[str, Any]:
     wrk = which("wrk")
     if wrk is None:
@@ -244,6 +253,7 @@ def run(
                 return _answers(url, key, shape)
 
             peers = start_peers(group, peer, upstreams, shapes, relays, gw_cpu) if peer else {}
+            floors = _start_floors(group, upstreams, shapes, relays, gw_cpu) if floor else {}
             for shape in shapes:
                 script = work / f"{shape}.lua"
                 script.write_text(_wrk_script(key, shape))
@@ -252,6 +262,9 @@ def run(
                 if shape in peers:
                     targets["peer"] = peers[shape]
                     cpu_of["peer"] = session_cpu_seconds  # the router's threads, in its own session
+                if shape in floors:
+                    targets["floor"] = floors[shape]
+                    cpu_of["floor"] = process_cpu_seconds
                 size = {}
                 for name, (url, _) in targets.items():
                     size[name] = check_stream(url, key, shape)
@@ -262,6 +275,8 @@ def run(
                     ratios[case] = {f"new/{n}": [] for n in targets if n != "new"}
                     if "peer" in targets:
                         ratios[case]["old/peer"] = []
+                        if "floor" in targets:
+                            ratios[case]["floor/peer"] = []
                     names = list(targets)
                     for r in range(rounds):
                         order = names[r % len(names) :] + names[: r % len(names)]
@@ -305,6 +320,28 @@ def run(
     return {"baseline": ref, "tokens": TOKENS, "peer": peer, "cases": cases}
 
 
+def _start_floors(
+    group: ProcessGroup,
+    upstreams: dict[str, str],
+    shapes: list[str],
+    relays: Callable[[str, str], bool],
+    cpu: int,
+) -> dict[str, tuple[str, Child]]:
+    """One floor proxy per upstream shape; {shape: (URL, child)} once each relays a whole answer."""
+    floors = {}
+    for shape in shapes:
+        port = free_port()
+        argv = python_argv("loadtest.bench.floor_proxy", "--port", str(port), "--upstream", upstreams[shape])
+        floors[shape] = start_gateway(
+            group, f"floor-{shape}", argv, port, cpu, timeout=60, ready=_relays_shape(relays, shape)
+        )
+    return floors
+
+
+def _relays_shape(relays: Callable[[str, str], bool], shape: str) -> Callable[[str], bool]:
+    return lambda url: relays(url, shape)
+
+
 def format_table(summary: dict[str, Any]) -> str:
     tokens = summary["tokens"]
     lines = [
@@ -335,6 +372,19 @@ def format_table(summary: dict[str, Any]) -> str:
                 f"{c['old_answers_per_s']:>7.0f} {c['new_answers_per_s']:>7.0f} "
                 f"{c['peer_answers_per_s']:>7.0f}  {c['rounds_new_vs_peer']}"
             )
+    floor_cases = {case: c for case, c in summary["cases"].items() if "floor_us_per_answer" in c}
+    if floor_cases:
+        lines.append("the floor (a bare Python relay, loadtest/bench/floor_proxy.py) in the same rounds")
+        lines.append(
+            f"{'case':<14} {'floor µs/ans':>12} {'floor µs/ch':>11} {'new/floor':>9} {'floor/peer':>10}"
+        )
+        for case, c in floor_cases.items():
+            floor = c["floor_us_per_answer"]
+            per_chunk = "" if case.startswith("json") else f"{floor / tokens:.2f}"
+            versus_peer = f"{c['floor_vs_peer']:.3f}" if "floor_vs_peer" in c else "-"
+            lines.append(
+                f"{case:<14} {floor:>12.0f} {per_chunk:>11} {c['new_vs_floor']:>9.3f} {versus_peer:>10}"
+            )
     return "\n".join(lines)
 
 
@@ -362,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         help="vllm-router executable measured in the same rounds ('' to leave it out; "
         "left out with a note when it is not installed)",
     )
+    parser.add_argument(
+        "--no-floor", action="store_true", help="leave out the floor (loadtest/bench/floor_proxy.py)"
+    )
     args = parser.parse_args(argv)
     conns = [int(c) for c in args.connections.split(",") if c]
     shapes = [s for s in args.shapes.split(",") if s]
@@ -377,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     if peer is not None and not os.access(peer, os.X_OK):
         print(f"no vllm-router at {peer} (the peers harness's setup.sh installs it): measured without it")
         peer = None
-    summary = run(args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms, peer)
+    summary = run(
+        args.baseline, args.rounds, args.duration, conns, shapes, args.paced_ms, peer, not args.no_floor
+    )
     print(format_table(summary))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

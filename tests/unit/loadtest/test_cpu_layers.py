@@ -1,4 +1,5 @@
-"""The layers bench: its floor proxy relays what it is sent, and its table subtracts the right rows."""
+"""The layers bench: its floor proxy relays what it is sent (a streamed answer read by read, as it comes),
+and its table subtracts the right rows."""
 
 from __future__ import annotations
 
@@ -65,6 +66,51 @@ async def test_the_floor_proxy_relays_requests_and_answers_verbatim_over_kept_al
         assert answers == [b"1", b"2", b"3", b"4", b"5"]
         assert [s.rpartition(b"\r\n\r\n")[2] for s in seen] == [b'{"n":%d}' % i for i in range(5)]
         assert all(s.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n") for s in seen)
+        writer.close()
+    finally:
+        proxy.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await proxy
+        upstream.close()
+        await upstream.wait_closed()
+
+
+async def test_the_floor_proxy_relays_a_streamed_answer_as_it_arrives_then_reuses_the_connection() -> None:
+    rest = asyncio.Event()
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n7\r\ndata: 1\r\n")
+                await writer.drain()
+                await rest.wait()  # the rest only once the client has had the first chunk
+                writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
+                await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = free_port()
+    proxy = asyncio.create_task(floor_proxy.serve(port, ("127.0.0.1", upstream.sockets[0].getsockname()[1])))
+    try:
+        for _ in range(50):
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        for _ in range(2):
+            rest.clear()
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+            first = await asyncio.wait_for(reader.readuntil(b"data: 1\r\n"), 5)
+            assert first.startswith(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n")
+            rest.set()
+            assert await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5) == b"7\r\ndata: 2\r\n0\r\n\r\n"
+        assert connections == 1  # the second request went over the first's upstream connection
         writer.close()
     finally:
         proxy.cancel()
