@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -48,11 +49,13 @@ async def _post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body
     return await reader.readexactly(length)
 
 
-async def test_the_floor_proxy_relays_requests_and_answers_verbatim_over_kept_alive_connections() -> None:
-    seen: list[bytes] = []
-    upstream, upstream_port = await _upstream(seen, close_after=2)
+@contextlib.asynccontextmanager
+async def _through_floor(
+    upstream: asyncio.Server,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client connection through a floor proxy in front of `upstream`; both stopped after."""
     port = free_port()
-    proxy = asyncio.create_task(floor_proxy.serve(port, ("127.0.0.1", upstream_port)))
+    proxy = asyncio.create_task(floor_proxy.serve(port, ("127.0.0.1", upstream.sockets[0].getsockname()[1])))
     try:
         for _ in range(50):
             try:
@@ -60,12 +63,7 @@ async def test_the_floor_proxy_relays_requests_and_answers_verbatim_over_kept_al
                 break
             except OSError:
                 await asyncio.sleep(0.05)
-        # five requests on one client connection: the upstream closes its side after every second answer,
-        # and the proxy opens a new one rather than sending into the closed one
-        answers = [await _post(reader, writer, b'{"n":%d}' % i) for i in range(5)]
-        assert answers == [b"1", b"2", b"3", b"4", b"5"]
-        assert [s.rpartition(b"\r\n\r\n")[2] for s in seen] == [b'{"n":%d}' % i for i in range(5)]
-        assert all(s.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n") for s in seen)
+        yield reader, writer
         writer.close()
     finally:
         proxy.cancel()
@@ -73,6 +71,18 @@ async def test_the_floor_proxy_relays_requests_and_answers_verbatim_over_kept_al
             await proxy
         upstream.close()
         await upstream.wait_closed()
+
+
+async def test_the_floor_proxy_relays_requests_and_answers_verbatim_over_kept_alive_connections() -> None:
+    seen: list[bytes] = []
+    upstream, _ = await _upstream(seen, close_after=2)
+    async with _through_floor(upstream) as (reader, writer):
+        # five requests on one client connection: the upstream closes its side after every second answer,
+        # and the proxy opens a new one rather than sending into the closed one
+        answers = [await _post(reader, writer, b'{"n":%d}' % i) for i in range(5)]
+        assert answers == [b"1", b"2", b"3", b"4", b"5"]
+        assert [s.rpartition(b"\r\n\r\n")[2] for s in seen] == [b'{"n":%d}' % i for i in range(5)]
+        assert all(s.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n") for s in seen)
 
 
 async def test_the_floor_proxy_relays_a_streamed_answer_as_it_arrives_then_reuses_the_connection() -> None:
@@ -94,15 +104,7 @@ async def test_the_floor_proxy_relays_a_streamed_answer_as_it_arrives_then_reuse
         writer.close()
 
     upstream = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = free_port()
-    proxy = asyncio.create_task(floor_proxy.serve(port, ("127.0.0.1", upstream.sockets[0].getsockname()[1])))
-    try:
-        for _ in range(50):
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
+    async with _through_floor(upstream) as (reader, writer):
         for _ in range(2):
             rest.clear()
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
@@ -111,13 +113,6 @@ async def test_the_floor_proxy_relays_a_streamed_answer_as_it_arrives_then_reuse
             rest.set()
             assert await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5) == b"7\r\ndata: 2\r\n0\r\n\r\n"
         assert connections == 1  # the second request went over the first's upstream connection
-        writer.close()
-    finally:
-        proxy.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await proxy
-        upstream.close()
-        await upstream.wait_closed()
 
 
 def test_the_floor_proxy_only_relays_to_a_loopback_upstream() -> None:
