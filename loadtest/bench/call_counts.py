@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
-from loadtest.bench import stream_chunks
+from loadtest.bench import stream_answers, stream_chunks
 from loadtest.bench._util import delete_prefix, pick_cpus, start_gateway, which
 from loadtest.bench.http_clients.upstream import start_upstream
 from loadtest.bench.peers_keys import REDIS_URL, _provision
@@ -159,7 +159,7 @@ def run(mode: str, requests: int, stream: bool) -> dict[str, Any]:
                 str(out),
             ]
             url, child = start_gateway(group, "gateway", argv, port, gw_cpu, cwd=str(ROOT), timeout=60)
-            body = stream_chunks._request_body("stream" if stream else "json")
+            body = stream_answers.request_body("stream" if stream else "json")
             asyncio.run(_send(url, key, body, 200))  # warm: connections, caches, the key's lookup
             os.kill(child.pid, _START)
             time.sleep(0.2)  # the signal is handled between two bytecodes of the gateway's loop

@@ -37,7 +37,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from loadtest.bench._util import (
 )
 from loadtest.bench.peer_router import PEER, start_peers
 from loadtest.bench.peers_keys import _provision
+from loadtest.bench.stream_answers import check_stream, wrk_script
 from loadtest.bench.stream_upstream import MODEL, TOKENS, start_nginx
 from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers
 
@@ -87,28 +87,6 @@ def _config(port: int, upstreams: dict[str, str], prefix: str) -> dict[str, Any]
             for shape, url in upstreams.items()
         ],
     }
-
-
-def _request_body(shape: str) -> bytes:
-    body = {
-        "model": f"{MODEL}-{shape}",
-        "messages": [{"role": "user", "content": "Tell me a long story about request routing. " * 20}],
-        "max_tokens": TOKENS,
-    }
-    if shape != "json":
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return json.dumps(body).encode()
-
-
-def _wrk_script(key: str, shape: str) -> str:
-    return (
-        'wrk.method = "POST"\n'
-        f"wrk.body = {json.dumps(_request_body(shape).decode())}\n"
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
-        'function done(summary, latency, requests) io.write("BYTES " .. summary.bytes .. "\\n") end\n'
-    )
 
 
 def _wrk(
@@ -136,64 +114,6 @@ def _baseline_tree(ref: str, work: Path) -> Path:
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
     return tree
-
-
-def _dechunk(body: bytes) -> bytes:
-    out: list[bytes] = []
-    at = 0
-    while True:
-        line_end = body.index(b"\r\n", at)
-        size = int(body[at:line_end].split(b";")[0], 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(body[line_end + 2 : line_end + 2 + size])
-        at = line_end + 4 + size
-
-
-def _whole(raw: bytes) -> bool:
-    head, found, body = raw.partition(b"\r\n\r\n")
-    if not found:
-        return False
-    for line in head.lower().split(b"\r\n"):
-        if line.startswith(b"content-length:"):
-            return len(body) >= int(line.split(b":")[1])
-    return raw.endswith(b"\r\n0\r\n\r\n")
-
-
-def check_stream(url: str, key: str, shape: str) -> int:
-    """Validate one relayed answer (every token event, the usage chunk, [DONE]); its size on the wire."""
-    host, port = url.removeprefix("http://").split(":")
-    body = _request_body(shape)
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    raw = b""
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head.encode() + body)
-        while not _whole(raw):
-            data = sock.recv(65536)
-            if not data:
-                break
-            raw += data
-    headers, _, chunked = raw.partition(b"\r\n\r\n")
-    if not headers.startswith(b"HTTP/1.1 200"):
-        raise RuntimeError(f"{url} answered {raw[:300]!r}")
-    if shape == "json":
-        if b"\r\ntransfer-encoding: chunked" in headers.lower():  # relayed as the backend framed it
-            chunked = _dechunk(chunked)
-        if json.loads(chunked)["usage"]["completion_tokens"] != TOKENS:
-            raise RuntimeError(f"{url} answered without the usage")
-        return len(raw)
-    events = [e for e in _dechunk(chunked).split(b"\n\n") if e]
-    usage = json.loads(events[-2][6:])
-    if (
-        usage["usage"]["completion_tokens"] != TOKENS
-        or events[-1] != b"data: [DONE]"
-        or len(events) != TOKENS + 2
-    ):
-        raise RuntimeError(f"{url} relayed an unexpected stream ({len(events)} events)")
-    return len(raw)
 
 
 def _answers(url: str, key: str, shape: str) -> bool:
@@ -256,7 +176,7 @@ def run(
             floors = _start_floors(group, upstreams, shapes, relays, gw_cpu) if floor else {}
             for shape in shapes:
                 script = work / f"{shape}.lua"
-                script.write_text(_wrk_script(key, shape))
+                script.write_text(wrk_script(key, shape))
                 targets = dict(gateways)
                 cpu_of: dict[str, Callable[[int], float]] = dict.fromkeys(gateways, process_cpu_seconds)
                 if shape in peers:

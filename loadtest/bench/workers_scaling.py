@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from loadtest.bench import stream_chunks
+from loadtest.bench import stream_answers, stream_chunks
 from loadtest.bench._util import CLK_TCK, delete_prefix, pick_cpus, start_gateway, which
 from loadtest.bench.peers_keys import _provision
 from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
@@ -128,8 +128,8 @@ def run(workers: int, rounds: int, duration: float, conns: list[int]) -> dict[st
                     group, f"gw-{name}", argv, port, gw_cpu, cwd=str(ROOT), timeout=60
                 )
             script = work / "burst.lua"
-            script.write_text(stream_chunks._wrk_script(key, "burst"))
-            size = {n: stream_chunks.check_stream(url, key, "burst") for n, (url, _) in gateways.items()}
+            script.write_text(stream_answers.wrk_script(key, "burst"))
+            size = {n: stream_answers.check_stream(url, key, "burst") for n, (url, _) in gateways.items()}
             separate = ["1", *names[2:]]
 
             def load(name: str, connections: int) -> float:
