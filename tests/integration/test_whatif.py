@@ -155,11 +155,13 @@ def _agreement(
         # 64-66. What the HTTP path adds (the gateway, the sims' own CPU on two cores shared with the
         # client) slows some requests past an SLO, and the gateway's measured latencies, which feed its
         # predictions, include it: ~1 in 10 chat requests went elsewhere than in the replay, and fewer of
-        # those met the SLO. So HTTP may meet up to 8 requests or 6.5% of the class fewer (whichever is
-        # more), and at most 6 or 4% more. A modelling error (a cache, a queue or a speed the replay
-        # lacks) moves tens of points
+        # those met the SLO. The slower the core, the more the HTTP path adds: on 2026-11-29, on an Intel
+        # Xeon where the gateway costs twice the CPU per request it costs on those machines, HTTP met 1, 7
+        # and 10 fewer than the replay in three runs (the 10, 100 of 153, a CI run after the whole suite).
+        # So HTTP may meet up to 8 requests or 8% of the class fewer (whichever is more), and at most 6
+        # or 4% more. A modelling error (a cache, a queue or a speed the replay lacks) moves tens of points
         fewer = round(replay_met * count) - round(http_met * count)
-        assert -max(6, 0.04 * count) <= fewer <= max(8, 0.065 * count), (cls, summary)
+        assert -max(6, 0.04 * count) <= fewer <= max(8, 0.08 * count), (cls, summary)
         # within 10%, plus what the HTTP path adds to every request and the replay does not model (the
         # gateway, SSE framing, the load generator's client: a few ms of real time, TIME_SCALE times that
         # on the fleet's clock). Two clean-clone CI runs on 2026-11-26 measured chat's HTTP p50 at 158.6
