@@ -2,9 +2,9 @@
 
 The gateway's own stack (uvloop, httptools) and nothing else: each request parsed, forwarded as its client
 sent it over a kept-alive connection to the one upstream, the answer written back read by read as it came
-(a streamed answer chunk by chunk) and parsed only to tell where it ends. No
-header rewritten, no routing, limits, accounting or telemetry: what serving and relaying alone cost in
-Python. A benchmark target, not a gateway (no bounds, no errors in OpenAI's shape).
+(a streamed answer chunk by chunk) and parsed only to tell where it ends. No header rewritten, no routing,
+limits, accounting or telemetry: what serving and relaying alone cost in Python. A benchmark target, not a
+gateway (no bounds, no errors in OpenAI's shape).
 
 Usage: python -m loadtest.bench.floor_proxy --port PORT --upstream http://127.0.0.1:PORT
 """
