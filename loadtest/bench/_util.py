@@ -101,6 +101,11 @@ def python_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def floor_argv(port: int, upstream_url: str) -> list[str]:
+    """A bare Python relay (loadtest/bench/floor_proxy.py) on loopback `port` in front of `upstream_url`."""
+    return python_argv("loadtest.bench.floor_proxy", "--port", str(port), "--upstream", upstream_url)
+
+
 def healthy(url: str) -> bool:
     """Whether `url` answers `GET /health` with 200 (no proxy; raises OSError while it is not up yet)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -185,15 +190,25 @@ def run_wrk(
 ) -> tuple[float, float]:
     """(requests/s, p50 ms) of one `wrk -t1` run of `script` against `url`, pinned to `cpu`; raises when
     wrk failed or any answer was not 2xx/3xx (or, with `refuse_socket_errors`, a connection failed)."""
-    argv = [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script), url]
     out = subprocess.run(
-        argv,
+        wrk_argv(wrk, url, script, connections, duration),
         capture_output=True,
         text=True,
         timeout=duration + 30,
         preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
         check=True,
     ).stdout
+    return wrk_figures(out, url, refuse_socket_errors=refuse_socket_errors)
+
+
+def wrk_argv(wrk: str, url: str, script: Path, connections: int, duration: float) -> list[str]:
+    """One wrk thread running `script` against `url`, reporting its latency distribution."""
+    return [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script), url]
+
+
+def wrk_figures(out: str, url: str, *, refuse_socket_errors: bool = False) -> tuple[float, float]:
+    """(requests/s, p50 ms) from the report of a `wrk_argv` run; raises when wrk failed or any answer was
+    not 2xx/3xx (or, with `refuse_socket_errors`, a connection failed)."""
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", out)
     refused = "Non-2xx or 3xx responses" in out or (refuse_socket_errors and "Socket errors" in out)

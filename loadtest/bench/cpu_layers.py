@@ -33,10 +33,10 @@ from typing import Any
 
 from loadtest.bench._util import (
     delete_prefix,
+    floor_argv,
     http_post,
     pick_cpus,
     process_cpu_seconds,
-    python_argv,
     run_wrk,
     start_gateway,
     start_static_backend,
@@ -44,7 +44,7 @@ from loadtest.bench._util import (
 )
 from loadtest.bench.accounting import _BODY
 from loadtest.bench.keys import REDIS_URL, _make_key, _script, _start
-from loadtest.bench.peer_router import PEER
+from loadtest.bench.peer_router import PEER, router_argv
 from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers
 
 TARGETS = ("floor", "open", "keys", "vllm-router")
@@ -76,13 +76,10 @@ def run(connections: list[int], rounds: int, duration: float) -> dict[str, Any]:
                     return _start(group, work, f"{target}-{r}", target, backend_url, prefix, gw_cpu, r + 1)
                 port = free_port()
                 if target == "floor":
-                    argv = python_argv(
-                        "loadtest.bench.floor_proxy", "--port", str(port), "--upstream", backend_url
-                    )
+                    argv = floor_argv(port, backend_url)
                 else:
                     assert router is not None
-                    argv = [router, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", backend_url]
-                    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+                    argv = router_argv(router, port, backend_url)
                 return start_gateway(group, f"{target}-{r}", argv, port, gw_cpu, timeout=60, ready=_answers)
 
             script = work / "post.lua"  # with the key, made through a keys gateway's admin API

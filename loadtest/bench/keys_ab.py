@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ from loadtest.bench._util import (
     process_cpu_seconds,
     start_gateway,
     start_static_backend,
+    wrk_argv,
+    wrk_figures,
 )
 from loadtest.bench.accounting import MODEL
 from loadtest.bench.keys import ADMIN_KEY, _make_key, _script
@@ -84,7 +85,7 @@ def _wrk_pair(
     """Load both gateways at once: per gateway (requests/s, p50 ms)."""
     procs = [
         subprocess.Popen(
-            [wrk, "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(script), url],
+            wrk_argv(wrk, url, script, connections, duration),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -92,17 +93,10 @@ def _wrk_pair(
         )
         for url, script in zip(urls, scripts, strict=True)
     ]
-    out = []
-    for proc in procs:
-        text = proc.communicate(timeout=duration + 30)[0]
-        rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
-        p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)\b", text)
-        if rps is None or p50 is None or "Non-2xx or 3xx responses" in text:
-            raise RuntimeError(f"wrk failed or saw errors:\n{text}")
-        out.append(
-            (float(rps.group(1)), float(p50.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50.group(2)])
-        )
-    return out
+    return [
+        wrk_figures(proc.communicate(timeout=duration + 30)[0], url)
+        for proc, url in zip(procs, urls, strict=True)
+    ]
 
 
 def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str, Any]:

@@ -16,6 +16,24 @@ PEER = "/tmp/peers-venvs/vllm-router/bin/vllm-router"
 """Where the peers harness's `setup.sh` installs vllm-router."""
 
 
+def router_argv(binary: str, port: int, worker_url: str) -> list[str]:
+    """vllm-router on loopback `port` in front of `worker_url`, as the peers harness's preset starts it
+    (its metrics on a free port of their own)."""
+    return [
+        binary,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        worker_url,
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+    ]
+
+
 def start_peers(
     group: ProcessGroup,
     binary: str,
@@ -28,20 +46,7 @@ def start_peers(
     peers = {}
     for shape in shapes:
         port = free_port()
-        argv = [
-            binary,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--worker-urls",
-            upstreams[shape],
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(free_port()),
-        ]
-        child = group.start(f"peer-{shape}", argv, cpu=cpu)
+        child = group.start(f"peer-{shape}", router_argv(binary, port, upstreams[shape]), cpu=cpu)
         url = f"http://127.0.0.1:{port}"
         wait_until(partial(answers, url, shape), timeout=60, what=url, child=child)
         peers[shape] = (url, child)

@@ -53,9 +53,9 @@ import yaml
 from loadtest.bench import stream_upstream
 from loadtest.bench._util import (
     delete_prefix,
+    floor_argv,
     pick_cpus,
     process_cpu_seconds,
-    python_argv,
     session_cpu_seconds,
     start_gateway,
     which,
@@ -251,9 +251,14 @@ def _start_floors(
     floors = {}
     for shape in shapes:
         port = free_port()
-        argv = python_argv("loadtest.bench.floor_proxy", "--port", str(port), "--upstream", upstreams[shape])
         floors[shape] = start_gateway(
-            group, f"floor-{shape}", argv, port, cpu, timeout=60, ready=_relays_shape(relays, shape)
+            group,
+            f"floor-{shape}",
+            floor_argv(port, upstreams[shape]),
+            port,
+            cpu,
+            timeout=60,
+            ready=_relays_shape(relays, shape),
         )
     return floors
 
