@@ -54,8 +54,13 @@ def _stat_fields(pid: int) -> list[str]:
 
 def process_cpu_seconds(pid: int) -> float:
     """User+system CPU seconds used so far by process ``pid`` (all threads), outside any session."""
+    return sum(process_cpu_split(pid))
+
+
+def process_cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds used so far by process ``pid`` (all threads)."""
     fields = _stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime = stat fields 14, 15
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime = stat fields 14, 15
 
 
 def _session_stats(sid: int) -> list[list[str]]:
@@ -76,8 +81,14 @@ def _session_stats(sid: int) -> list[list[str]]:
 
 def session_cpu_seconds(sid: int) -> float:
     """User+system CPU seconds used so far by all live processes of session ``sid`` (all threads)."""
-    ticks = sum(int(f[11]) + int(f[12]) for f in _session_stats(sid))  # utime, stime = stat fields 14, 15
-    return ticks / CLK_TCK
+    return sum(session_cpu_split(sid))
+
+
+def session_cpu_split(sid: int) -> tuple[float, float]:
+    """User and system CPU seconds used so far by all live processes of session ``sid`` (all threads)."""
+    rows = _session_stats(sid)
+    user = sum(int(f[11]) for f in rows)  # utime, stime = stat fields 14, 15
+    return user / CLK_TCK, sum(int(f[12]) for f in rows) / CLK_TCK
 
 
 def http_post(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, bytes]:

@@ -55,8 +55,8 @@ from loadtest.bench._util import (
     delete_prefix,
     floor_argv,
     pick_cpus,
-    process_cpu_seconds,
-    session_cpu_seconds,
+    process_cpu_split,
+    session_cpu_split,
     start_gateway,
     which,
 )
@@ -178,20 +178,22 @@ def run(
                 script = work / f"{shape}.lua"
                 script.write_text(wrk_script(key, shape))
                 targets = dict(gateways)
-                cpu_of: dict[str, Callable[[int], float]] = dict.fromkeys(gateways, process_cpu_seconds)
+                cpu_of: dict[str, Callable[[int], tuple[float, float]]] = dict.fromkeys(
+                    gateways, process_cpu_split
+                )
                 if shape in peers:
                     targets["peer"] = peers[shape]
-                    cpu_of["peer"] = session_cpu_seconds  # the router's threads, in its own session
+                    cpu_of["peer"] = session_cpu_split  # the router's threads, in its own session
                 if shape in floors:
                     targets["floor"] = floors[shape]
-                    cpu_of["floor"] = process_cpu_seconds
+                    cpu_of["floor"] = process_cpu_split
                 size = {}
                 for name, (url, _) in targets.items():
                     size[name] = check_stream(url, key, shape)
                     _wrk(wrk, url + "/v1/chat/completions", script, 8, 1, load_cpu, size[name])  # warm-up
                 for c in conns:
                     case = f"{shape} c={c}"
-                    samples[case] = {f"{n}{k}": [] for n in targets for k in ("", "_rps")}
+                    samples[case] = {f"{n}{k}": [] for n in targets for k in ("", "_user", "_rps")}
                     ratios[case] = {f"new/{n}": [] for n in targets if n != "new"}
                     if "peer" in targets:
                         ratios[case]["old/peer"] = []
@@ -205,13 +207,15 @@ def run(
                         per_chunk = {}
                         for name in order:
                             url, child = targets[name]
-                            before = cpu_of[name](child.pid)
+                            user, system = cpu_of[name](child.pid)
                             answers = _wrk(
                                 wrk, url + "/v1/chat/completions", script, c, duration, load_cpu, size[name]
                             )
-                            spent = cpu_of[name](child.pid) - before
-                            per_chunk[name] = spent / max(1e-9, answers) * 1e6  # per answer
+                            user_after, system_after = cpu_of[name](child.pid)
+                            user = (user_after - user) / max(1e-9, answers) * 1e6  # per answer
+                            per_chunk[name] = user + (system_after - system) / max(1e-9, answers) * 1e6
                             samples[case][name].append(per_chunk[name])
+                            samples[case][f"{name}_user"].append(user)
                             samples[case][f"{name}_rps"].append(answers / duration)
                         for pair, values in ratios[case].items():
                             a, b = pair.split("/")
@@ -310,6 +314,16 @@ def format_table(summary: dict[str, Any]) -> str:
             lines.append(
                 f"{case:<14} {floor:>12.0f} {per_chunk:>11} {c['new_vs_floor']:>9.3f} {versus_peer:>10}"
             )
+    streamed = [(case, c) for case, c in summary["cases"].items() if not case.startswith("json")]
+    names = [
+        n for n in ("old", "new", "peer", "floor") if streamed and f"{n}_user_us_per_answer" in streamed[0][1]
+    ]
+    if names:  # a summary written before the split was recorded has none
+        lines.append("user-space CPU µs per chunk (the rest of each figure above is the kernel's)")
+        lines.append(f"{'case':<14} " + " ".join(f"{n + ' user':>11}" for n in names))
+        for case, c in streamed:
+            users = [c.get(f"{n}_user_us_per_answer", float("nan")) / tokens for n in names]
+            lines.append(f"{case:<14} " + " ".join(f"{u:>11.2f}" for u in users))
     return "\n".join(lines)
 
 

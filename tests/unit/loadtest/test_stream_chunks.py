@@ -47,3 +47,16 @@ def test_without_the_router_the_floor_row_says_so_rather_than_guessing() -> None
     for key in [k for k in summary["cases"]["paced c=8"] if k.startswith("floor") or "_floor" in k]:
         del summary["cases"]["paced c=8"][key]
     assert "the floor" not in stream_chunks.format_table(summary)  # --no-floor
+
+
+def test_the_user_space_share_per_chunk_is_its_own_table() -> None:
+    summary = _summary(with_peer=True)
+    case = summary["cases"]["paced c=8"]
+    case |= {"old_user_us_per_answer": 2_560.0, "new_user_us_per_answer": 2_048.0}
+    case |= {"peer_user_us_per_answer": 1_024.0, "floor_user_us_per_answer": 512.0}
+    summary["cases"]["json c=8"] = dict(case)  # not streamed: no per-chunk row
+    lines = stream_chunks.format_table(summary).splitlines()
+    at = lines.index("user-space CPU µs per chunk (the rest of each figure above is the kernel's)")
+    assert lines[at + 1].split() == ["case", "old", "user", "new", "user", "peer", "user", "floor", "user"]
+    assert lines[at + 2].split() == ["paced", "c=8", "5.00", "4.00", "2.00", "1.00"]
+    assert len(lines) == at + 3
