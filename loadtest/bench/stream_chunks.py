@@ -12,7 +12,8 @@ streamed (a chat.completion with usage), for the CPU per non-streamed answer.
 The machine may be shared, so throughput is not the figure: each phase loads one gateway alone with wrk
 and divides the gateway process's CPU time (utime + stime from /proc) by the chunks it relayed (answers
 x 512). Phases alternate old/new (and which goes first, round by round); the figure is the median over
-rounds, and `new/old` the median of the per-round ratios. When the peers harness installed vllm-router
+rounds, and `new/old` the median of the per-round ratios; a last table gives each target's user time alone
+per chunk (utime: the rest is the kernel's). When the peers harness installed vllm-router
 (the harness's `setup.sh`, under /tmp/peers-venvs), it is measured in the same rounds as a third target,
 started as the harness's `vllm-router` preset (default policy) with one router per upstream shape, all
 pinned to the gateway's CPU (its CPU is its whole session's, every thread); `new/peer` and `old/peer` are
