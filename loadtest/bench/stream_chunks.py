@@ -208,13 +208,14 @@ def run(
                         per_chunk = {}
                         for name in order:
                             url, child = targets[name]
-                            user, system = cpu_of[name](child.pid)
+                            user_before, system_before = cpu_of[name](child.pid)
                             answers = _wrk(
                                 wrk, url + "/v1/chat/completions", script, c, duration, load_cpu, size[name]
                             )
                             user_after, system_after = cpu_of[name](child.pid)
-                            user = (user_after - user) / max(1e-9, answers) * 1e6  # per answer
-                            per_chunk[name] = user + (system_after - system) / max(1e-9, answers) * 1e6
+                            user = (user_after - user_before) / max(1e-9, answers) * 1e6  # per answer
+                            system = (system_after - system_before) / max(1e-9, answers) * 1e6
+                            per_chunk[name] = user + system
                             samples[case][name].append(per_chunk[name])
                             samples[case][f"{name}_user"].append(user)
                             samples[case][f"{name}_rps"].append(answers / duration)

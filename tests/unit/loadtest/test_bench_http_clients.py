@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from loadtest.bench._util import pick_cpus, session_cpu_seconds
+from loadtest.bench._util import pick_cpus, process_cpu_split, session_cpu_seconds, session_cpu_split
 from loadtest.bench.http_clients import payloads, run
 from loadtest.processes import ProcessGroup
 
@@ -41,7 +41,8 @@ def test_parse_args_defaults_and_limits() -> None:
 
 def test_session_cpu_of_a_pinned_child(tmp_path) -> None:
     # Spins for 0.4 s of its own CPU time (not wall time), so a busy machine only makes it slower.
-    spin = "import time\nwhile time.process_time() < 0.4: pass\ntime.sleep(30)"
+    # The clock is read between sums: reading it is a system call, the sums are user time.
+    spin = "import time\nwhile time.process_time() < 0.4: sum(range(20000))\ntime.sleep(30)"
     group = ProcessGroup(tmp_path)
     child = group.start("spin", [sys.executable, "-c", spin], cpu=pick_cpus()[0])
     try:
@@ -50,6 +51,14 @@ def test_session_cpu_of_a_pinned_child(tmp_path) -> None:
             time.sleep(0.1)
         assert child.alive()
         assert session_cpu_seconds(child.pid) > 0.3
+        # A spin in Python is user time: the split puts it there, and its parts add up to the whole
+        # (read once the spin is over, ~0.4 s, so both readings see the same counts).
+        while session_cpu_seconds(child.pid) < 0.38 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.1)
+        user, system = session_cpu_split(child.pid)
+        assert user > 0.2 and system < user and user + system == session_cpu_seconds(child.pid)
+        assert process_cpu_split(child.pid) == (user, system)  # one process in its session
     finally:
         group.stop(child)
     assert not child.alive() and group.children == []
