@@ -179,6 +179,36 @@ def start_gateway(
     return url, child
 
 
+def start_per_shape(
+    group: ProcessGroup,
+    name: str,
+    argv_of: Callable[[int, str], list[str]],
+    upstreams: dict[str, str],
+    shapes: list[str],
+    answers: Callable[[str, str], bool],
+    cpu: int,
+) -> dict[str, tuple[str, Child]]:
+    """One relay per upstream shape, `argv_of(port, upstream_url)` on a free port pinned to `cpu`;
+    {shape: (URL, child)} once `answers(url, shape)` holds for each."""
+    started = {}
+    for shape in shapes:
+        port = free_port()
+        started[shape] = start_gateway(
+            group,
+            f"{name}-{shape}",
+            argv_of(port, upstreams[shape]),
+            port,
+            cpu,
+            timeout=60,
+            ready=_answering(answers, shape),
+        )
+    return started
+
+
+def _answering(answers: Callable[[str, str], bool], shape: str) -> Callable[[str], bool]:
+    return lambda url: answers(url, shape)
+
+
 def start_static_backend(group: ProcessGroup, model: str, cpu: int, work: Path) -> str:
     """nginx answering a static chat completion (the gateway is then the bottleneck), or without nginx a
     simulated backend with zero token delays; its base URL."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from loadtest.processes import Child, ProcessGroup, free_port, wait_until
+from loadtest.bench._util import start_per_shape
+from loadtest.processes import Child, ProcessGroup, free_port
 
 PEER = "/tmp/peers-venvs/vllm-router/bin/vllm-router"
 """Where the peers harness's `setup.sh` installs vllm-router."""
@@ -43,11 +44,4 @@ def start_peers(
     cpu: int,
 ) -> dict[str, tuple[str, Child]]:
     """One vllm-router per upstream shape; {shape: (URL, child)} once `answers(url, shape)` holds for each."""
-    peers = {}
-    for shape in shapes:
-        port = free_port()
-        child = group.start(f"peer-{shape}", router_argv(binary, port, upstreams[shape]), cpu=cpu)
-        url = f"http://127.0.0.1:{port}"
-        wait_until(partial(answers, url, shape), timeout=60, what=url, child=child)
-        peers[shape] = (url, child)
-    return peers
+    return start_per_shape(group, "peer", partial(router_argv, binary), upstreams, shapes, answers, cpu)

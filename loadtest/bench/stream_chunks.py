@@ -59,13 +59,14 @@ from loadtest.bench._util import (
     process_cpu_split,
     session_cpu_split,
     start_gateway,
+    start_per_shape,
     which,
 )
 from loadtest.bench.peer_router import PEER, start_peers
 from loadtest.bench.peers_keys import _provision
 from loadtest.bench.stream_answers import check_stream, wrk_script
 from loadtest.bench.stream_upstream import MODEL, TOKENS, start_nginx
-from loadtest.processes import Child, ProcessGroup, free_port, install_interrupt_handlers
+from loadtest.processes import ProcessGroup, free_port, install_interrupt_handlers
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -174,7 +175,9 @@ def run(
                 return _answers(url, key, shape)
 
             peers = start_peers(group, peer, upstreams, shapes, relays, gw_cpu) if peer else {}
-            floors = _start_floors(group, upstreams, shapes, relays, gw_cpu) if floor else {}
+            floors = {}
+            if floor:
+                floors = start_per_shape(group, "floor", floor_argv, upstreams, shapes, relays, gw_cpu)
             for shape in shapes:
                 script = work / f"{shape}.lua"
                 script.write_text(wrk_script(key, shape))
@@ -244,33 +247,6 @@ def run(
             cases[case][key_name] = statistics.median(values)
             cases[case][f"rounds_{key_name}"] = [round(x, 3) for x in values]
     return {"baseline": ref, "tokens": TOKENS, "peer": peer, "cases": cases}
-
-
-def _start_floors(
-    group: ProcessGroup,
-    upstreams: dict[str, str],
-    shapes: list[str],
-    relays: Callable[[str, str], bool],
-    cpu: int,
-) -> dict[str, tuple[str, Child]]:
-    """One floor proxy per upstream shape; {shape: (URL, child)} once each relays a whole answer."""
-    floors = {}
-    for shape in shapes:
-        port = free_port()
-        floors[shape] = start_gateway(
-            group,
-            f"floor-{shape}",
-            floor_argv(port, upstreams[shape]),
-            port,
-            cpu,
-            timeout=60,
-            ready=_relays_shape(relays, shape),
-        )
-    return floors
-
-
-def _relays_shape(relays: Callable[[str, str], bool], shape: str) -> Callable[[str], bool]:
-    return lambda url: relays(url, shape)
 
 
 def format_table(summary: dict[str, Any]) -> str:
