@@ -1,16 +1,21 @@
-"""The gateway's interpreter work per request, counted: Python frames entered and C functions called.
+"""The gateway's interpreter work per request, counted: Python frames entered, bytecodes executed and C
+functions called.
 
 CPU per request on a small shared VM moves by 10-20 % from one run to the next, more than most changes to
 the request path are worth; these counts move by about one frame a request between runs (a few for
-streams), so a change's effect on the hot path can be told from noise (issue 38). They are not time: a
-frame of `parse` and one of a one-line lambda count the same, so read them beside a CPU figure, not instead.
+streams), so a change's effect on the hot path can be told from noise (issue 38). Frames are not time: a
+frame of `parse` and one of a one-line lambda count the same. Bytecodes come nearer (a function that loops
+shows), though an instruction that builds a dict and one that loads a local still count the same: read
+either beside a CPU figure, not instead.
 
 How: the gateway runs under this module's `--serve` wrapper, which counts with `sys.setprofile` every
 Python frame entered (a call, or a coroutine resumed: each `await` that suspends costs its whole chain
-again) and every C function called, between SIGUSR1 and SIGUSR2. In between the parent sends exactly
-`--requests` chat completions over 8 connections (in `keys` mode with a key and team with every limit
-set, on the shared Redis), all answered 200, and divides by that number. The upstream is nginx answering
-static bodies (else a small aiohttp app), the request the stream_chunks bench sends; `--stream` streams.
+again) and every C function called, and with `sys.settrace` every bytecode each function executed (the
+gateway runs many times slower meanwhile; the counts do not care), between SIGUSR1 and SIGUSR2. In
+between the parent sends exactly `--requests` chat completions over 8 connections (in `keys` mode with a
+key and team with every limit set, on the shared Redis), all answered 200, and divides by that number.
+The upstream is nginx answering static bodies (else a small aiohttp app), the request the stream_chunks
+bench sends; `--stream` streams.
 
 Usage: python -m loadtest.bench.call_counts [--mode keys|open] [--requests 2000] [--stream] [--top 30]
        [--json out.json]
@@ -61,33 +66,64 @@ def _where(entry: Any) -> str:
     return f"{path}:{code.co_firstlineno} {code.co_qualname}"
 
 
-def _serve(config: str, port: int, out: Path) -> None:
-    """`switchyard serve`, counting between SIGUSR1 and SIGUSR2 (then written to `out` as JSON)."""
-    frames: Counter[Any] = Counter()
-    builtins: Counter[str] = Counter()
+class InterpreterCounts:
+    """Python frames entered, C functions called and bytecodes executed in this thread, while counting."""
 
-    def count(frame: FrameType, event: str, arg: Any) -> None:
+    def __init__(self) -> None:
+        self.frames: Counter[Any] = Counter()
+        self.builtins: Counter[str] = Counter()
+        self.opcodes: Counter[Any] = Counter()
+
+    def _count(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             code = frame.f_code
             if code.co_filename == "<string>":  # generated (a dataclass's `__init__`): named by its class
-                frames[(code, type(frame.f_locals.get("self")).__qualname__)] += 1
+                self.frames[(code, type(frame.f_locals.get("self")).__qualname__)] += 1
             else:
-                frames[code] += 1
+                self.frames[code] += 1
         elif event == "c_call":
-            builtins[getattr(arg, "__qualname__", type(arg).__name__)] += 1
+            self.builtins[getattr(arg, "__qualname__", type(arg).__name__)] += 1
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return self._each_opcode
+
+    def _each_opcode(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            self.opcodes[frame.f_code] += 1
+        return self._each_opcode
+
+    def start(self) -> None:
+        self.frames.clear()
+        self.builtins.clear()
+        self.opcodes.clear()
+        sys.setprofile(self._count)
+        sys.settrace(self._trace)
+
+    def stop(self) -> dict[str, dict[str, int]]:
+        """Stop counting; the counts by place (`_where`): `python` frames, `c` calls, `bytecodes`."""
+        sys.setprofile(None)
+        sys.settrace(None)
+        python: Counter[str] = Counter()
+        for code, n in self.frames.items():
+            python[_where(code)] += n  # code compiled from one source (a policy's rules) shares a place
+        bytecodes: Counter[str] = Counter()
+        for code, n in self.opcodes.items():
+            bytecodes[_where(code)] += n
+        return {"python": dict(python), "c": dict(self.builtins), "bytecodes": dict(bytecodes)}
+
+
+def _serve(config: str, port: int, out: Path) -> None:
+    """`switchyard serve`, counting between SIGUSR1 and SIGUSR2 (then written to `out` as JSON)."""
+    counts = InterpreterCounts()
 
     def start(signum: int, frame: FrameType | None) -> None:
-        frames.clear()
-        builtins.clear()
-        sys.setprofile(count)
+        counts.start()
 
     def dump(signum: int, frame: FrameType | None) -> None:
-        sys.setprofile(None)
-        python: Counter[str] = Counter()
-        for code, n in frames.items():
-            python[_where(code)] += n  # code compiled from one source (a policy's rules) shares a place
         written = out.with_suffix(".part")
-        written.write_text(json.dumps({"python": python, "c": dict(builtins)}))
+        written.write_text(json.dumps(counts.stop()))
         written.replace(out)  # whole once `out` exists
 
     signal.signal(_START, start)
@@ -120,12 +156,15 @@ def per_request(raw: dict[str, dict[str, int]], requests: int) -> dict[str, Any]
     """The counts over `requests`: totals and every entry, per request."""
     python = {name: n / requests for name, n in raw["python"].items()}
     c = {name: n / requests for name, n in raw["c"].items()}
+    bytecodes = {name: n / requests for name, n in raw.get("bytecodes", {}).items()}
     return {
         "requests": requests,
         "python_frames": sum(python.values()),
         "c_calls": sum(c.values()),
+        "bytecodes_total": sum(bytecodes.values()),
         "python": dict(sorted(python.items(), key=lambda kv: -kv[1])),
         "c": dict(sorted(c.items(), key=lambda kv: -kv[1])),
+        "bytecodes": dict(sorted(bytecodes.items(), key=lambda kv: -kv[1])),
     }
 
 
@@ -177,12 +216,15 @@ def format_table(summary: dict[str, Any], top: int) -> str:
     lines = [
         f"{summary['mode']} mode, {'streamed' if summary['stream'] else 'non-streamed'}, "
         f"{summary['requests']} requests: {summary['python_frames']:.1f} Python frames and "
-        f"{summary['c_calls']:.1f} C calls per request",
+        f"{summary['c_calls']:.1f} C calls per request, {summary.get('bytecodes_total', 0.0):.0f} bytecodes",
         "per request  Python frame (calls and coroutine resumptions)",
     ]
     lines += [f"{n:>11.2f}  {name}" for name, n in list(summary["python"].items())[:top]]
     lines.append("per request  C function")
     lines += [f"{n:>11.2f}  {name}" for name, n in list(summary["c"].items())[:top]]
+    if summary.get("bytecodes"):
+        lines.append("per request  bytecodes executed, by function")
+        lines += [f"{n:>11.1f}  {name}" for name, n in list(summary["bytecodes"].items())[:top]]
     return "\n".join(lines)
 
 
@@ -204,7 +246,11 @@ def compare(before: dict[str, Any], after: dict[str, Any], top: int) -> str:
         f"C calls {before['c_calls']:.1f} -> {after['c_calls']:.1f}",
         f"{'before':>8} {'after':>8} {'change':>8}  entry",
     ]
-    for kind in ("python", "c"):
+    if "bytecodes" in before and "bytecodes" in after:
+        lines[0] += f", bytecodes {before['bytecodes_total']:.0f} -> {after['bytecodes_total']:.0f}"
+    for kind in ("python", "c", "bytecodes"):
+        if kind not in before or kind not in after:
+            continue
         was, now = _by_name(before[kind]), _by_name(after[kind])
         changes = sorted(
             ((was.get(n, 0.0), now.get(n, 0.0), n) for n in set(was) | set(now)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadtest.bench.call_counts import compare, format_table, per_request
+from loadtest.bench.call_counts import InterpreterCounts, compare, format_table, per_request
 
 
 def test_counts_are_divided_by_the_requests_sent_and_sorted() -> None:
@@ -26,3 +26,42 @@ def test_a_function_that_moved_is_the_same_function_and_lambdas_add_up() -> None
     assert "Python frames per request 3.0 -> 3.0, C calls 0.0 -> 1.0" in text
     assert "m.py f" not in text and "<lambda>" not in text  # unchanged once the line numbers go
     assert "+1.00  c: len" in text
+
+
+def _loop(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def test_the_bytecodes_of_a_loop_grow_with_its_turns_and_calls_are_counted_once_each() -> None:
+    counts = InterpreterCounts()
+    counts.start()
+    _loop(10)
+    _loop(10)
+    len("abc")
+    short = counts.stop()
+    counts.start()
+    _loop(110)
+    long = counts.stop()
+    (where,) = [w for w in short["python"] if w.endswith(" _loop")]
+    assert short["python"][where] == 2 and long["python"][where] == 1
+    assert short["c"]["len"] == 1
+    per_turn = (long["bytecodes"][where] - short["bytecodes"][where] / 2) / 100
+    assert 4 <= per_turn <= 12  # FOR_ITER, STORE_FAST, LOAD_FASTs, BINARY_OP, JUMP_BACKWARD, ...
+    frames = sum(counts.frames.values())
+    _loop(5)
+    assert sum(counts.frames.values()) == frames  # stopped: nothing more is counted
+
+
+def test_bytecodes_are_divided_shown_and_compared() -> None:
+    raw = {"python": {"a.py:1 f": 100}, "c": {}, "bytecodes": {"a.py:1 f": 5000, "b.py:2 g": 1000}}
+    summary = per_request(raw, 100)
+    assert summary["bytecodes_total"] == 60.0
+    assert list(summary["bytecodes"].items()) == [("a.py:1 f", 50.0), ("b.py:2 g", 10.0)]
+    table = format_table({"mode": "keys", "stream": False, **summary}, top=5)
+    assert "60 bytecodes" in table and "bytecodes executed, by function" in table
+    after = per_request({**raw, "bytecodes": {"a.py:3 f": 3000, "b.py:2 g": 1000}}, 100)
+    text = compare(summary, after, top=10)
+    assert "bytecodes 60 -> 40" in text and "-20.00  bytecodes: a.py f" in text
