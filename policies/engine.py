@@ -90,9 +90,11 @@ class PolicyEngine:
         self._routes = {
             name: self._compile_route(name, route, backends) for name, route in loaded.policy.routes.items()
         }
-        self._headers: list[tuple[bytes, dict[str, str]]] = [
-            (name.encode("latin-1"), values) for name, values in loaded.policy.headers.items()
-        ]
+        self._headers: dict[bytes, tuple[int, dict[str, str]]] = {
+            name.encode("latin-1"): (order, values)
+            for order, (name, values) in enumerate(loaded.policy.headers.items())
+        }
+        """The `headers:` mapping by header name: (its place in the policy, the classes by value)."""
         self.hints = HeaderHints(loaded.policy)  # the headers it reads (gateway/request/allowance.py)
         self.recent = RecentSends()
         """What this engine routed to each backend since its last scrape (policies/predict.py)."""
@@ -163,15 +165,19 @@ class PolicyEngine:
         return DEFAULT_CLASS, "default"
 
     def _mapped_header(self, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """The class a `headers:` mapping of the policy gives these request headers, if any."""
-        for name, values in self._headers:
-            for key, raw in headers:
-                if key == name:
-                    value = raw.decode("latin-1").split(",", 1)[0].strip().lower()
-                    cls = values.get(value)
-                    if cls is not None:
-                        return cls
-        return None
+        """The class a `headers:` mapping of the policy gives these request headers, if any: of the
+        mapped headers whose value names a class, the one the policy lists first (the first such
+        header of that name). One pass over the request's headers, a dict lookup each (hot path)."""
+        mapping = self._headers
+        found: str | None = None
+        found_at = len(mapping)
+        for key, raw in headers:
+            entry = mapping.get(key)
+            if entry is not None and entry[0] < found_at:
+                cls = entry[1].get(raw.decode("latin-1").split(",", 1)[0].strip().lower())
+                if cls is not None:
+                    found, found_at = cls, entry[0]
+        return found
 
     def choose(self, profile: RequestProfile, serving: Sequence[Backend]) -> Decision:
         started = time.perf_counter_ns()

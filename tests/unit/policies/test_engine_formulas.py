@@ -135,3 +135,49 @@ def test_the_inlined_predictions_and_verdicts_equal_the_definitions(states, shap
     else:
         assert trace.ctx.predicted_ttft is None
         assert trace.able == [within_limits[b] for b in FLEET]
+
+
+_MAPPED = textwrap.dedent(
+    """
+    name: mapped
+    headers:
+      priority: {u=5: batch, u=6: batch}
+      x-request-priority: {high: interactive, low: batch}
+      x-tier: {gold: interactive, bronze: batch}
+    classes:
+      - name: interactive
+        when: {stream: true}
+      - name: batch
+        when: {n: {gte: 2}}
+    routes:
+      interactive: {}
+      batch: {}
+      default: {}
+    """
+)
+_header_names = st.sampled_from([b"priority", b"x-request-priority", b"x-tier", b"host", b"authorization"])
+_header_values = st.sampled_from([b"u=5", b"u=6, i", b"U=5", b"high", b" LOW ", b"gold", b"bronze", b"x", b""])
+
+
+def _mapped_by_definition(policy: dict[str, dict[str, str]], headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The policy's `headers:` in its order; for each, the first request header of that name whose first
+    comma-separated item names a class (trimmed, case-insensitive)."""
+    for name, values in policy.items():
+        for key, raw in headers:
+            if key == name.encode("latin-1"):
+                cls = values.get(raw.decode("latin-1").split(",", 1)[0].strip().lower())
+                if cls is not None:
+                    return cls
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.lists(st.tuples(_header_names, _header_values), max_size=8))
+def test_the_one_pass_header_mapping_gives_the_class_the_policy_order_gives(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    loaded = parse_policy(_MAPPED, "<test>")
+    engine = PolicyEngine(loaded, _fleet())
+    assert list(loaded.policy.headers) == ["priority", "x-request-priority", "x-tier"]
+    expected = _mapped_by_definition(loaded.policy.headers, headers)
+    assert engine._mapped_header(headers) == expected
