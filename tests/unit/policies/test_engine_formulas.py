@@ -156,10 +156,14 @@ _MAPPED = textwrap.dedent(
     """
 )
 _header_names = st.sampled_from([b"priority", b"x-request-priority", b"x-tier", b"host", b"authorization"])
-_header_values = st.sampled_from([b"u=5", b"u=6, i", b"U=5", b"high", b" LOW ", b"gold", b"bronze", b"x", b""])
+_header_values = st.sampled_from(
+    [b"u=5", b"u=6, i", b"U=5", b"high", b" LOW ", b"gold", b"bronze", b"x", b""]
+)
 
 
-def _mapped_by_definition(policy: dict[str, dict[str, str]], headers: list[tuple[bytes, bytes]]) -> str | None:
+def _mapped_by_definition(
+    policy: dict[str, dict[str, str]], headers: list[tuple[bytes, bytes]]
+) -> str | None:
     """The policy's `headers:` in its order; for each, the first request header of that name whose first
     comma-separated item names a class (trimmed, case-insensitive)."""
     for name, values in policy.items():
