@@ -15,10 +15,12 @@ gateway runs many times slower meanwhile; the counts do not care), between SIGUS
 between the parent sends exactly `--requests` chat completions over 8 connections (in `keys` mode with a
 key and team with every limit set, on the shared Redis), all answered 200, and divides by that number.
 The upstream is nginx answering static bodies (else a small aiohttp app), the request the stream_chunks
-bench sends; `--stream` streams.
+bench sends; `--stream` streams. The requests carry httpx's few headers, or with `--client openai` go
+through the official SDK and carry the fifteen or so it sends: the gateway reads every header of a
+request, so what each one costs shows only there.
 
 Usage: python -m loadtest.bench.call_counts [--mode keys|open] [--requests 2000] [--stream] [--top 30]
-       [--json out.json]
+       [--client httpx|openai] [--json out.json]
        python -m loadtest.bench.call_counts --compare before.json after.json [--top 30]
 """
 
@@ -152,6 +154,26 @@ async def _send(url: str, key: str, body: bytes, requests: int) -> None:
         await asyncio.gather(*(connection(s) for s in shares))
 
 
+async def _send_sdk(url: str, key: str, body: bytes, requests: int) -> None:
+    """As `_send`, through the official `openai` SDK: the headers real applications send (some fifteen,
+    its `x-stainless-*` ones among them) rather than httpx's few; the SDK raises on a non-200."""
+    import openai
+
+    request = json.loads(body)
+    # `CONNECTIONS` senders, each waiting for its answer: as many connections of the SDK's pool in use
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30) as client:
+
+        async def connection(share: int) -> None:
+            for _ in range(share):
+                answer: Any = await client.chat.completions.create(**request)
+                if request.get("stream"):
+                    async for _chunk in answer:
+                        pass
+
+        shares = [requests // CONNECTIONS + (i < requests % CONNECTIONS) for i in range(CONNECTIONS)]
+        await asyncio.gather(*(connection(s) for s in shares))
+
+
 def per_request(raw: dict[str, dict[str, int]], requests: int) -> dict[str, Any]:
     """The counts over `requests`: totals and every entry, per request."""
     python = {name: n / requests for name, n in raw["python"].items()}
@@ -168,7 +190,7 @@ def per_request(raw: dict[str, dict[str, int]], requests: int) -> dict[str, Any]
     }
 
 
-def run(mode: str, requests: int, stream: bool) -> dict[str, Any]:
+def run(mode: str, requests: int, stream: bool, client: str = "httpx") -> dict[str, Any]:
     gw_cpu, load_cpu = pick_cpus()
     prefix = "bench-calls-" + uuid.uuid4().hex[:8]
     key = "sy-bench-calls-" + uuid.uuid4().hex[:31]  # 43 characters after `sy-`, as real keys
@@ -199,22 +221,24 @@ def run(mode: str, requests: int, stream: bool) -> dict[str, Any]:
             ]
             url, child = start_gateway(group, "gateway", argv, port, gw_cpu, cwd=str(ROOT), timeout=60)
             body = stream_answers.request_body("stream" if stream else "json")
-            asyncio.run(_send(url, key, body, 200))  # warm: connections, caches, the key's lookup
+            send = _send_sdk if client == "openai" else _send
+            asyncio.run(send(url, key, body, 200))  # warm: connections, caches, the key's lookup
             os.kill(child.pid, _START)
             time.sleep(0.2)  # the signal is handled between two bytecodes of the gateway's loop
-            asyncio.run(_send(url, key, body, requests))
+            asyncio.run(send(url, key, body, requests))
             os.kill(child.pid, _DUMP)
             wait_until(out.exists, timeout=10, what="the counts", child=child)
             raw = json.loads(out.read_text())
         finally:
             group.close()
             delete_prefix(REDIS_URL, prefix)
-    return {"mode": mode, "stream": stream, **per_request(raw, requests)}
+    return {"mode": mode, "stream": stream, "client": client, **per_request(raw, requests)}
 
 
 def format_table(summary: dict[str, Any], top: int) -> str:
     lines = [
         f"{summary['mode']} mode, {'streamed' if summary['stream'] else 'non-streamed'}, "
+        f"from {summary.get('client', 'httpx')}, "
         f"{summary['requests']} requests: {summary['python_frames']:.1f} Python frames and "
         f"{summary['c_calls']:.1f} C calls per request, {summary.get('bytecodes_total', 0.0):.0f} bytecodes",
         "per request  Python frame (calls and coroutine resumptions)",
@@ -267,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("keys", "open"), default="keys")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument(
+        "--client", choices=("httpx", "openai"), default="httpx", help="openai: the SDK's own headers"
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
@@ -282,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 100 <= args.requests <= 100_000 or not 1 <= args.top <= 1000:
         parser.error("--requests 100..100000, --top 1..1000")
     install_interrupt_handlers()
-    summary = run(args.mode, args.requests, args.stream)
+    summary = run(args.mode, args.requests, args.stream, args.client)
     print(format_table(summary, args.top))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
