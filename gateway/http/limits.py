@@ -37,6 +37,9 @@ _IDLE, _HEADERS, _BODY, _BUSY = 0, 1, 2, 3
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
 _TRACE_HEADERS = frozenset((_TRACEPARENT, _TRACESTATE))
+_EXPECT = b"expect"
+_NOTED_HEADERS = _TRACE_HEADERS | {_EXPECT}
+"""The headers `on_header` does more with than keep."""
 # W3C Trace Context: version-traceid-parentid-flags, lowercase hex; version ff is invalid; a version above
 # 00 may append fields after a dash.
 _HEX_AND_DASH = b"0123456789abcdef-"
@@ -267,13 +270,15 @@ def protocol_class(
             if len(value) > max_value_bytes:
                 raise HeaderTooLarge
             name = name.lower()
-            if name == b"expect" and value.lower() == b"100-continue":
-                self.expect_100_continue = True
-            elif name in _TRACE_HEADERS:
-                self._trace_headers += 1
-                if name == _TRACEPARENT:
-                    self._parents += 1
-                    self._parent = value
+            if name in _NOTED_HEADERS:  # one set test for the rest (an SDK sends fifteen or so)
+                if name == _EXPECT:
+                    if value.lower() == b"100-continue":
+                        self.expect_100_continue = True
+                else:
+                    self._trace_headers += 1
+                    if name == _TRACEPARENT:
+                        self._parents += 1
+                        self._parent = value
             self.headers.append((name, value))
 
         def on_headers_complete(self) -> None:

@@ -188,3 +188,43 @@ def test_callers_without_a_key_keep_their_headers_list() -> None:
     caller = Caller("req-1", None, {}, headers=[(b"x-request-priority", b"high")])
     parsed = parse("chat", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
     assert classify(parsed, caller, hints=BALANCED.hints).headers is caller.headers
+
+
+SDK_HEADERS = [
+    ("host", "gw"),
+    ("accept-encoding", "gzip, deflate"),
+    ("connection", "keep-alive"),
+    ("accept", "application/json"),
+    ("content-type", "application/json"),
+    ("user-agent", "AsyncOpenAI/Python 2.0.0"),
+    ("x-stainless-lang", "python"),
+    ("x-stainless-package-version", "2.0.0"),
+    ("x-stainless-os", "Linux"),
+    ("x-stainless-arch", "x64"),
+    ("x-stainless-runtime", "CPython"),
+    ("x-stainless-runtime-version", "3.11.7"),
+    ("x-stainless-async", "async:asyncio"),
+    ("authorization", "Bearer sy-x"),
+    ("x-stainless-retry-count", "0"),
+    ("content-length", "120"),
+]
+"""What the official SDK sends (the hint paths test one header alone; real requests carry these)."""
+
+
+def test_hints_among_an_sdks_headers_are_capped_and_the_rest_kept_as_sent() -> None:
+    cls, priority, ignored = _decide(
+        BALANCED, [*SDK_HEADERS[:9], ("x-request-priority", "high"), *SDK_HEADERS[9:]], LOW_BATCH
+    )
+    assert (cls, priority, ignored) == ("batch", "low", ["x-request-priority"])
+    gold = [*SDK_HEADERS, ("x-tier", "gold")]
+    assert _kept_headers(TIERED, gold, _key(classes=["batch"]), {}) == SDK_HEADERS
+    assert _decide(TIERED, gold, _key(classes=["gold"]))[0] == "gold"
+
+
+def test_a_keys_request_without_hints_keeps_its_headers_list() -> None:
+    """The usual request with a key: nothing to drop, so nothing is copied (told without a loop)."""
+    caller = Caller("req-1", None, {}, headers=[(n.encode(), v.encode()) for n, v in SDK_HEADERS])
+    caller.key = Tenant(LOW_BATCH, None, False)
+    parsed = parse("chat", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    profile = classify(parsed, caller, hints=TIERED.hints, class_of=TIERED.classify)
+    assert profile.headers is caller.headers and not caller.hints_ignored
