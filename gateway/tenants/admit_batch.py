@@ -95,6 +95,8 @@ class AdmitBatcher:
             self.requests += len(waiting)
             self.seconds += time.monotonic() - started
             orphans = self._orphans
+            if isinstance(replies, bytes):  # one line per request (`limits.ADMIT`)
+                replies = replies.split(b"\n")
             failed = not isinstance(replies, list) or len(replies) != len(waiting)
             if failed and settling:
                 assert settler is not None  # the settlements were taken from it

@@ -208,7 +208,7 @@ for _, b in pairs(spends) do
     end
   end
 end
-return out
+return table.concat(out, '\\n')
 """
 )
 """Admits a batch of requests in order (each as if alone: all its scopes fit, then all are charged).
@@ -218,9 +218,10 @@ so settling costs no call of its own while requests are admitted), then per requ
 scopes, tokens, cost (nano-USD), and one string per scope (key, then team):
 `name|period|rpm|tpm|max_parallel|budget|spend TTL s|parallel TTL s` (0 = unlimited, budget -1 = none).
 The counters' names are built here from the namespace (all under its hash tag, so in one Redis Cluster
-slot); few arguments and one string per answer keep the client's share of the round trip small. Returns
-per request `admitted|scope refused|limit refused|ms to window reset|window|counts` (per scope requests,
-tokens and spend: after the reservation if admitted, before it if refused).
+slot); few arguments and one string for the whole answer keep the client's share of the round trip small
+(the client splits it with one `bytes.split`, not a reply parsed per request). Returns one line per
+request, `admitted|scope refused|limit refused|ms to window reset|window|counts` (per scope requests,
+tokens and spend: after the reservation if admitted, before it if refused), the lines joined by `\n`.
 
 Parallel slots are a hash per scope, one field per replica (its slots in flight). Each live replica keeps
 a lease key (`<ns>:lease:<replica id>`, `SLOT_LEASE_S`) refreshed in the background; a field whose
