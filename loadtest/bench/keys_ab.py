@@ -8,8 +8,12 @@ private `redis-server` of its own (on the second CPU, with wrk and nginx), so Re
 and CPU say what each tree's admissions cost Redis: calls inside the scripts and script time per script
 call, Redis CPU per request.
 
+`--sdk-headers` adds to each request the headers the official `openai` SDK sends (taken from the installed
+SDK: its `x-stainless-*` ones, Accept, User-Agent), some ten more than wrk's: the gateway reads every
+header, so a change to what each one costs shows only with them.
+
 Usage: python -m loadtest.bench.keys_ab --base /path/to/other/tree [--connections 8] [--rounds 4]
-       [--duration 8] [--json out.json]
+       [--duration 8] [--sdk-headers] [--json out.json]
 """
 
 from __future__ import annotations
@@ -99,7 +103,25 @@ def _wrk_pair(
     ]
 
 
-def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str, Any]:
+def sdk_headers() -> dict[str, str]:
+    """The headers the installed `openai` SDK sends with every request, but for those wrk sets itself
+    (Content-Type, and Authorization from the key), as the SDK gives them: its `x-stainless-*` ones."""
+    import openai
+
+    client = openai.OpenAI(api_key="sy-unused", max_retries=0)
+    headers = {k: v for k, v in client.default_headers.items() if isinstance(v, str)}
+    headers["X-Stainless-Retry-Count"] = "0"  # set per attempt by the SDK, not among its defaults
+    client.close()
+    return {k: v for k, v in headers.items() if k.lower() not in ("content-type", "authorization")}
+
+
+def _with_headers(script: str, headers: dict[str, str]) -> str:
+    return script + "".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}\n" for k, v in headers.items())
+
+
+def run(
+    base: Path, duration: float, rounds: int, connections: int, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise SystemExit("wrk is not installed (make wrk)")
@@ -165,7 +187,8 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
                 for tree in TREES:
                     if tree not in scripts:
                         scripts[tree] = work / f"post-{tree}.lua"
-                        scripts[tree].write_text(_script(_make_key(started[tree][0])))
+                        script = _script(_make_key(started[tree][0]))
+                        scripts[tree].write_text(_with_headers(script, headers or {}))
                 urls = [started[t][0] + "/v1/chat/completions" for t in TREES]
                 paths = [scripts[t] for t in TREES]
                 _wrk_pair(wrk, urls, paths, connections, 1, load_cpu)  # warm-up
@@ -197,6 +220,7 @@ def run(base: Path, duration: float, rounds: int, connections: int) -> dict[str,
     ratios["cpu"] = [this / base for base, this in zip(base_cpu, this_cpu, strict=True)]
     return {
         "connections": connections,
+        "extra_headers": len(headers or {}),
         "this_vs_base_rps": statistics.median(ratios["rps"]),
         "this_vs_base_p50": statistics.median(ratios["p50"]),
         "this_vs_base_cpu": statistics.median(ratios["cpu"]),
@@ -218,7 +242,9 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{m['script_us']:>10.0f} {m['redis_cpu_us_per_req']:>17.1f}"
         )
     lines.append(
-        f"this / base at {summary['connections']} connections: req/s {summary['this_vs_base_rps']:.3f} "
+        f"this / base at {summary['connections']} connections"
+        + (f", {summary['extra_headers']} headers of the SDK's more" if summary.get("extra_headers") else "")
+        + f": req/s {summary['this_vs_base_rps']:.3f} "
         f"{summary['rounds_rps']}, p50 {summary['this_vs_base_p50']:.3f} {summary['rounds_p50']}, "
         f"gateway CPU/req {summary['this_vs_base_cpu']:.3f} {summary['rounds_cpu']}"
     )
@@ -234,11 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="fresh gateway pairs measured")
     parser.add_argument("--connections", type=int, default=8, help="wrk connections per gateway")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--sdk-headers",
+        action="store_true",
+        help="send what the openai SDK sends besides the key and body (its x-stainless-* headers)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 100 or not 1 <= args.connections <= 512:
         parser.error("--duration 1..120, --rounds 1..100, --connections 1..512")
     install_interrupt_handlers()
-    summary = run(args.base, args.duration, args.rounds, args.connections)
+    headers = sdk_headers() if args.sdk_headers else None
+    summary = run(args.base, args.duration, args.rounds, args.connections, headers)
     print(format_table(summary))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
