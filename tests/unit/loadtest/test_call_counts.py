@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-from multidict import CIMultiDict
-
 from loadtest.bench.call_counts import InterpreterCounts, _send_sdk, compare, format_table, per_request
+from tests.support import RecordingBackend
 
 
 def test_counts_are_divided_by_the_requests_sent_and_sorted() -> None:
@@ -81,35 +79,11 @@ def test_the_table_says_which_client_sent_the_requests() -> None:
 def test_the_sdk_client_sends_every_request_with_the_sdks_own_headers() -> None:
     """`--client openai`: exactly the requests asked for, each carrying what the SDK sends (its
     `x-stainless-*` headers), so the gateway's per-header work is counted as real clients cause it."""
-    seen: list[CIMultiDict[str]] = []
-    answer = {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "tiny",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
-
-    async def completions(request: web.Request) -> web.Response:
-        seen.append(request.headers.copy())
-        return web.json_response(answer)
-
-    async def run() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'
-            await _send_sdk(f"http://127.0.0.1:{port}", "sy-test", body, 21)
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(run())
-    assert len(seen) == 21
-    assert all(h["authorization"] == "Bearer sy-test" and "x-stainless-lang" in h for h in seen)
-    assert min(len(h) for h in seen) >= 12  # 17 from openai 3.57
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'
+    with RecordingBackend("tiny") as backend:
+        asyncio.run(_send_sdk(backend.url, "sy-test", body, 21))
+    assert len(backend.requests) == 21
+    for path, headers, _ in backend.requests:
+        sent = {name.lower(): value for name, value in headers.items()}
+        assert path == "/v1/chat/completions" and sent["authorization"] == "Bearer sy-test"
+        assert "x-stainless-lang" in sent and len(sent) >= 12  # 17 from openai 3.57
