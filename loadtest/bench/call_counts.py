@@ -36,6 +36,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -107,13 +108,20 @@ class InterpreterCounts:
         """Stop counting; the counts by place (`_where`): `python` frames, `c` calls, `bytecodes`."""
         sys.setprofile(None)
         sys.settrace(None)
-        python: Counter[str] = Counter()
-        for code, n in self.frames.items():
-            python[_where(code)] += n  # code compiled from one source (a policy's rules) shares a place
-        bytecodes: Counter[str] = Counter()
-        for code, n in self.opcodes.items():
-            bytecodes[_where(code)] += n
-        return {"python": dict(python), "c": dict(self.builtins), "bytecodes": dict(bytecodes)}
+        return {
+            "python": _by_place(self.frames),
+            "c": dict(self.builtins),
+            "bytecodes": _by_place(self.opcodes),
+        }
+
+
+def _by_place(counts: Counter[Any]) -> dict[str, int]:
+    """Counts by code object (or generated code and its class) as counts by `_where`: code compiled from
+    one source (a policy's rules) shares a place."""
+    out: Counter[str] = Counter()
+    for code, n in counts.items():
+        out[_where(code)] += n
+    return dict(out)
 
 
 def _serve(config: str, port: int, out: Path) -> None:
@@ -144,14 +152,12 @@ async def _send(url: str, key: str, body: bytes, requests: int) -> None:
     limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as client:
 
-        async def connection(share: int) -> None:
-            for _ in range(share):
-                answer = await client.post("/v1/chat/completions", content=body)
-                if answer.status_code != 200:
-                    raise RuntimeError(f"the gateway answered {answer.status_code}: {answer.text[:300]}")
+        async def one() -> None:
+            answer = await client.post("/v1/chat/completions", content=body)
+            if answer.status_code != 200:
+                raise RuntimeError(f"the gateway answered {answer.status_code}: {answer.text[:300]}")
 
-        shares = [requests // CONNECTIONS + (i < requests % CONNECTIONS) for i in range(CONNECTIONS)]
-        await asyncio.gather(*(connection(s) for s in shares))
+        await _over_connections(one, requests)
 
 
 async def _send_sdk(url: str, key: str, body: bytes, requests: int) -> None:
@@ -163,15 +169,24 @@ async def _send_sdk(url: str, key: str, body: bytes, requests: int) -> None:
     # `CONNECTIONS` senders, each waiting for its answer: as many connections of the SDK's pool in use
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30) as client:
 
-        async def connection(share: int) -> None:
-            for _ in range(share):
-                answer: Any = await client.chat.completions.create(**request)
-                if request.get("stream"):
-                    async for _chunk in answer:
-                        pass
+        async def one() -> None:
+            answer: Any = await client.chat.completions.create(**request)
+            if request.get("stream"):
+                async for _chunk in answer:
+                    pass
 
-        shares = [requests // CONNECTIONS + (i < requests % CONNECTIONS) for i in range(CONNECTIONS)]
-        await asyncio.gather(*(connection(s) for s in shares))
+        await _over_connections(one, requests)
+
+
+async def _over_connections(one: Callable[[], Awaitable[None]], requests: int) -> None:
+    """`one()` exactly `requests` times, by `CONNECTIONS` senders each awaiting its answer before the next."""
+
+    async def connection(share: int) -> None:
+        for _ in range(share):
+            await one()
+
+    shares = [requests // CONNECTIONS + (i < requests % CONNECTIONS) for i in range(CONNECTIONS)]
+    await asyncio.gather(*(connection(s) for s in shares))
 
 
 def per_request(raw: dict[str, dict[str, int]], requests: int) -> dict[str, Any]:
