@@ -10,7 +10,6 @@ rule can read one it may not, and every hint dropped is named for `x-switchyard-
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 
 from gateway.tenants.keys import PRIORITY_RANK, KeyRecord
 from policies.hints import HeaderHints
@@ -74,8 +73,6 @@ def _allowed_headers(
     """`headers` itself when the key may give all of them, else a copy without the others; and whether
     an `x-switchyard-priority` was among those dropped."""
     names = hints.names if hints is not None else frozenset()
-    if _watched(names).isdisjoint(dict(headers)):  # the usual request: no hint among them, told in C
-        return headers, False
     priority_refused, class_refused = "priority" in ignored, "class" in ignored
     dropped: list[int] = []
     priority_dropped = False
@@ -96,12 +93,6 @@ def _allowed_headers(
     if not dropped:
         return headers, False
     return [header for index, header in enumerate(headers) if index not in dropped], priority_dropped
-
-
-@lru_cache(maxsize=16)
-def _watched(policy_names: frozenset[bytes]) -> frozenset[bytes]:
-    """The header names a hint can come from: the policy's (`HeaderHints.names`) and the gateway's own."""
-    return policy_names | {PRIORITY_HEADER, CLASS_HEADER}
 
 
 def _leads_to_allowed(name: bytes, value: bytes, key: KeyRecord, hints: HeaderHints | None) -> bool:

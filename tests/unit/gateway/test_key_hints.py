@@ -222,7 +222,7 @@ def test_hints_among_an_sdks_headers_are_capped_and_the_rest_kept_as_sent() -> N
 
 
 def test_a_keys_request_without_hints_keeps_its_headers_list() -> None:
-    """The usual request with a key: nothing to drop, so nothing is copied (told without a loop)."""
+    """The usual request with a key: nothing to drop, so nothing is copied."""
     caller = Caller("req-1", None, {}, headers=[(n.encode(), v.encode()) for n, v in SDK_HEADERS])
     caller.key = Tenant(LOW_BATCH, None, False)
     parsed = parse("chat", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
