@@ -6,7 +6,7 @@ verdicts are the same. Checked on random counters, settlements and batches, on t
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from hypothesis import example, given, settings
@@ -66,8 +66,7 @@ def _counter_names(scope: Scope) -> list[str]:
 
 def _other(scope: Scope) -> Scope:
     """The scope in the other budget period."""
-    period = "total" if scope.period != "total" else "d2026-11-30"
-    return Scope(scope.name, period, scope.rpm, scope.tpm, scope.par, scope.budget)
+    return replace(scope, period="total" if scope.period != "total" else "d2026-11-30")
 
 
 @st.composite
@@ -176,7 +175,7 @@ def _state(client: redis.Redis, ns: str) -> dict[str, object]:
 
 def _verdicts(raw: bytes) -> list[list[bytes]]:
     """The answer's lines without the time to the window's reset (the clock's)."""
-    return [line.split(b"|")[:3] + line.split(b"|")[4:] for line in raw.split(b"\n")]
+    return [fields[:3] + fields[4:] for fields in (line.split(b"|") for line in raw.split(b"\n"))]
 
 
 def _run(client: redis.Redis, example: Example, carried: bool) -> tuple[list[list[bytes]], dict[str, object]]:
